@@ -1,0 +1,65 @@
+// Per-thread event buffers: the only thing a hook touches on the hot path.
+//
+// Each thread owns one ThreadRing (single producer); the writer thread is the
+// single consumer. A ring is never freed: when its thread exits it is marked
+// retired, drained, and handed to the next new thread. Rings live in mmap'ed
+// memory, never in the hooked heap.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <sys/types.h>
+#include <type_traits>
+
+namespace memledger::interposer {
+
+enum class EventType : uint8_t {
+  kAlloc = 1,
+  kFree = 2,
+  kStep = 3,
+};
+
+// One hook call, as plain data. The writer turns it into a trace record.
+struct Event {
+  uint64_t seq;     // global order (see Recorder::next_seq)
+  uint64_t ts;      // CLOCK_MONOTONIC ns
+  uint64_t addr;
+  uint64_t size;    // kStep: step index
+  uint64_t weight;  // estimated bytes this sampled allocation stands for
+  uint32_t stack;   // interned stack id, 0 = none
+  uint32_t aux;     // kAlloc: device; kStep: label string id
+  EventType type;
+  uint8_t kind;     // format::Kind
+  uint8_t flags;    // format::kAlloc* flags
+  uint8_t source;   // kStep: format::StepSource
+  uint32_t tid;
+};
+static_assert(std::is_trivially_copyable_v<Event>);
+static_assert(sizeof(Event) == 56);
+
+enum class RingState : int {
+  kFree = 0,      // reusable by a new thread
+  kOwned = 1,     // a live thread writes into it
+  kRetired = 2,   // its thread exited; drain it, then it becomes free
+  kShared = 3,    // the shared ring for threads without their own (locked push)
+};
+
+struct ThreadRing {
+  static constexpr uint32_t kCapacity = 1u << 15;
+  static constexpr uint64_t kMask = kCapacity - 1;
+
+  alignas(64) std::atomic<uint64_t> head{0};  // next slot the producer fills
+  alignas(64) std::atomic<uint64_t> tail{0};  // next slot the consumer reads
+  alignas(64) std::atomic<int> state{0};
+  std::atomic<pid_t> tid{0};
+  ThreadRing* next = nullptr;  // global list, immutable once published
+  std::atomic<uint64_t> dropped{0};
+  // Exact host totals of the allocations and frees made on this thread,
+  // in malloc_usable_size bytes. The writer sums them over all rings.
+  std::atomic<int64_t> host_live{0};
+  std::atomic<uint64_t> host_allocs{0};
+  std::atomic<uint64_t> host_frees{0};
+  Event events[kCapacity];
+};
+
+}  // namespace memledger::interposer

@@ -1,0 +1,517 @@
+#include "recorder.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <dlfcn.h>
+#include <link.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define UNW_LOCAL_ONLY
+#include <libunwind.h>
+
+#include "internal_alloc.h"
+#include "signals.h"
+#include "spin_lock.h"
+#include "trace_writer.h"
+
+namespace memledger::interposer {
+namespace {
+
+__thread ThreadState tls_state __attribute__((tls_model("initial-exec")));
+
+SpinLock g_shared_lock;
+pthread_key_t g_ring_key;
+
+// Sampled host mode: which live addresses were sampled, so that their frees
+// are recorded. A counting filter answers "certainly not sampled" for almost
+// every free without touching the locked set.
+constexpr size_t kFilterSlots = 1u << 20;
+std::atomic<uint8_t>* g_filter = nullptr;
+constexpr int kSampledShards = 16;
+struct SampledShard {
+  SpinLock lock;
+  uintptr_t* slots = nullptr;  // open addressing, 0 = empty, 1 = tombstone
+  size_t capacity = 0;
+  size_t used = 0;
+};
+SampledShard g_sampled[kSampledShards];
+
+size_t filter_index(uintptr_t addr) { return ((addr >> 4) * 0x9e3779b97f4a7c15ull) >> 44; }
+size_t shard_of(uintptr_t addr) { return ((addr >> 4) * 0xff51afd7ed558ccdull) >> 60; }
+
+void shard_insert(SampledShard& shard, uintptr_t addr);
+
+void shard_grow(SampledShard& shard) {
+  size_t new_capacity = shard.capacity ? shard.capacity * 2 : 1024;
+  uintptr_t* old = shard.slots;
+  size_t old_capacity = shard.capacity;
+  shard.slots = static_cast<uintptr_t*>(__libc_calloc(new_capacity, sizeof(uintptr_t)));
+  shard.capacity = new_capacity;
+  shard.used = 0;
+  for (size_t i = 0; i < old_capacity; ++i) {
+    if (old[i] > 1) shard_insert(shard, old[i]);
+  }
+  __libc_free(old);
+}
+
+void shard_insert(SampledShard& shard, uintptr_t addr) {
+  if ((shard.used + 1) * 2 > shard.capacity) shard_grow(shard);
+  size_t mask = shard.capacity - 1;
+  size_t i = (addr >> 4) & mask;
+  while (shard.slots[i] > 1 && shard.slots[i] != addr) i = (i + 1) & mask;
+  if (shard.slots[i] != addr) {
+    shard.slots[i] = addr;
+    ++shard.used;
+  }
+}
+
+bool shard_erase(SampledShard& shard, uintptr_t addr) {
+  if (shard.capacity == 0) return false;
+  size_t mask = shard.capacity - 1;
+  size_t i = (addr >> 4) & mask;
+  for (size_t n = 0; n < shard.capacity && shard.slots[i] != 0; ++n, i = (i + 1) & mask) {
+    if (shard.slots[i] == addr) {
+      shard.slots[i] = 1;  // tombstone; counted in `used` until the next growth
+      return true;
+    }
+  }
+  return false;
+}
+
+uint64_t next_random(ThreadState& t) {
+  if (t.rng == 0) t.rng = 0x853c49e6748fea9bull ^ (static_cast<uint64_t>(syscall(SYS_gettid)) << 17) ^ monotonic_ns();
+  t.rng ^= t.rng << 13;
+  t.rng ^= t.rng >> 7;
+  t.rng ^= t.rng << 17;
+  return t.rng;
+}
+
+// Bytes until the next sample: exponential with the configured mean, as a
+// Poisson process over allocated bytes (tcmalloc, heapprofd).
+int64_t next_sample_distance(ThreadState& t, uint64_t mean) {
+  double u = (static_cast<double>(next_random(t) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+  double d = -std::log(u) * static_cast<double>(mean);
+  if (d < 1) d = 1;
+  return static_cast<int64_t>(d);
+}
+
+void ring_key_destructor(void* value) {
+  // The thread is exiting. Its ring is drained by the writer and reused;
+  // anything this thread still allocates goes to the shared ring.
+  auto* ring = static_cast<ThreadRing*>(value);
+  ThreadState& t = tls_state;
+  t.status = 2;
+  t.ring = nullptr;
+  if (ring != nullptr) ring->state.store(static_cast<int>(RingState::kRetired), std::memory_order_release);
+}
+
+ThreadRing* map_ring() {
+  void* mem = mmap(nullptr, sizeof(ThreadRing), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) return nullptr;
+  return new (mem) ThreadRing();
+}
+
+uintptr_t g_self_anchor;
+
+int find_self(dl_phdr_info* info, size_t, void* data) {
+  auto* range = static_cast<std::pair<uintptr_t, uintptr_t>*>(data);
+  const uintptr_t anchor = reinterpret_cast<uintptr_t>(&g_self_anchor);
+  const uintptr_t code = reinterpret_cast<uintptr_t>(&find_self);
+  uintptr_t lo = UINTPTR_MAX, hi = 0;
+  bool mine = false;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_LOAD) continue;
+    uintptr_t begin = info->dlpi_addr + ph.p_vaddr;
+    uintptr_t end = begin + ph.p_memsz;
+    if ((code >= begin && code < end) || (anchor >= begin && anchor < end)) mine = true;
+    if (begin < lo) lo = begin;
+    if (end > hi) hi = end;
+  }
+  if (!mine) return 0;
+  range->first = lo;
+  range->second = hi;
+  return 1;
+}
+
+HostMode parse_host_mode(const char* text) {
+  if (text == nullptr) return HostMode::kSampled;
+  if (strcmp(text, "full") == 0) return HostMode::kFull;
+  if (strcmp(text, "off") == 0) return HostMode::kOff;
+  return HostMode::kSampled;
+}
+
+uint64_t parse_u64_env(const char* name, uint64_t fallback) {
+  const char* text = getenv(name);
+  if (text == nullptr || *text == '\0') return fallback;
+  char* end = nullptr;
+  unsigned long long v = strtoull(text, &end, 10);
+  return (end && *end == '\0') ? v : fallback;
+}
+
+void message(const char* text) {
+  char line[1024];
+  int n = snprintf(line, sizeof line, "memledger: %s\n", text);
+  if (n > 0) {
+    ssize_t ignored = ::write(STDERR_FILENO, line, static_cast<size_t>(n) < sizeof line ? n : sizeof line - 1);
+    (void)ignored;
+  }
+}
+
+}  // namespace
+
+uint64_t monotonic_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+ThreadState& thread_state() { return tls_state; }
+
+Recorder& recorder() {
+  // Never destroyed: hooks run until the very end of the process.
+  alignas(Recorder) static unsigned char storage[sizeof(Recorder)];
+  static Recorder* instance = new (storage) Recorder();
+  return *instance;
+}
+
+void Recorder::start() {
+  HookGuard guard;
+  pid_ = getpid();
+  config_.host_mode = parse_host_mode(getenv("MEMLEDGER_HOST"));
+  config_.sample_interval = parse_u64_env("MEMLEDGER_SAMPLE_INTERVAL", config_.sample_interval);
+  if (config_.sample_interval == 0) config_.sample_interval = 1;
+  config_.stack_depth = static_cast<uint32_t>(parse_u64_env("MEMLEDGER_STACK_DEPTH", config_.stack_depth));
+  if (config_.stack_depth > StackTable::kMaxDepth) config_.stack_depth = StackTable::kMaxDepth;
+  if (config_.stack_depth == 0) config_.stack_depth = 1;
+  if (const char* interval = getenv("MEMLEDGER_STEP_INTERVAL")) config_.step_interval_s = atof(interval);
+  if (config_.step_interval_s < 0.001) config_.step_interval_s = 0;
+
+  const char* dir = getenv("MEMLEDGER_DIR");
+  if (dir != nullptr && *dir != '\0') {
+    snprintf(config_.dir, sizeof config_.dir, "%s", dir);
+  } else {
+    // Raw LD_PRELOAD without `memledger run`: a run folder in the working
+    // directory, shared with the children through the environment.
+    time_t now = time(nullptr);
+    struct tm tm;
+    localtime_r(&now, &tm);
+    char stamp[32];
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+    snprintf(config_.dir, sizeof config_.dir, "memledger-%s-%d", stamp, pid_);
+    setenv("MEMLEDGER_DIR", config_.dir, 0);
+  }
+
+  std::pair<uintptr_t, uintptr_t> self{0, 0};
+  dl_iterate_phdr(find_self, &self);
+  self_begin_ = self.first;
+  self_end_ = self.second;
+
+  pthread_key_create(&g_ring_key, ring_key_destructor);
+  shared_ring_ = map_ring();
+  if (shared_ring_ == nullptr || !stacks_.init()) {
+    disable("cannot map memory for the recorder; tracing is off");
+    return;
+  }
+  shared_ring_->state.store(static_cast<int>(RingState::kShared), std::memory_order_relaxed);
+  rings_.store(shared_ring_, std::memory_order_release);
+  void* filter = mmap(nullptr, kFilterSlots, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (filter != MAP_FAILED) g_filter = static_cast<std::atomic<uint8_t>*>(filter);
+
+  unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
+
+  char error[4400];
+  if (!trace_writer().open(config_, 0, error, sizeof error)) {
+    char text[4600];
+    snprintf(text, sizeof text, "%s; tracing is off for pid %d, the program goes on", error, pid_);
+    disable(text);
+    return;
+  }
+  install_signal_handlers();
+  pthread_atfork([] { recorder().before_fork(); }, [] { recorder().after_fork_parent(); },
+                 [] { recorder().after_fork_child(); });
+  on_exit([](int status, void*) { recorder().on_exit_status(status); }, nullptr);
+  if (!trace_writer().start_thread()) {
+    disable("cannot start the writer thread; tracing is off, the program goes on");
+    return;
+  }
+  lifecycle_.store(Lifecycle::kActive, std::memory_order_release);
+}
+
+void Recorder::finish() {
+  Lifecycle state = lifecycle_.load(std::memory_order_acquire);
+  if (state != Lifecycle::kActive) return;
+  HookGuard guard;
+  // Keep recording what the remaining destructors free until the writer's
+  // last cycle; then hooks pass through.
+  trace_writer().stop();
+  lifecycle_.store(Lifecycle::kFinished, std::memory_order_release);
+}
+
+void Recorder::disable(const char* why) {
+  lifecycle_.store(Lifecycle::kDisabled, std::memory_order_release);
+  if (!disable_reported_.exchange(true)) message(why);
+}
+
+ThreadRing* Recorder::acquire_ring(ThreadState& t) {
+  if (t.status == 2) return nullptr;
+  for (ThreadRing* ring = rings(); ring != nullptr; ring = ring->next) {
+    int expected = static_cast<int>(RingState::kFree);
+    if (ring->state.load(std::memory_order_relaxed) == expected &&
+        ring->state.compare_exchange_strong(expected, static_cast<int>(RingState::kOwned))) {
+      t.ring = ring;
+      break;
+    }
+  }
+  if (t.ring == nullptr) {
+    ThreadRing* ring = map_ring();
+    if (ring == nullptr) return nullptr;
+    ring->state.store(static_cast<int>(RingState::kOwned), std::memory_order_relaxed);
+    ThreadRing* head = rings_.load(std::memory_order_acquire);
+    do {
+      ring->next = head;
+    } while (!rings_.compare_exchange_weak(head, ring, std::memory_order_acq_rel));
+    t.ring = ring;
+  }
+  t.ring->tid.store(static_cast<pid_t>(syscall(SYS_gettid)), std::memory_order_relaxed);
+  t.status = 1;
+  pthread_setspecific(g_ring_key, t.ring);
+  return t.ring;
+}
+
+void Recorder::lock_shared() { g_shared_lock.lock(); }
+void Recorder::unlock_shared() { g_shared_lock.unlock(); }
+
+bool Recorder::push(ThreadState& t, Event& event) {
+  ThreadRing* ring = t.ring;
+  if (ring == nullptr) ring = acquire_ring(t);
+  const bool shared = ring == nullptr;
+  if (shared) {
+    ring = shared_ring_;
+    g_shared_lock.lock();
+  }
+  uint64_t head = ring->head.load(std::memory_order_relaxed);
+  if (head - ring->tail.load(std::memory_order_acquire) >= ThreadRing::kCapacity) {
+    // Full: give the writer up to ~10 ms to catch up, then count a drop.
+    trace_writer().wake();
+    for (int i = 0; i < 2000; ++i) {
+      if (head - ring->tail.load(std::memory_order_acquire) < ThreadRing::kCapacity) break;
+      if (i < 100) {
+        sched_yield();
+      } else {
+        timespec pause = {0, 5000};
+        nanosleep(&pause, nullptr);
+      }
+    }
+    if (head - ring->tail.load(std::memory_order_acquire) >= ThreadRing::kCapacity) {
+      ring->dropped.fetch_add(1, std::memory_order_relaxed);
+      if (shared) g_shared_lock.unlock();
+      return false;
+    }
+  }
+  event.seq = next_seq();
+  event.ts = monotonic_ns();
+  event.tid = static_cast<uint32_t>(ring->tid.load(std::memory_order_relaxed));
+  if (shared) event.tid = static_cast<uint32_t>(syscall(SYS_gettid));
+  ring->events[head & ThreadRing::kMask] = event;
+  ring->head.store(head + 1, std::memory_order_release);
+  if (shared) g_shared_lock.unlock();
+  return true;
+}
+
+uint32_t Recorder::capture_stack(size_t skip_extra) {
+  void* frames[StackTable::kMaxDepth + 16];
+  int want = static_cast<int>(config_.stack_depth + 16 + skip_extra);
+  if (want > static_cast<int>(StackTable::kMaxDepth + 16)) want = StackTable::kMaxDepth + 16;
+  int n = unw_backtrace(frames, want);
+  // Drop memledger's own frames (the hook, this function, libunwind).
+  int first = 0;
+  while (first < n) {
+    uintptr_t ip = reinterpret_cast<uintptr_t>(frames[first]);
+    if (ip < self_begin_ || ip >= self_end_) break;
+    ++first;
+  }
+  first += static_cast<int>(skip_extra);
+  if (first >= n) return 0;
+  uint32_t depth = static_cast<uint32_t>(n - first);
+  if (depth > config_.stack_depth) depth = config_.stack_depth;
+  return stacks_.intern(reinterpret_cast<const uintptr_t*>(frames + first), depth);
+}
+
+bool Recorder::is_sampled(uintptr_t addr) {
+  if (g_filter == nullptr) return false;
+  if (g_filter[filter_index(addr)].load(std::memory_order_relaxed) == 0) return false;
+  SampledShard& shard = g_sampled[shard_of(addr)];
+  SpinGuard guard(shard.lock);
+  if (shard.capacity == 0) return false;
+  size_t mask = shard.capacity - 1;
+  size_t i = (addr >> 4) & mask;
+  for (size_t n = 0; n < shard.capacity && shard.slots[i] != 0; ++n, i = (i + 1) & mask) {
+    if (shard.slots[i] == addr) return true;
+  }
+  return false;
+}
+
+void Recorder::remember_sampled(uintptr_t addr) {
+  if (g_filter == nullptr) return;
+  std::atomic<uint8_t>& counter = g_filter[filter_index(addr)];
+  uint8_t v = counter.load(std::memory_order_relaxed);
+  while (v != 255 && !counter.compare_exchange_weak(v, static_cast<uint8_t>(v + 1))) {
+  }
+  SampledShard& shard = g_sampled[shard_of(addr)];
+  SpinGuard guard(shard.lock);
+  shard_insert(shard, addr);
+}
+
+bool Recorder::forget_sampled(uintptr_t addr) {
+  if (g_filter == nullptr) return false;
+  std::atomic<uint8_t>& counter = g_filter[filter_index(addr)];
+  if (counter.load(std::memory_order_relaxed) == 0) return false;
+  bool erased;
+  {
+    SampledShard& shard = g_sampled[shard_of(addr)];
+    SpinGuard guard(shard.lock);
+    erased = shard_erase(shard, addr);
+  }
+  if (erased) {
+    uint8_t v = counter.load(std::memory_order_relaxed);
+    while (v != 0 && v != 255 && !counter.compare_exchange_weak(v, static_cast<uint8_t>(v - 1))) {
+    }
+  }
+  return erased;
+}
+
+void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size) {
+  const size_t usable = malloc_usable_size(ptr);
+  ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
+  if (ring == nullptr) ring = shared_ring_;
+  ring->host_live.fetch_add(static_cast<int64_t>(usable), std::memory_order_relaxed);
+  ring->host_allocs.fetch_add(1, std::memory_order_relaxed);
+
+  Event e{};
+  e.type = EventType::kAlloc;
+  e.kind = static_cast<uint8_t>(format::Kind::kHost);
+  e.addr = reinterpret_cast<uintptr_t>(ptr);
+  e.size = size;
+  e.weight = size;
+  if (config_.host_mode == HostMode::kSampled) {
+    const uint64_t interval = config_.sample_interval;
+    if (size < interval) {
+      if (t.sample_countdown == 0) t.sample_countdown = next_sample_distance(t, interval);
+      t.sample_countdown -= static_cast<int64_t>(size);
+      if (t.sample_countdown > 0) return;
+      t.sample_countdown = next_sample_distance(t, interval);
+      // Unbiased: an allocation of `size` bytes is sampled with probability
+      // 1 - exp(-size / interval).
+      const double p = -std::expm1(-static_cast<double>(size) / static_cast<double>(interval));
+      e.weight = static_cast<uint64_t>(std::llround(static_cast<double>(size) / p));
+    }
+    e.flags = format::kAllocSampled;
+    remember_sampled(e.addr);
+  }
+  e.stack = capture_stack();
+  push(t, e);
+}
+
+void Recorder::on_host_free(ThreadState& t, void* ptr) {
+  const size_t usable = malloc_usable_size(ptr);
+  ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
+  if (ring == nullptr) ring = shared_ring_;
+  ring->host_live.fetch_sub(static_cast<int64_t>(usable), std::memory_order_relaxed);
+  ring->host_frees.fetch_add(1, std::memory_order_relaxed);
+  if (config_.host_mode == HostMode::kSampled && !forget_sampled(reinterpret_cast<uintptr_t>(ptr))) return;
+  Event e{};
+  e.type = EventType::kFree;
+  e.kind = static_cast<uint8_t>(format::Kind::kHost);
+  e.addr = reinterpret_cast<uintptr_t>(ptr);
+  push(t, e);
+}
+
+void Recorder::on_step(const char* label, format::StepSource source) {
+  if (!active()) return;
+  HookGuard guard;
+  Event e{};
+  e.type = EventType::kStep;
+  e.size = step_index_.fetch_add(1, std::memory_order_relaxed) + 1;
+  e.source = static_cast<uint8_t>(source);
+  e.aux = intern_string(label);
+  push(guard.thread(), e);
+  if (source == format::StepSource::kMarker) trace_writer().wake();
+}
+
+void Recorder::flush_and_wait(int timeout_ms) {
+  if (!active()) return;
+  trace_writer().flush_and_wait(timeout_ms);
+}
+
+void Recorder::on_exit_status(int status) {
+  if (!active()) return;
+  trace_writer().note_exit(status);
+  trace_writer().flush_and_wait(2000);
+}
+
+void Recorder::on_exec(const char* path) {
+  if (!active() || getpid() != pid_) return;  // a vfork child shares our memory: stay out
+  trace_writer().note_exec(path);
+  trace_writer().flush_and_wait(2000);
+}
+
+void Recorder::before_fork() {
+  // Keep the sampled-address shards consistent across the fork.
+  for (SampledShard& shard : g_sampled) shard.lock.lock();
+  g_shared_lock.lock();
+}
+
+void Recorder::after_fork_parent() {
+  g_shared_lock.unlock();
+  for (SampledShard& shard : g_sampled) shard.lock.unlock();
+}
+
+void Recorder::after_fork_child() {
+  g_shared_lock.reset();
+  for (SampledShard& shard : g_sampled) shard.lock.reset();
+  const pid_t parent = pid_;
+  pid_ = getpid();
+  if (lifecycle_.load(std::memory_order_acquire) != Lifecycle::kActive) return;
+  HookGuard guard;
+  ThreadState& t = guard.thread();
+  // The parent's pending events belong to the parent's trace.
+  for (ThreadRing* ring = rings(); ring != nullptr; ring = ring->next) {
+    ring->tail.store(ring->head.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    ring->dropped.store(0, std::memory_order_relaxed);
+    ring->host_live.store(0, std::memory_order_relaxed);
+    ring->host_allocs.store(0, std::memory_order_relaxed);
+    ring->host_frees.store(0, std::memory_order_relaxed);
+    if (ring != t.ring && ring != shared_ring_) {
+      ring->state.store(static_cast<int>(RingState::kFree), std::memory_order_relaxed);
+    }
+  }
+  // Allocations inherited from the parent stay unknown to the child's trace
+  // (their frees are counted as unknown frees by the report).
+  for (SampledShard& shard : g_sampled) {
+    if (shard.slots) memset(shard.slots, 0, shard.capacity * sizeof(uintptr_t));
+    shard.used = 0;
+  }
+  if (g_filter) memset(static_cast<void*>(g_filter), 0, kFilterSlots);
+  step_index_.store(0, std::memory_order_relaxed);
+  TraceWriter& writer = trace_writer();
+  writer.reset_after_fork();
+  char error[4400];
+  if (!writer.open(config_, parent, error, sizeof error) || !writer.start_thread()) {
+    char text[4600];
+    snprintf(text, sizeof text, "%s; tracing is off for pid %d, the program goes on", error, pid_);
+    disable(text);
+  }
+}
+
+}  // namespace memledger::interposer

@@ -1,0 +1,134 @@
+// The recorder: what every hook calls. It owns the per-thread rings, the
+// stack table, the sampling state and the process-level life cycle (start,
+// fork, exec, exit); the TraceWriter does all encoding and I/O.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <sys/types.h>
+
+#include "event_ring.h"
+#include "stack_table.h"
+#include "trace_format.h"
+
+namespace memledger::interposer {
+
+enum class HostMode : uint8_t { kOff = 0, kSampled = 1, kFull = 2 };
+
+struct Config {
+  HostMode host_mode = HostMode::kSampled;
+  uint64_t sample_interval = 128 * 1024;  // mean bytes between samples
+  uint32_t stack_depth = 64;
+  double step_interval_s = 0;  // 0: no time-based steps
+  char dir[4096] = {};
+};
+
+// Per-thread state: initial-exec TLS, trivially destructible, so touching it
+// never allocates and stays valid while TLS destructors run.
+struct ThreadState {
+  ThreadRing* ring;
+  int64_t sample_countdown;
+  uint64_t rng;
+  uint8_t in_hook;    // recursion guard: set while inside memledger code
+  uint8_t status;     // 0 new, 1 has ring, 2 exited (use the shared ring)
+};
+
+enum class Lifecycle : int {
+  kUninitialised = 0,
+  kActive = 1,
+  kDisabled = 2,  // tracing stopped (error, or host mode off): hooks pass through
+  kFinished = 3,  // the trace was closed at exit
+};
+
+class Recorder {
+ public:
+  // Called once from the library constructor.
+  void start();
+  // Called from the library destructor: final flush and close.
+  void finish();
+
+  bool host_enabled() const {
+    return lifecycle_.load(std::memory_order_relaxed) == Lifecycle::kActive &&
+           config_.host_mode != HostMode::kOff;
+  }
+  bool active() const { return lifecycle_.load(std::memory_order_relaxed) == Lifecycle::kActive; }
+  const Config& config() const { return config_; }
+
+  // Hot path. `t` is the caller's ThreadState with in_hook already set.
+  void on_host_alloc(ThreadState& t, void* ptr, size_t size);
+  void on_host_free(ThreadState& t, void* ptr);
+
+  void on_step(const char* label, format::StepSource source);
+  // Asks the writer to write everything recorded so far and waits for it
+  // (at most `timeout_ms`). Safe in signal handlers.
+  void flush_and_wait(int timeout_ms);
+  // The process is about to end by exit()/_exit() with this status.
+  void on_exit_status(int status);
+  void on_exec(const char* path);
+
+  // Stops tracing for good, with one message on stderr. The program goes on.
+  void disable(const char* why);
+
+  uint64_t next_seq() { return seq_.fetch_add(1, std::memory_order_relaxed); }
+  StackTable& stacks() { return stacks_; }
+  ThreadRing* rings() const { return rings_.load(std::memory_order_acquire); }
+  ThreadRing* shared_ring() { return shared_ring_; }
+  uintptr_t self_begin() const { return self_begin_; }
+  uintptr_t self_end() const { return self_end_; }
+  pid_t pid() const { return pid_; }
+  // Captures the caller's stack (frames outside memledger) and interns it.
+  uint32_t capture_stack(size_t skip_extra = 0);
+  uint32_t intern_string(const char* text);
+
+  // fork() handlers.
+  void before_fork();
+  void after_fork_parent();
+  void after_fork_child();
+
+  // The shared ring's producer lock (threads without their own ring).
+  void lock_shared();
+  void unlock_shared();
+
+ private:
+  ThreadRing* acquire_ring(ThreadState& t);
+  bool push(ThreadState& t, Event& event);
+  bool is_sampled(uintptr_t addr);
+  void remember_sampled(uintptr_t addr);
+  bool forget_sampled(uintptr_t addr);
+  void reset_rings_after_fork(ThreadRing* keep);
+
+  Config config_;
+  std::atomic<Lifecycle> lifecycle_{Lifecycle::kUninitialised};
+  std::atomic<uint64_t> seq_{1};
+  std::atomic<uint64_t> step_index_{0};
+  std::atomic<ThreadRing*> rings_{nullptr};
+  ThreadRing* shared_ring_ = nullptr;
+  StackTable stacks_;
+  uintptr_t self_begin_ = 0;
+  uintptr_t self_end_ = 0;
+  pid_t pid_ = 0;
+  std::atomic<bool> disable_reported_{false};
+};
+
+Recorder& recorder();
+ThreadState& thread_state();
+
+// Guards a hook: sets the recursion flag for the caller's thread.
+class HookGuard {
+ public:
+  HookGuard() : t_(thread_state()), entered_(t_.in_hook == 0) { t_.in_hook = 1; }
+  ~HookGuard() {
+    if (entered_) t_.in_hook = 0;
+  }
+  bool entered() const { return entered_; }
+  ThreadState& thread() { return t_; }
+
+ private:
+  ThreadState& t_;
+  bool entered_;
+};
+
+uint64_t monotonic_ns();
+
+}  // namespace memledger::interposer

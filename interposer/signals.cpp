@@ -1,0 +1,183 @@
+#include "signals.h"
+
+#include <atomic>
+#include <csignal>
+#include <cstring>
+#include <dlfcn.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "recorder.h"
+#include "spin_lock.h"
+#include "trace_writer.h"
+
+namespace memledger::interposer {
+namespace {
+
+using SigactionFn = int (*)(int, const struct sigaction*, struct sigaction*);
+
+constexpr int kWatched[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
+
+std::atomic<bool> g_installed{false};
+SpinLock g_actions_lock;
+struct sigaction g_app_action[NSIG];  // what the program believes is installed
+SigactionFn g_real_sigaction = nullptr;
+
+bool watched(int signo) {
+  for (int s : kWatched) {
+    if (s == signo) return true;
+  }
+  return false;
+}
+
+bool is_crash(int signo) {
+  return signo == SIGSEGV || signo == SIGBUS || signo == SIGABRT || signo == SIGFPE || signo == SIGILL;
+}
+
+SigactionFn real_sigaction() {
+  if (g_real_sigaction == nullptr) {
+    g_real_sigaction = reinterpret_cast<SigactionFn>(dlsym(RTLD_NEXT, "sigaction"));
+  }
+  return g_real_sigaction;
+}
+
+void handler(int signo, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
+  Recorder& rec = recorder();
+  if (rec.active()) {
+    ThreadState& t = thread_state();
+    const uint8_t was_in_hook = t.in_hook;
+    t.in_hook = 1;
+    SignalNote& note = trace_writer().signal_note();
+    int expected = 0;
+    // Only the first signal is kept with its stack: later ones are what the
+    // program does while dying.
+    if (note.pending.compare_exchange_strong(expected, 3)) {
+      note.signo = signo;
+      note.code = info ? info->si_code : 0;
+      note.fault_addr = (info && is_crash(signo)) ? reinterpret_cast<uint64_t>(info->si_addr) : 0;
+      note.tid = static_cast<pid_t>(syscall(SYS_gettid));
+      note.ts = monotonic_ns();
+      note.stack = rec.capture_stack();
+      note.pending.store(1, std::memory_order_release);
+      rec.flush_and_wait(is_crash(signo) ? 1000 : 500);
+    }
+    t.in_hook = was_in_hook;
+  }
+
+  struct sigaction app;
+  {
+    // No lock here: a handler may interrupt sigaction() itself. A torn read
+    // of a struct being replaced is no worse than the race the program has.
+    memcpy(&app, &g_app_action[signo], sizeof app);
+  }
+  errno = saved_errno;
+  if (app.sa_flags & SA_SIGINFO) {
+    if (app.sa_sigaction != nullptr) {
+      if (app.sa_flags & SA_RESETHAND) g_app_action[signo].sa_handler = SIG_DFL;
+      app.sa_sigaction(signo, info, context);
+      return;
+    }
+  } else if (app.sa_handler == SIG_IGN) {
+    return;
+  } else if (app.sa_handler != SIG_DFL && app.sa_handler != nullptr) {
+    if (app.sa_flags & SA_RESETHAND) g_app_action[signo].sa_handler = SIG_DFL;
+    app.sa_handler(signo);
+    return;
+  }
+  // Default action: restore it and re-raise, so the process ends exactly as
+  // it would have without memledger (same signal, same core dump).
+  struct sigaction dfl;
+  memset(&dfl, 0, sizeof dfl);
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  real_sigaction()(signo, &dfl, nullptr);
+  sigset_t unblock;
+  sigemptyset(&unblock);
+  sigaddset(&unblock, signo);
+  pthread_sigmask(SIG_UNBLOCK, &unblock, nullptr);
+  if (info != nullptr && info->si_code > 0 && is_crash(signo) && signo != SIGABRT) {
+    return;  // a hardware fault: returning re-executes the instruction under SIG_DFL
+  }
+  raise(signo);
+}
+
+}  // namespace
+
+void install_signal_handlers() {
+  SigactionFn real = real_sigaction();
+  if (real == nullptr) return;
+  // An alternate stack lets the handler run after a stack overflow.
+  static char alt_stack[64 * 1024];
+  stack_t ss;
+  memset(&ss, 0, sizeof ss);
+  ss.ss_sp = alt_stack;
+  ss.ss_size = sizeof alt_stack;
+  stack_t old_ss;
+  if (sigaltstack(nullptr, &old_ss) == 0 && (old_ss.ss_flags & SS_DISABLE)) sigaltstack(&ss, nullptr);
+  SpinGuard guard(g_actions_lock);
+  for (int signo : kWatched) {
+    struct sigaction old;
+    if (real(signo, nullptr, &old) != 0) continue;
+    if (!(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_IGN) {
+      // Ignored (nohup, a parent's choice): leave it ignored.
+      continue;
+    }
+    g_app_action[signo] = old;
+    struct sigaction ours;
+    memset(&ours, 0, sizeof ours);
+    ours.sa_sigaction = handler;
+    ours.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+    sigemptyset(&ours.sa_mask);
+    real(signo, &ours, nullptr);
+  }
+  g_installed.store(true, std::memory_order_release);
+}
+
+}  // namespace memledger::interposer
+
+using memledger::interposer::g_actions_lock;
+using memledger::interposer::g_app_action;
+using memledger::interposer::g_installed;
+
+namespace {
+
+bool owned_by_us(int signo) {
+  if (!g_installed.load(std::memory_order_acquire) || signo <= 0 || signo >= NSIG) return false;
+  if (!memledger::interposer::watched(signo)) return false;
+  // Only while our handler is the one installed (not for signals left ignored).
+  struct sigaction current;
+  if (memledger::interposer::real_sigaction()(signo, nullptr, &current) != 0) return false;
+  return (current.sa_flags & SA_SIGINFO) && current.sa_sigaction == memledger::interposer::handler;
+}
+
+}  // namespace
+
+extern "C" {
+
+__attribute__((visibility("default"))) int sigaction(int signo, const struct sigaction* act,
+                                                     struct sigaction* oldact) {
+  auto real = memledger::interposer::real_sigaction();
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  if (!owned_by_us(signo)) return real(signo, act, oldact);
+  memledger::interposer::SpinGuard guard(g_actions_lock);
+  if (oldact != nullptr) *oldact = g_app_action[signo];
+  if (act != nullptr) g_app_action[signo] = *act;
+  return 0;
+}
+
+__attribute__((visibility("default"))) sighandler_t signal(int signo, sighandler_t handler) {
+  struct sigaction act, old;
+  memset(&act, 0, sizeof act);
+  act.sa_handler = handler;
+  sigemptyset(&act.sa_mask);
+  act.sa_flags = SA_RESTART;
+  if (sigaction(signo, &act, &old) != 0) return SIG_ERR;
+  if (old.sa_flags & SA_SIGINFO) return reinterpret_cast<sighandler_t>(reinterpret_cast<void*>(old.sa_sigaction));
+  return old.sa_handler;
+}
+
+}  // extern "C"

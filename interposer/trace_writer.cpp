@@ -1,0 +1,821 @@
+#include "trace_writer.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <elf.h>
+#include <fcntl.h>
+#include <link.h>
+#include <linux/futex.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <signal.h>
+#include <string>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+#include <vector>
+#include <zlib.h>
+#define ZSTD_STATIC_LINKING_ONLY  // ZSTD_createCCtx_advanced: zstd allocates through __libc_malloc
+#include <zstd.h>
+
+#include "internal_alloc.h"
+#include "spin_lock.h"
+#include "recorder.h"
+#include "trace_encoding.h"
+#include "trace_format.h"
+
+namespace memledger::interposer {
+namespace {
+
+using Bytes = std::vector<uint8_t, InternalAllocator<uint8_t>>;
+using String = std::basic_string<char, std::char_traits<char>, InternalAllocator<char>>;
+template <typename T>
+using Vector = std::vector<T, InternalAllocator<T>>;
+
+constexpr uint64_t kFlushEveryNs = 50'000'000;    // well inside the promised 100 ms
+constexpr uint64_t kSampleEveryNs = 100'000'000;
+constexpr uint64_t kStatusEveryNs = 250'000'000;
+constexpr size_t kFrameTarget = 1u << 20;
+
+long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
+}
+
+bool write_all(int fd, const void* data, size_t size, int* err) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  while (size > 0) {
+    ssize_t n = ::write(fd, p, size);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      *err = errno;
+      return false;
+    }
+    if (n == 0) {
+      *err = ENOSPC;
+      return false;
+    }
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads a small file with raw syscalls (no stdio, no heap).
+ssize_t read_small_file(const char* path, char* buf, size_t size) {
+  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t total = 0;
+  while (static_cast<size_t>(total) + 1 < size) {
+    ssize_t n = ::read(fd, buf + total, size - 1 - static_cast<size_t>(total));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    total += n;
+  }
+  ::close(fd);
+  buf[total] = '\0';
+  return total;
+}
+
+uint64_t parse_u64(const char* s) {
+  uint64_t v = 0;
+  while (*s >= '0' && *s <= '9') v = v * 10 + static_cast<uint64_t>(*s++ - '0');
+  return v;
+}
+
+struct CgroupPaths {
+  char limit[512] = {};
+  char usage[512] = {};
+};
+
+// Finds the memory limit files of this process's cgroup (v2, then v1).
+CgroupPaths find_cgroup() {
+  CgroupPaths paths;
+  char buf[4096];
+  if (read_small_file("/proc/self/cgroup", buf, sizeof buf) <= 0) return paths;
+  char* line = buf;
+  while (line && *line) {
+    char* next = strchr(line, '\n');
+    if (next) *next++ = '\0';
+    if (strncmp(line, "0::", 3) == 0) {
+      const char* rel = line + 3;
+      snprintf(paths.limit, sizeof paths.limit, "/sys/fs/cgroup%s/memory.max", rel);
+      snprintf(paths.usage, sizeof paths.usage, "/sys/fs/cgroup%s/memory.current", rel);
+      if (access(paths.limit, R_OK) == 0) return paths;
+      snprintf(paths.limit, sizeof paths.limit, "/sys/fs/cgroup/memory.max");
+      snprintf(paths.usage, sizeof paths.usage, "/sys/fs/cgroup/memory.current");
+      if (access(paths.limit, R_OK) == 0) return paths;
+      paths.limit[0] = paths.usage[0] = '\0';
+    } else {
+      const char* colon = strchr(line, ':');
+      const char* colon2 = colon ? strchr(colon + 1, ':') : nullptr;
+      if (colon && colon2 && strstr(colon, "memory") != nullptr && colon2 > colon) {
+        snprintf(paths.limit, sizeof paths.limit, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", colon2 + 1);
+        snprintf(paths.usage, sizeof paths.usage, "/sys/fs/cgroup/memory%s/memory.usage_in_bytes", colon2 + 1);
+        if (access(paths.limit, R_OK) == 0) return paths;
+        paths.limit[0] = paths.usage[0] = '\0';
+      }
+    }
+    line = next;
+  }
+  return paths;
+}
+
+uint64_t read_cgroup_value(const char* path) {
+  if (path[0] == '\0') return 0;
+  char buf[64];
+  if (read_small_file(path, buf, sizeof buf) <= 0) return 0;
+  if (strncmp(buf, "max", 3) == 0) return 0;
+  uint64_t v = parse_u64(buf);
+  // cgroup v1 reports "no limit" as a huge page-aligned number.
+  if (v >= (uint64_t{1} << 62)) return 0;
+  return v;
+}
+
+struct ModuleRecord {
+  uint64_t base;
+  String path;
+  String build_id;
+  Vector<std::pair<uint64_t, uint64_t>> segments;
+};
+
+String build_id_of(const dl_phdr_info* info) {
+  static const char kHex[] = "0123456789abcdef";
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_NOTE) continue;
+    const uint8_t* p = reinterpret_cast<const uint8_t*>(info->dlpi_addr + ph.p_vaddr);
+    const uint8_t* end = p + ph.p_memsz;
+    while (p + sizeof(ElfW(Nhdr)) <= end) {
+      const ElfW(Nhdr)* note = reinterpret_cast<const ElfW(Nhdr)*>(p);
+      const uint8_t* name = p + sizeof(ElfW(Nhdr));
+      const uint8_t* desc = name + ((note->n_namesz + 3) & ~3u);
+      const uint8_t* next = desc + ((note->n_descsz + 3) & ~3u);
+      if (next > end) break;
+      if (note->n_type == NT_GNU_BUILD_ID && note->n_namesz == 4 && memcmp(name, "GNU", 4) == 0) {
+        String hex;
+        for (uint32_t k = 0; k < note->n_descsz; ++k) {
+          hex.push_back(kHex[desc[k] >> 4]);
+          hex.push_back(kHex[desc[k] & 15]);
+        }
+        return hex;
+      }
+      p = next;
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+// Everything only the writer thread touches.
+struct TraceWriter::State {
+  Bytes buffer;
+  Bytes compressed;
+  Vector<Event> batch;
+  Vector<uint8_t> stack_written;  // by id
+  uint32_t stack_low = 1;         // every id below is written
+  Vector<ModuleRecord> modules_written;
+  unsigned long long dl_adds = ~0ull, dl_subs = ~0ull;
+  uint32_t strings_written = 0;
+  uint32_t frame_index = 0;
+  uint64_t last_flush_ns = 0;
+  uint64_t last_sample_ns = 0;
+  uint64_t last_status_ns = 0;
+  uint64_t next_interval_step_ns = 0;
+  uint64_t interval_ns = 0;
+  bool step_seen = false;
+  uint64_t last_step = 0;
+  bool have_step = false;
+  int64_t step_live_history[16] = {};
+  uint64_t step_history_count = 0;
+  CgroupPaths cgroup;
+  ZSTD_CCtx* zstd = nullptr;
+  uint64_t start_mono_ns = 0;
+};
+
+namespace {
+
+// Step labels, interned for the C ABI (rare calls: a lock is fine).
+struct StringTable {
+  SpinLock lock;
+  Vector<String> strings;  // id = index + 1
+};
+StringTable& strings() {
+  // Never destroyed: hooks may still run after static destructors.
+  alignas(StringTable) static unsigned char storage[sizeof(StringTable)];
+  static StringTable* table = new (storage) StringTable();
+  return *table;
+}
+
+class Encoder {
+ public:
+  explicit Encoder(Bytes& out) : out_(out) {}
+  void tag(format::Tag t) { out_.push_back(static_cast<uint8_t>(t)); }
+  void u(uint64_t v) {
+    uint8_t tmp[10];
+    size_t n = format::put_varint(tmp, v);
+    out_.insert(out_.end(), tmp, tmp + n);
+  }
+  void s(int64_t v) { u(format::zigzag(v)); }
+  void str(const char* data, size_t size) {
+    u(size);
+    out_.insert(out_.end(), reinterpret_cast<const uint8_t*>(data),
+                reinterpret_cast<const uint8_t*>(data) + size);
+  }
+  void str(const char* text) { str(text, strlen(text)); }
+
+ private:
+  Bytes& out_;
+};
+
+}  // namespace
+
+uint32_t Recorder::intern_string(const char* text) {
+  if (text == nullptr || *text == '\0') return 0;
+  StringTable& table = strings();
+  SpinGuard guard(table.lock);
+  for (size_t i = 0; i < table.strings.size(); ++i) {
+    if (table.strings[i] == text) return static_cast<uint32_t>(i + 1);
+  }
+  table.strings.emplace_back(text);
+  return static_cast<uint32_t>(table.strings.size());
+}
+
+bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error, size_t error_size) {
+  if (state_ == nullptr) {
+    void* mem = __libc_malloc(sizeof(State));
+    if (mem == nullptr) {
+      snprintf(error, error_size, "out of memory");
+      return false;
+    }
+    state_ = new (mem) State();
+  }
+  State& st = *state_;
+  if (mkdir(config.dir, 0700) != 0 && errno != EEXIST) {
+    snprintf(error, error_size, "cannot create %s: %s", config.dir, strerror(errno));
+    return false;
+  }
+  const pid_t pid = getpid();
+  char path[4200];
+  int fd = -1;
+  for (int attempt = 0; attempt < 1000 && fd < 0; ++attempt) {
+    if (attempt == 0) {
+      snprintf(path, sizeof path, "%s/trace.%d.mlt", config.dir, pid);
+    } else {
+      snprintf(path, sizeof path, "%s/trace.%d.%d.mlt", config.dir, pid, attempt);
+    }
+    fd = ::open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) {
+      snprintf(error, error_size, "cannot create %s: %s", path, strerror(errno));
+      return false;
+    }
+  }
+  if (fd < 0) {
+    snprintf(error, error_size, "cannot create a trace file in %s", config.dir);
+    return false;
+  }
+
+  // Header text.
+  Bytes header;
+  auto add = [&](const char* key, const char* value, size_t len) {
+    header.insert(header.end(), key, key + strlen(key));
+    header.push_back('=');
+    for (size_t i = 0; i < len; ++i) {
+      char c = value[i];
+      header.push_back(c == '\n' ? ' ' : c);
+    }
+    header.push_back('\n');
+  };
+  auto add_num = [&](const char* key, long long value) {
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "%lld", value);
+    add(key, buf, static_cast<size_t>(n));
+  };
+  add_num("pid", pid);
+  add_num("ppid", getppid());
+  {
+    char cmd[8192];
+    ssize_t n = read_small_file("/proc/self/cmdline", cmd, sizeof cmd);
+    if (n > 0) {
+      if (cmd[n - 1] == '\0') --n;
+      for (ssize_t i = 0; i < n; ++i) {
+        if (cmd[i] == '\0') cmd[i] = '\x1f';
+      }
+      add("command", cmd, static_cast<size_t>(n));
+    }
+    char exe[4096];
+    ssize_t m = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (m > 0) add("exe", exe, static_cast<size_t>(m));
+  }
+  struct utsname uts;
+  if (uname(&uts) == 0) add("host", uts.nodename, strlen(uts.nodename));
+  timespec wall, mono;
+  clock_gettime(CLOCK_REALTIME, &wall);
+  clock_gettime(CLOCK_MONOTONIC, &mono);
+  st.start_mono_ns = static_cast<uint64_t>(mono.tv_sec) * 1000000000ull + static_cast<uint64_t>(mono.tv_nsec);
+  add_num("start_wall_ns", static_cast<long long>(wall.tv_sec) * 1000000000ll + wall.tv_nsec);
+  add_num("start_mono_ns", static_cast<long long>(st.start_mono_ns));
+  const char* mode = config.host_mode == HostMode::kFull ? "full"
+                     : config.host_mode == HostMode::kSampled ? "sampled"
+                                                               : "off";
+  add("host_mode", mode, strlen(mode));
+  add_num("sample_interval", static_cast<long long>(config.sample_interval));
+  add_num("stack_depth", config.stack_depth);
+  add_num("page_size", sysconf(_SC_PAGESIZE));
+  add_num("step_interval_ms", static_cast<long long>(config.step_interval_s * 1000));
+  static const char* const kRankVars[][2] = {
+      {"rank", "RANK"}, {"rank", "OMPI_COMM_WORLD_RANK"}, {"rank", "PMI_RANK"}, {"rank", "SLURM_PROCID"},
+      {"local_rank", "LOCAL_RANK"}, {"local_rank", "OMPI_COMM_WORLD_LOCAL_RANK"}, {"local_rank", "SLURM_LOCALID"},
+      {"world_size", "WORLD_SIZE"}, {"world_size", "OMPI_COMM_WORLD_SIZE"}, {"world_size", "SLURM_NTASKS"},
+  };
+  const char* done_key = "";
+  for (const auto& kv : kRankVars) {
+    if (strcmp(done_key, kv[0]) == 0) continue;
+    if (const char* v = getenv(kv[1])) {
+      add(kv[0], v, strlen(v));
+      done_key = kv[0];
+    }
+  }
+  if (parent_trace_pid > 0) add_num("parent_trace", parent_trace_pid);
+
+  format::FileHeader fh;
+  memcpy(fh.magic, format::kFileMagic, sizeof fh.magic);
+  fh.version = format::kVersion;
+  fh.header_len = static_cast<uint32_t>(header.size());
+  int err = 0;
+  if (!write_all(fd, &fh, sizeof fh, &err) || !write_all(fd, header.data(), header.size(), &err)) {
+    snprintf(error, error_size, "cannot write %s: %s", path, strerror(err));
+    ::close(fd);
+    return false;
+  }
+  fd_ = fd;
+
+  char status_path[4200];
+  snprintf(status_path, sizeof status_path, "%s/status.%d", config.dir, pid);
+  status_fd_ = ::open(status_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+
+  st.cgroup = find_cgroup();
+  st.interval_ns = static_cast<uint64_t>(config.step_interval_s * 1e9);
+  st.next_interval_step_ns = st.interval_ns ? st.start_mono_ns + st.interval_ns : 0;
+  if (st.zstd == nullptr) {
+    ZSTD_customMem mem = {[](void*, size_t size) { return __libc_malloc(size); },
+                          [](void*, void* p) { __libc_free(p); }, nullptr};
+    st.zstd = ZSTD_createCCtx_advanced(mem);
+  }
+  return true;
+}
+
+bool TraceWriter::start_thread() {
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  sigset_t all, old;
+  sigfillset(&all);
+  // The writer must never take the program's signals.
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&thread_, &attr, &TraceWriter::thread_main, this);
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) return false;
+  running_.store(true, std::memory_order_release);
+  return true;
+}
+
+void* TraceWriter::thread_main(void* self) {
+  ThreadState& t = thread_state();
+  t.in_hook = 1;  // nothing this thread allocates is the program's memory
+  t.status = 2;
+#ifdef __linux__
+  pthread_setname_np(pthread_self(), "memledger");
+#endif
+  static_cast<TraceWriter*>(self)->run();
+  return nullptr;
+}
+
+void TraceWriter::wake() {
+  wake_word_.fetch_add(1, std::memory_order_release);
+  futex(&wake_word_, FUTEX_WAKE_PRIVATE, 1, nullptr);
+}
+
+void TraceWriter::flush_and_wait(int timeout_ms) {
+  if (!running_.load(std::memory_order_acquire) || fd_ < 0) return;
+  if (pthread_equal(pthread_self(), thread_)) return;
+  uint32_t ticket = flush_requested_.fetch_add(1, std::memory_order_acq_rel) + 1;
+  wake();
+  timespec start;
+  clock_gettime(CLOCK_MONOTONIC, &start);
+  for (;;) {
+    uint32_t done = flush_done_.load(std::memory_order_acquire);
+    if (static_cast<int32_t>(done - ticket) >= 0) return;
+    if (!running_.load(std::memory_order_acquire)) return;
+    timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    long elapsed_ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
+    if (elapsed_ms >= timeout_ms) return;
+    timespec wait = {0, 5'000'000};
+    futex(&flush_done_, FUTEX_WAIT_PRIVATE, done, &wait);
+  }
+}
+
+void TraceWriter::note_exit(int status) {
+  exit_status_ = status;
+  exit_pending_.store(1, std::memory_order_release);
+}
+
+void TraceWriter::note_exec(const char* path) {
+  size_t n = strnlen(path, sizeof exec_path_ - 1);
+  memcpy(exec_path_, path, n);
+  exec_path_[n] = '\0';
+  exec_pending_.store(1, std::memory_order_release);
+}
+
+void TraceWriter::run() {
+  while (!stopping_.load(std::memory_order_acquire)) {
+    uint32_t seen = wake_word_.load(std::memory_order_acquire);
+    if (flush_requested_.load(std::memory_order_acquire) == flush_done_.load(std::memory_order_acquire)) {
+      timespec wait = {0, 10'000'000};
+      futex(&wake_word_, FUTEX_WAIT_PRIVATE, seen, &wait);
+    }
+    thread_busy_.store(true, std::memory_order_release);
+    cycle(false);
+    thread_busy_.store(false, std::memory_order_release);
+  }
+}
+
+void TraceWriter::stop() {
+  if (running_.load(std::memory_order_acquire)) {
+    stopping_.store(true, std::memory_order_release);
+    wake();
+    pthread_join(thread_, nullptr);
+    running_.store(false, std::memory_order_release);
+  }
+  if (fd_ >= 0) {
+    cycle(true);
+    ::close(fd_);
+    fd_ = -1;
+  }
+  if (status_fd_ >= 0) {
+    ::close(status_fd_);
+    status_fd_ = -1;
+  }
+}
+
+void TraceWriter::reset_after_fork() {
+  // The parent's writer thread does not exist here; its file belongs to the
+  // parent. Close our copies without writing anything.
+  running_.store(false, std::memory_order_relaxed);
+  stopping_.store(false, std::memory_order_relaxed);
+  thread_busy_.store(false, std::memory_order_relaxed);
+  flush_requested_.store(0, std::memory_order_relaxed);
+  flush_done_.store(0, std::memory_order_relaxed);
+  exit_pending_.store(0, std::memory_order_relaxed);
+  exec_pending_.store(0, std::memory_order_relaxed);
+  signal_.pending.store(0, std::memory_order_relaxed);
+  if (fd_ >= 0) ::close(fd_);
+  if (status_fd_ >= 0) ::close(status_fd_);
+  fd_ = status_fd_ = -1;
+  strings().lock.reset();
+  if (state_ != nullptr) {
+    ZSTD_CCtx* zstd = state_->zstd;
+    state_->~State();
+    state_ = new (state_) State();
+    state_->zstd = zstd;
+  }
+}
+
+void TraceWriter::cycle(bool final) {
+  if (fd_ < 0 || state_ == nullptr) return;
+  State& st = *state_;
+  Recorder& rec = recorder();
+  const uint32_t ticket = flush_requested_.load(std::memory_order_acquire);
+  Encoder enc(st.buffer);
+
+  // 1. Drain every ring.
+  st.batch.clear();
+  uint64_t dropped = 0;
+  for (ThreadRing* ring = rec.rings(); ring != nullptr; ring = ring->next) {
+    uint64_t tail = ring->tail.load(std::memory_order_relaxed);
+    uint64_t head = ring->head.load(std::memory_order_acquire);
+    for (uint64_t i = tail; i < head; ++i) st.batch.push_back(ring->events[i & ThreadRing::kMask]);
+    ring->tail.store(head, std::memory_order_release);
+    dropped += ring->dropped.exchange(0, std::memory_order_relaxed);
+    if (ring->state.load(std::memory_order_acquire) == static_cast<int>(RingState::kRetired) &&
+        ring->head.load(std::memory_order_acquire) == head) {
+      int expected = static_cast<int>(RingState::kRetired);
+      ring->state.compare_exchange_strong(expected, static_cast<int>(RingState::kFree));
+    }
+  }
+  const uint64_t now = monotonic_ns();
+
+  // 2. Time-based steps.
+  if (st.interval_ns != 0) {
+    while (now >= st.next_interval_step_ns) {
+      rec.on_step(nullptr, format::StepSource::kInterval);
+      st.next_interval_step_ns += st.interval_ns;
+    }
+    // on_step pushed into this thread's (shared) ring: pick it up now.
+    ThreadRing* shared = rec.shared_ring();
+    uint64_t tail = shared->tail.load(std::memory_order_relaxed);
+    uint64_t head = shared->head.load(std::memory_order_acquire);
+    for (uint64_t i = tail; i < head; ++i) st.batch.push_back(shared->events[i & ThreadRing::kMask]);
+    shared->tail.store(head, std::memory_order_release);
+  }
+  std::sort(st.batch.begin(), st.batch.end(),
+            [](const Event& a, const Event& b) { return a.seq < b.seq; });
+
+  // 3. Modules, when the set of loaded objects changed.
+  {
+    struct Scan {
+      State* st;
+      Encoder* enc;
+      bool first = true;
+      bool changed = false;
+    } scan{&st, &enc};
+    dl_iterate_phdr(
+        [](dl_phdr_info* info, size_t size, void* data) -> int {
+          Scan& s = *static_cast<Scan*>(data);
+          if (s.first) {
+            s.first = false;
+            if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+              if (info->dlpi_adds == s.st->dl_adds && info->dlpi_subs == s.st->dl_subs) return 1;
+              s.st->dl_adds = info->dlpi_adds;
+              s.st->dl_subs = info->dlpi_subs;
+            }
+          }
+          String path = info->dlpi_name ? info->dlpi_name : "";
+          if (path.empty()) {
+            char exe[4096];
+            ssize_t m = readlink("/proc/self/exe", exe, sizeof exe - 1);
+            if (m > 0) path.assign(exe, static_cast<size_t>(m));
+          }
+          for (const ModuleRecord& m : s.st->modules_written) {
+            if (m.base == info->dlpi_addr && m.path == path) return 0;
+          }
+          ModuleRecord rec;
+          rec.base = info->dlpi_addr;
+          rec.path = path;
+          rec.build_id = build_id_of(info);
+          for (int i = 0; i < info->dlpi_phnum; ++i) {
+            if (info->dlpi_phdr[i].p_type == PT_LOAD) {
+              rec.segments.emplace_back(info->dlpi_phdr[i].p_vaddr, info->dlpi_phdr[i].p_memsz);
+            }
+          }
+          s.enc->tag(format::Tag::kModule);
+          s.enc->u(rec.base);
+          s.enc->str(rec.path.data(), rec.path.size());
+          s.enc->str(rec.build_id.data(), rec.build_id.size());
+          s.enc->u(rec.segments.size());
+          for (auto& seg : rec.segments) {
+            s.enc->u(seg.first);
+            s.enc->u(seg.second);
+          }
+          s.st->modules_written.push_back(std::move(rec));
+          return 0;
+        },
+        &scan);
+  }
+
+  // 4. Stacks published since the last cycle.
+  StackTable& stacks = rec.stacks();
+  const uint32_t count = stacks.count();
+  if (st.stack_written.size() < count + 1) st.stack_written.resize(count + 1, 0);
+  for (uint32_t id = st.stack_low; id <= count; ++id) {
+    if (st.stack_written[id]) continue;
+    const uintptr_t* frames;
+    uint32_t depth;
+    if (!stacks.get(id, &frames, &depth)) continue;
+    enc.tag(format::Tag::kStack);
+    enc.u(id);
+    enc.u(depth);
+    uint64_t prev = 0;
+    for (uint32_t i = 0; i < depth; ++i) {
+      enc.s(static_cast<int64_t>(frames[i] - prev));
+      prev = frames[i];
+    }
+    st.stack_written[id] = 1;
+  }
+  while (st.stack_low <= count && st.stack_written[st.stack_low]) ++st.stack_low;
+
+  // 5. Strings (step labels).
+  {
+    StringTable& table = strings();
+    SpinGuard guard(table.lock);
+    for (; st.strings_written < table.strings.size(); ++st.strings_written) {
+      enc.tag(format::Tag::kString);
+      enc.u(st.strings_written + 1);
+      const String& s = table.strings[st.strings_written];
+      enc.str(s.data(), s.size());
+    }
+  }
+
+  // 6. Events.
+  for (const Event& e : st.batch) {
+    const uint64_t ts = e.ts >= st.start_mono_ns ? e.ts - st.start_mono_ns : 0;
+    switch (e.type) {
+      case EventType::kAlloc:
+        enc.tag(format::Tag::kAlloc);
+        enc.u(e.seq);
+        enc.u(ts);
+        enc.u(e.tid);
+        enc.u(e.kind);
+        enc.u(e.aux);
+        enc.u(e.addr);
+        enc.u(e.size);
+        enc.u(e.stack);
+        enc.u(e.flags);
+        enc.u(e.weight);
+        break;
+      case EventType::kFree:
+        enc.tag(format::Tag::kFree);
+        enc.u(e.seq);
+        enc.u(ts);
+        enc.u(e.tid);
+        enc.u(e.kind);
+        enc.u(e.addr);
+        break;
+      case EventType::kStep: {
+        enc.tag(format::Tag::kStep);
+        enc.u(e.seq);
+        enc.u(ts);
+        enc.u(e.tid);
+        enc.u(e.size);
+        enc.u(e.source);
+        enc.u(e.aux);
+        st.step_seen = true;
+        st.have_step = true;
+        st.last_step = e.size;
+        // Live bytes at this step end, for the live status line only.
+        int64_t live = 0;
+        for (ThreadRing* ring = rec.rings(); ring != nullptr; ring = ring->next) {
+          live += ring->host_live.load(std::memory_order_relaxed);
+        }
+        st.step_live_history[st.step_history_count % 16] = live;
+        ++st.step_history_count;
+        break;
+      }
+    }
+  }
+  if (dropped != 0) {
+    enc.tag(format::Tag::kDropped);
+    enc.u(dropped);
+  }
+
+  // 7. Signal, exec and exit notes.
+  if (signal_.pending.load(std::memory_order_acquire) == 1) {
+    enc.tag(format::Tag::kSignal);
+    uint64_t ts = signal_.ts >= st.start_mono_ns ? signal_.ts - st.start_mono_ns : 0;
+    enc.u(ts);
+    enc.u(static_cast<uint64_t>(signal_.tid));
+    enc.u(static_cast<uint64_t>(signal_.signo));
+    enc.s(signal_.code);
+    enc.u(signal_.fault_addr);
+    enc.u(signal_.stack);
+    // The stack may have been interned after step 4: make sure it is written.
+    if (signal_.stack != 0) {
+      const uintptr_t* frames;
+      uint32_t depth;
+      if (stacks.get(signal_.stack, &frames, &depth) &&
+          (signal_.stack >= st.stack_written.size() || !st.stack_written[signal_.stack])) {
+        enc.tag(format::Tag::kStack);
+        enc.u(signal_.stack);
+        enc.u(depth);
+        uint64_t prev = 0;
+        for (uint32_t i = 0; i < depth; ++i) {
+          enc.s(static_cast<int64_t>(frames[i] - prev));
+          prev = frames[i];
+        }
+        if (signal_.stack < st.stack_written.size()) st.stack_written[signal_.stack] = 1;
+      }
+    }
+    signal_.pending.store(2, std::memory_order_release);
+  }
+  if (exec_pending_.load(std::memory_order_acquire) == 1) {
+    enc.tag(format::Tag::kExec);
+    enc.u(now - st.start_mono_ns);
+    enc.str(exec_path_);
+    exec_pending_.store(2, std::memory_order_release);
+  }
+  if (exit_pending_.load(std::memory_order_acquire) == 1) {
+    enc.tag(format::Tag::kExit);
+    enc.u(now - st.start_mono_ns);
+    enc.s(exit_status_);
+    exit_pending_.store(2, std::memory_order_release);
+  }
+
+  // 8. Periodic sample (and one at every step end and at the end).
+  int64_t live_total = 0;
+  uint64_t allocs = 0, frees = 0;
+  for (ThreadRing* ring = rec.rings(); ring != nullptr; ring = ring->next) {
+    live_total += ring->host_live.load(std::memory_order_relaxed);
+    allocs += ring->host_allocs.load(std::memory_order_relaxed);
+    frees += ring->host_frees.load(std::memory_order_relaxed);
+  }
+  uint64_t rss = 0;
+  if (final || st.step_seen || now - st.last_sample_ns >= kSampleEveryNs) {
+    char buf[128];
+    if (read_small_file("/proc/self/statm", buf, sizeof buf) > 0) {
+      const char* p = strchr(buf, ' ');
+      if (p) rss = parse_u64(p + 1) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    }
+    struct mallinfo2 mi = mallinfo2();
+    enc.tag(format::Tag::kSample);
+    enc.u(now - st.start_mono_ns);
+    enc.u(rss);
+    enc.u(mi.arena + mi.hblkhd);
+    enc.u(mi.uordblks + mi.hblkhd);
+    enc.u(read_cgroup_value(st.cgroup.limit));
+    enc.u(read_cgroup_value(st.cgroup.usage));
+    enc.s(live_total);
+    enc.u(allocs);
+    enc.u(frees);
+    st.last_sample_ns = now;
+  }
+
+  if (final) {
+    enc.tag(format::Tag::kEnd);
+    enc.u(now - st.start_mono_ns);
+  }
+
+  // 9. Write a frame when due.
+  const bool flush_asked = ticket != flush_done_.load(std::memory_order_acquire);
+  if (!st.buffer.empty() &&
+      (final || flush_asked || st.step_seen || st.buffer.size() >= kFrameTarget ||
+       now - st.last_flush_ns >= kFlushEveryNs)) {
+    format::FrameHeader fh{};
+    fh.magic = format::kFrameMagic;
+    fh.raw_len = static_cast<uint32_t>(st.buffer.size());
+    fh.index = st.frame_index++;
+    const uint8_t* payload = st.buffer.data();
+    size_t payload_len = st.buffer.size();
+    if (st.zstd != nullptr) {
+      st.compressed.resize(ZSTD_compressBound(st.buffer.size()));
+      size_t n = ZSTD_compressCCtx(st.zstd, st.compressed.data(), st.compressed.size(), st.buffer.data(),
+                                   st.buffer.size(), 1);
+      if (!ZSTD_isError(n) && n < st.buffer.size()) {
+        payload = st.compressed.data();
+        payload_len = n;
+        fh.flags |= format::kFrameCompressed;
+      }
+    }
+    fh.stored_len = static_cast<uint32_t>(payload_len);
+    fh.crc32 = static_cast<uint32_t>(crc32(0L, payload, static_cast<uInt>(payload_len)));
+    int err = 0;
+    if (!write_all(fd_, &fh, sizeof fh, &err) || !write_all(fd_, payload, payload_len, &err)) {
+      char msg[256];
+      snprintf(msg, sizeof msg, "cannot write the trace file: %s", strerror(err));
+      ::close(fd_);
+      fd_ = -1;
+      rec.disable(msg);
+    }
+    st.buffer.clear();
+    st.last_flush_ns = now;
+    st.step_seen = false;
+    if (st.buffer.capacity() > 4 * kFrameTarget) Bytes().swap(st.buffer);
+  }
+  flush_done_.store(ticket, std::memory_order_release);
+  futex(&flush_done_, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr);
+
+  // 10. Status for `memledger run`'s live line.
+  if (status_fd_ >= 0 && (final || now - st.last_status_ns >= kStatusEveryNs)) {
+    if (rss == 0) {
+      char buf[128];
+      if (read_small_file("/proc/self/statm", buf, sizeof buf) > 0) {
+        const char* p = strchr(buf, ' ');
+        if (p) rss = parse_u64(p + 1) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+      }
+    }
+    long long growth = 0;
+    uint64_t n = st.step_history_count;
+    if (n >= 2) {
+      uint64_t span = n - 1 < 15 ? n - 1 : 15;
+      growth = (st.step_live_history[(n - 1) % 16] - st.step_live_history[(n - 1 - span) % 16]) /
+               static_cast<long long>(span);
+    }
+    char line[256];
+    int len = snprintf(line, sizeof line, "step=%lld live=%lld rss=%llu growth=%lld final=%d\n",
+                       st.have_step ? static_cast<long long>(st.last_step) : -1,
+                       static_cast<long long>(live_total), static_cast<unsigned long long>(rss), growth,
+                       final ? 1 : 0);
+    char padded[256];
+    memset(padded, ' ', sizeof padded);
+    memcpy(padded, line, static_cast<size_t>(len));
+    padded[sizeof padded - 1] = '\n';
+    if (pwrite(status_fd_, padded, sizeof padded, 0) < 0) {
+      ::close(status_fd_);
+      status_fd_ = -1;
+    }
+    st.last_status_ns = now;
+  }
+}
+
+TraceWriter& trace_writer() {
+  alignas(TraceWriter) static unsigned char storage[sizeof(TraceWriter)];
+  static TraceWriter* writer = new (storage) TraceWriter();
+  return *writer;
+}
+
+}  // namespace memledger::interposer
