@@ -1,0 +1,493 @@
+#include "analysis.h"
+
+#include <absl/container/flat_hash_map.h>
+
+#include <algorithm>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <memory>
+
+#include "trace_format.h"
+
+namespace memledger::report {
+namespace {
+
+namespace fmt = memledger::format;
+
+struct LiveAlloc {
+  uint64_t weight;
+  uint32_t site;
+  uint32_t step_born;  // 1-based step the allocation was made in
+};
+
+struct SeriesPoint {
+  uint32_t step;
+  int64_t live;
+  uint64_t allocs;  // cumulative allocations of the site
+};
+
+struct SiteAcc {
+  uint32_t stack;
+  uint8_t kind;
+  int64_t live = 0;
+  uint64_t allocs = 0;
+  bool dirty = false;
+  std::vector<SeriesPoint> changes;  // at step ends where the site changed
+};
+
+bool is_crash_signal(int signo) {
+  return signo == SIGSEGV || signo == SIGBUS || signo == SIGABRT || signo == SIGFPE || signo == SIGILL;
+}
+
+}  // namespace
+
+std::string human_bytes(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  double v = std::fabs(bytes);
+  while (v >= 1024 && u < 4) {
+    v /= 1024;
+    ++u;
+  }
+  char buf[64];
+  if (u == 0) {
+    std::snprintf(buf, sizeof buf, "%s%.0f %s", bytes < 0 ? "-" : "", v, units[u]);
+  } else {
+    std::snprintf(buf, sizeof buf, "%s%.1f %s", bytes < 0 ? "-" : "", v, units[u]);
+  }
+  return buf;
+}
+
+namespace {
+
+// Allocator plumbing that is never the user's line: skipped when naming a site.
+bool is_allocator_frame(const Frame& f) {
+  static const char* const kPrefixes[] = {"operator new", "operator delete", "malloc", "calloc", "realloc",
+                                          "__libc_", "std::", "__gnu_cxx::", "void std::", "__cxa_",
+                                          "aligned_alloc", "posix_memalign", "memalign", "strdup", "strndup"};
+  for (const char* p : kPrefixes) {
+    if (f.function.rfind(p, 0) == 0) return true;
+  }
+  if (f.file.rfind("/usr/include/", 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+std::string signal_name(int signo) {
+  const char* abbrev = sigabbrev_np(signo);
+  if (abbrev == nullptr) return "signal " + std::to_string(signo);
+  return std::string("SIG") + abbrev;
+}
+
+LinearFit fit_line(const std::vector<double>& y) {
+  LinearFit fit;
+  const size_t n = y.size();
+  if (n < 2) return fit;
+  double mean_x = (static_cast<double>(n) - 1) / 2;
+  double mean_y = 0;
+  for (double v : y) mean_y += v;
+  mean_y /= static_cast<double>(n);
+  double sxy = 0, sxx = 0, syy = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double dx = static_cast<double>(i) - mean_x;
+    double dy = y[i] - mean_y;
+    sxy += dx * dy;
+    sxx += dx * dx;
+    syy += dy * dy;
+  }
+  fit.slope = sxy / sxx;
+  fit.intercept = mean_y - fit.slope * mean_x;
+  fit.r_squared = syy == 0 ? 1.0 : (sxy * sxy) / (sxx * syy);
+  return fit;
+}
+
+ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const AnalysisOptions& options) {
+  ProcessReport r;
+  r.trace_path = trace.path;
+  r.pid = trace.pid();
+  r.ppid = std::atoi(trace.header_value("ppid", "0").c_str());
+  r.command = trace.command_line();
+  r.host_mode = trace.header_value("host_mode", "unknown");
+  r.sample_interval = std::strtoull(trace.header_value("sample_interval", "0").c_str(), nullptr, 10);
+  r.rank = trace.header_value("rank");
+  r.events = trace.events.size();
+  r.dropped = trace.dropped;
+  r.frames_read = trace.frames_read;
+  r.frames_damaged = trace.frames_damaged;
+  r.truncated = trace.truncated;
+  r.duration_ns = trace.last_ts;
+  r.notes = trace.problems;
+  const bool sampled = r.host_mode == "sampled";
+
+  // --- Replay -------------------------------------------------------------
+  absl::flat_hash_map<uint64_t, LiveAlloc> live;
+  live.reserve(1 << 16);
+  absl::flat_hash_map<uint64_t, uint32_t> site_index;  // (kind << 32 | stack) -> index
+  std::vector<SiteAcc> sites;
+  std::vector<uint32_t> dirty;
+  int64_t total[fmt::kKindCount] = {};
+  int64_t running_total = 0;
+  uint32_t current_step = 1;  // allocations before the first marker belong to step 1
+  uint64_t step_allocs = 0, step_frees = 0;
+  std::string source;
+
+  auto site_of = [&](uint32_t stack, uint8_t kind) -> uint32_t {
+    uint64_t key = (static_cast<uint64_t>(kind) << 32) | stack;
+    auto [it, inserted] = site_index.try_emplace(key, static_cast<uint32_t>(sites.size()));
+    if (inserted) {
+      SiteAcc acc;
+      acc.stack = stack;
+      acc.kind = kind;
+      sites.push_back(std::move(acc));
+    }
+    return it->second;
+  };
+  auto live_key = [](uint8_t kind, uint64_t addr) { return addr ^ (static_cast<uint64_t>(kind) << 58); };
+
+  for (const TraceEvent& e : trace.events) {
+    switch (e.type) {
+      case EvType::kAlloc: {
+        if (e.flags & fmt::kAllocFailed) {
+          ++r.failed_allocations;
+          break;
+        }
+        const uint64_t weight = (e.flags & fmt::kAllocSampled) ? e.weight : e.size;
+        const uint32_t s = site_of(e.stack, e.kind);
+        auto [it, inserted] = live.try_emplace(live_key(e.kind, e.addr), LiveAlloc{weight, s, current_step});
+        if (!inserted) {
+          // The previous owner of this address was freed without a record
+          // (dropped event): retire it.
+          ++r.double_allocations;
+          SiteAcc& old = sites[it->second.site];
+          old.live -= static_cast<int64_t>(it->second.weight);
+          if (!old.dirty) {
+            old.dirty = true;
+            dirty.push_back(it->second.site);
+          }
+          total[e.kind & 3] -= static_cast<int64_t>(it->second.weight);
+          running_total -= static_cast<int64_t>(it->second.weight);
+          it->second = LiveAlloc{weight, s, current_step};
+        }
+        SiteAcc& acc = sites[s];
+        acc.live += static_cast<int64_t>(weight);
+        ++acc.allocs;
+        if (!acc.dirty) {
+          acc.dirty = true;
+          dirty.push_back(s);
+        }
+        total[e.kind & 3] += static_cast<int64_t>(weight);
+        running_total += static_cast<int64_t>(weight);
+        ++step_allocs;
+        if (running_total > r.peak.bytes) {
+          r.peak.bytes = running_total;
+          r.peak.step = current_step;
+          r.peak.ts_ns = e.ts;
+          r.peak.kind = e.kind;
+        }
+        break;
+      }
+      case EvType::kFree: {
+        auto it = live.find(live_key(e.kind, e.addr));
+        if (it == live.end()) {
+          // Sampled mode records only the frees of sampled allocations, so a
+          // miss there is unusual too.
+          ++r.unknown_frees;
+          break;
+        }
+        SiteAcc& acc = sites[it->second.site];
+        acc.live -= static_cast<int64_t>(it->second.weight);
+        if (!acc.dirty) {
+          acc.dirty = true;
+          dirty.push_back(it->second.site);
+        }
+        total[e.kind & 3] -= static_cast<int64_t>(it->second.weight);
+        running_total -= static_cast<int64_t>(it->second.weight);
+        live.erase(it);
+        ++step_frees;
+        break;
+      }
+      case EvType::kStep: {
+        StepStats st;
+        st.index = r.steps.size() + 1;
+        st.source = fmt::step_source_name(static_cast<fmt::StepSource>(e.flags));
+        if (source.empty()) {
+          source = st.source;
+        } else if (source != st.source && source.find(st.source) == std::string::npos) {
+          source += "+" + st.source;
+        }
+        auto label = trace.strings.find(static_cast<uint32_t>(e.size));
+        if (e.size != 0 && label != trace.strings.end()) st.label = label->second;
+        st.end_ns = e.ts;
+        for (int k = 0; k < fmt::kKindCount; ++k) st.live[k] = total[k];
+        st.allocations = step_allocs;
+        st.frees = step_frees;
+        step_allocs = step_frees = 0;
+        for (uint32_t s : dirty) {
+          SiteAcc& acc = sites[s];
+          acc.dirty = false;
+          acc.changes.push_back(SeriesPoint{static_cast<uint32_t>(st.index), acc.live, acc.allocs});
+        }
+        dirty.clear();
+        r.steps.push_back(std::move(st));
+        ++current_step;
+        break;
+      }
+    }
+  }
+  r.step_source = source.empty() ? "none" : source;
+
+  // --- Samples: held bytes, RSS, and (sampled mode) exact live totals -------
+  {
+    size_t si = 0;
+    for (StepStats& st : r.steps) {
+      while (si < trace.samples.size() && trace.samples[si].ts < st.end_ns) ++si;
+      const TraceSample* s = nullptr;
+      if (si < trace.samples.size()) {
+        s = &trace.samples[si];
+      } else if (!trace.samples.empty()) {
+        s = &trace.samples.back();
+      }
+      if (s != nullptr) {
+        st.held_host = s->heap_held;
+        st.rss = s->rss;
+        if (sampled) st.live[0] = s->host_live;
+      }
+    }
+    if (sampled) {
+      // The exact totals come from the samples (every 100 ms and at each step end).
+      r.peak = Peak{};
+      uint64_t step_at = 1;
+      size_t k = 0;
+      for (const TraceSample& s : trace.samples) {
+        while (k < r.steps.size() && r.steps[k].end_ns < s.ts) {
+          ++k;
+          step_at = k + 1;
+        }
+        if (s.host_live > r.peak.bytes) {
+          r.peak.bytes = s.host_live;
+          r.peak.ts_ns = s.ts;
+          r.peak.step = r.steps.empty() ? 0 : std::min<uint64_t>(step_at, r.steps.size() + 1);
+          r.peak.kind = 0;
+        }
+      }
+      r.notes.push_back("sampled host mode: per-site figures are estimates from allocations sampled every " +
+                        human_bytes(static_cast<double>(r.sample_interval)) +
+                        " on average; totals are exact (usable bytes); run with --host full for exact sites");
+    }
+  }
+  if (r.steps.empty()) r.peak.step = 0;
+
+  // --- Symbolization (only for what is shown) --------------------------------
+  std::unique_ptr<Symbolizer> symbolizer;
+  auto make_site = [&](uint32_t stack, uint8_t kind) {
+    Site site;
+    site.stack = stack;
+    site.kind = kind;
+    auto it = trace.stacks.find(stack);
+    if (it == trace.stacks.end()) return site;
+    if (!symbolizer) symbolizer = std::make_unique<Symbolizer>(trace.modules, options.symbolizer);
+    for (size_t i = 0; i < it->second.size(); ++i) {
+      const auto& chain = symbolizer->resolve(it->second[i], i > 0);
+      site.frames.insert(site.frames.end(), chain.begin(), chain.end());
+    }
+    return site;
+  };
+
+  // --- Growth leak suspects --------------------------------------------------
+  const size_t n_steps = r.steps.size();
+  int warmup = options.warmup_steps;
+  if (warmup < 0) warmup = std::clamp(static_cast<int>(n_steps / 10), 1, 10);
+  r.warmup_steps = warmup;
+  if (n_steps >= static_cast<size_t>(warmup) + 3) {
+    const size_t first = static_cast<size_t>(warmup) + 1;  // first step in the window (1-based)
+    const size_t window = n_steps - first + 1;
+    for (const SiteAcc& acc : sites) {
+      if (acc.changes.empty()) continue;
+      // Dense series of live bytes at each step end.
+      std::vector<int64_t> series(n_steps, 0);
+      std::vector<uint64_t> allocs(n_steps, 0);
+      size_t c = 0;
+      int64_t value = 0;
+      uint64_t count = 0;
+      for (size_t k = 1; k <= n_steps; ++k) {
+        while (c < acc.changes.size() && acc.changes[c].step == k) {
+          value = acc.changes[c].live;
+          count = acc.changes[c].allocs;
+          ++c;
+        }
+        series[k - 1] = value;
+        allocs[k - 1] = count;
+      }
+      std::vector<double> y(series.begin() + static_cast<long>(first - 1), series.end());
+      const double growth = y.back() - y.front();
+      if (growth <= 0) continue;
+      LinearFit fit = fit_line(y);
+      if (fit.slope <= 0 || fit.slope * static_cast<double>(window) < 1024) continue;
+      size_t non_decreasing = 0;
+      for (size_t i = 1; i < y.size(); ++i) non_decreasing += y[i] >= y[i - 1];
+      const double monotonicity = static_cast<double>(non_decreasing) / static_cast<double>(y.size() - 1);
+      if (monotonicity < 0.75) continue;
+      // A cache that fills up and stops is not a leak: the last third must still grow.
+      const size_t tail = std::max<size_t>(2, y.size() / 3);
+      std::vector<double> last(y.end() - static_cast<long>(tail), y.end());
+      const LinearFit tail_fit = fit_line(last);
+      if (last.back() <= last.front() || tail_fit.slope < 0.25 * fit.slope) continue;
+      LeakSuspect s;
+      s.site.stack = acc.stack;
+      s.site.kind = acc.kind;
+      s.bytes_per_step = fit.slope;
+      s.r_squared = fit.r_squared;
+      s.monotonicity = monotonicity;
+      s.allocations_per_step =
+          static_cast<double>(allocs[n_steps - 1] - allocs[first - 2 < n_steps ? first - 2 : 0]) /
+          static_cast<double>(window);
+      for (size_t k = 0; k < n_steps; ++k) {
+        if (series[k] > (k == 0 ? 0 : series[k - 1])) {
+          s.first_step = k + 1;
+          break;
+        }
+      }
+      s.live_at_end = acc.live;
+      s.series = std::move(series);
+      r.leak_suspects.push_back(std::move(s));
+    }
+    std::sort(r.leak_suspects.begin(), r.leak_suspects.end(),
+              [](const LeakSuspect& a, const LeakSuspect& b) { return a.bytes_per_step > b.bytes_per_step; });
+    if (r.leak_suspects.size() > options.max_suspects) r.leak_suspects.resize(options.max_suspects);
+    for (LeakSuspect& s : r.leak_suspects) s.site = make_site(s.site.stack, s.site.kind);
+  } else if (n_steps > 0) {
+    r.notes.push_back("only " + std::to_string(n_steps) + " steps after " + std::to_string(warmup) +
+                      " warm-up steps: too few to judge growth (need at least 3 after warm-up)");
+  } else {
+    r.notes.push_back(
+        "no steps were recorded: growth per step cannot be judged. Mark steps with memledger_step() / "
+        "memledger.step(), or use --step-interval SECONDS");
+  }
+
+  // --- Exit leaks and start-up allocations ------------------------------------
+  {
+    absl::flat_hash_map<uint32_t, std::pair<int64_t, uint64_t>> exit_by_site, startup_by_site;
+    for (const auto& [addr, a] : live) {
+      auto& bucket = (!r.steps.empty() && a.step_born == 1) ? startup_by_site[a.site] : exit_by_site[a.site];
+      bucket.first += static_cast<int64_t>(a.weight);
+      bucket.second += 1;
+    }
+    auto collect = [&](auto& by_site, std::vector<SiteTotal>& out, int64_t& bytes, uint64_t& count) {
+      for (const auto& [s, v] : by_site) {
+        SiteTotal t;
+        t.site.stack = sites[s].stack;
+        t.site.kind = sites[s].kind;
+        t.bytes = v.first;
+        t.count = v.second;
+        bytes += v.first;
+        count += v.second;
+        out.push_back(std::move(t));
+      }
+      std::sort(out.begin(), out.end(), [](const SiteTotal& a, const SiteTotal& b) {
+        return a.bytes != b.bytes ? a.bytes > b.bytes : a.site.stack < b.site.stack;
+      });
+      if (out.size() > options.max_exit_sites) out.resize(options.max_exit_sites);
+      for (SiteTotal& t : out) t.site = make_site(t.site.stack, t.site.kind);
+    };
+    collect(exit_by_site, r.exit_leaks, r.exit_leak_bytes, r.exit_leak_count);
+    collect(startup_by_site, r.startup, r.startup_bytes, r.startup_count);
+  }
+
+  // --- Stop verdict -------------------------------------------------------------
+  Verdict& v = r.verdict;
+  if (!trace.samples.empty()) {
+    const TraceSample& last = trace.samples.back();
+    v.last_rss = last.rss;
+    v.cgroup_limit = last.cgroup_limit;
+    v.cgroup_usage = last.cgroup_usage;
+  }
+  const TraceSignal* sig = trace.signals.empty() ? nullptr : &trace.signals.front();
+  auto near_limit = [&]() {
+    return v.cgroup_limit != 0 && (v.last_rss >= v.cgroup_limit * 9 / 10 || v.cgroup_usage >= v.cgroup_limit * 95 / 100);
+  };
+  auto killed_verdict = [&](const std::string& how) {
+    if (near_limit()) {
+      v.kind = "host_oom_kill";
+      v.summary = how + ": host out of memory (OOM killer) likely: last RSS " + human_bytes(double(v.last_rss)) +
+                  " against a cgroup limit of " + human_bytes(double(v.cgroup_limit));
+    } else {
+      v.kind = "killed";
+      v.summary = how + (v.cgroup_limit ? "; last RSS " + human_bytes(double(v.last_rss)) + " of a cgroup limit of " +
+                                              human_bytes(double(v.cgroup_limit)) + ", not near the limit"
+                                        : "; last RSS " + human_bytes(double(v.last_rss)) + ", no cgroup memory limit");
+    }
+  };
+  int signo = 0;
+  if (exit_info.known && exit_info.signaled) {
+    signo = exit_info.signo;
+  } else if (!exit_info.known && sig != nullptr && !trace.has_exit) {
+    signo = sig->signo;
+  }
+  if (signo != 0) {
+    v.signo = signo;
+    v.signal_name = signal_name(signo);
+    if (is_crash_signal(signo)) {
+      v.kind = "crash";
+      v.summary = "crashed with " + v.signal_name;
+      if (sig != nullptr && sig->signo == signo) {
+        v.fault_addr = sig->fault_addr;
+        if (signo == SIGSEGV || signo == SIGBUS) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, " at address 0x%llx", static_cast<unsigned long long>(sig->fault_addr));
+          v.summary += buf;
+        }
+        v.crash_stack = make_site(sig->stack, 0).frames;
+      }
+    } else if (signo == SIGKILL) {
+      killed_verdict("killed by SIGKILL");
+    } else {
+      v.kind = "signal";
+      v.summary = "terminated by " + v.signal_name;
+    }
+  } else if (exit_info.known) {
+    v.kind = "exit";
+    v.exit_code = exit_info.code;
+    v.summary = exit_info.code == 0 ? "clean exit (code 0)" : "exited with code " + std::to_string(exit_info.code);
+  } else if (trace.has_exit) {
+    v.kind = "exit";
+    v.exit_code = trace.exit_status;
+    v.summary = trace.exit_status == 0 ? "clean exit (code 0)" : "exited with code " + std::to_string(trace.exit_status);
+  } else if (!trace.execs.empty()) {
+    v.kind = "exec";
+    v.summary = "replaced itself with exec(" + trace.execs.back() + ")";
+  } else if (trace.has_end) {
+    v.kind = "exit";
+    v.summary = "exited (status not recorded)";
+  } else {
+    killed_verdict("stopped without warning (SIGKILL or a crash of the tracer's writer); the trace covers up to " +
+                   std::to_string(trace.last_ts / 1000000) + " ms");
+  }
+
+  // --- Integrity notes --------------------------------------------------------------
+  if (r.dropped) {
+    r.notes.push_back(std::to_string(r.dropped) +
+                      " events were dropped because a thread's buffer was full: per-site figures may be low");
+  }
+  if (r.unknown_frees && !sampled) {
+    r.notes.push_back(std::to_string(r.unknown_frees) +
+                      " frees of addresses the trace never saw allocated (allocated before tracing started, "
+                      "or inherited from a parent process)");
+  }
+  if (!trace.tracer_error.empty()) r.notes.push_back("the tracer stopped itself: " + trace.tracer_error);
+  if (symbolizer) {
+    for (const std::string& w : symbolizer->warnings()) r.notes.push_back(w);
+  }
+  return r;
+}
+
+// Index of the first frame that is the user's code rather than allocator plumbing.
+size_t user_frame_index(const std::vector<Frame>& frames) {
+  for (size_t i = 0; i < frames.size(); ++i) {
+    if (!is_allocator_frame(frames[i]) && !frames[i].function.empty()) return i;
+  }
+  return 0;
+}
+
+}  // namespace memledger::report

@@ -1,0 +1,136 @@
+// Replays a trace and computes what the report shows, in DESIGN.md's words:
+// live and held bytes per step, growth leak suspects, exit leaks (apart from
+// one-off start-up allocations), the peak, and the stop verdict.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "symbolizer.h"
+#include "trace_reader.h"
+
+namespace memledger::report {
+
+struct AnalysisOptions {
+  int warmup_steps = -1;  // -1: automatic (a tenth of the steps, at least 1, at most 10)
+  size_t max_suspects = 20;
+  size_t max_exit_sites = 20;
+  SymbolizerOptions symbolizer;
+};
+
+// How the process ended, as told by `memledger run` (waitpid) when known.
+struct ExitInfo {
+  bool known = false;
+  bool signaled = false;
+  int code = 0;
+  int signo = 0;
+};
+
+struct StepStats {
+  uint64_t index = 0;
+  std::string source;  // "marker", "interval", "none"
+  std::string label;
+  uint64_t end_ns = 0;
+  int64_t live[4] = {};  // per format::Kind, at the step end
+  uint64_t held_host = 0;
+  uint64_t rss = 0;
+  uint64_t allocations = 0;
+  uint64_t frees = 0;
+};
+
+struct Site {
+  uint32_t stack = 0;
+  uint8_t kind = 0;
+  std::vector<Frame> frames;  // symbolized, innermost first
+};
+
+struct LeakSuspect {
+  Site site;
+  double bytes_per_step = 0;
+  double allocations_per_step = 0;
+  uint64_t first_step = 0;
+  double monotonicity = 0;  // share of step-to-step changes that are not decreases
+  double r_squared = 0;
+  int64_t live_at_end = 0;
+  std::vector<int64_t> series;  // live bytes of the site at each step end
+};
+
+struct SiteTotal {
+  Site site;
+  int64_t bytes = 0;
+  uint64_t count = 0;
+};
+
+struct Verdict {
+  std::string kind;  // exit, signal, crash, host_oom_kill, killed, unknown
+  std::string summary;
+  int exit_code = 0;
+  int signo = 0;
+  std::string signal_name;
+  uint64_t fault_addr = 0;
+  std::vector<Frame> crash_stack;
+  uint64_t last_rss = 0;
+  uint64_t cgroup_limit = 0;
+  uint64_t cgroup_usage = 0;
+};
+
+struct Peak {
+  int64_t bytes = 0;
+  uint64_t step = 0;   // the step in which the peak happened (1-based; 0 = no steps)
+  uint64_t ts_ns = 0;
+  uint8_t kind = 0;
+};
+
+struct ProcessReport {
+  std::string trace_path;
+  int pid = 0;
+  int ppid = 0;
+  std::string command;
+  std::string host_mode;
+  uint64_t sample_interval = 0;
+  std::string rank;
+  std::string step_source;  // marker, interval, none
+  int warmup_steps = 0;
+  std::vector<StepStats> steps;
+  std::vector<LeakSuspect> leak_suspects;
+  std::vector<SiteTotal> exit_leaks;
+  int64_t exit_leak_bytes = 0;
+  uint64_t exit_leak_count = 0;
+  std::vector<SiteTotal> startup;
+  int64_t startup_bytes = 0;
+  uint64_t startup_count = 0;
+  Peak peak;
+  Verdict verdict;
+  uint64_t duration_ns = 0;
+  uint64_t events = 0;
+  uint64_t dropped = 0;
+  uint64_t unknown_frees = 0;
+  uint64_t double_allocations = 0;
+  uint64_t failed_allocations = 0;
+  uint64_t frames_read = 0;
+  uint64_t frames_damaged = 0;
+  bool truncated = false;
+  std::vector<std::string> notes;  // integrity problems and caveats, for the reader
+};
+
+ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const AnalysisOptions& options);
+
+// Least-squares slope and fit quality of y over x = 0, 1, 2, ...
+struct LinearFit {
+  double slope = 0;
+  double intercept = 0;
+  double r_squared = 0;
+};
+LinearFit fit_line(const std::vector<double>& y);
+
+std::string signal_name(int signo);
+
+// Index of the first frame that is the user's code rather than allocator
+// plumbing (operator new, std:: containers, libc): the frame a site is named by.
+size_t user_frame_index(const std::vector<Frame>& frames);
+
+std::string human_bytes(double bytes);
+
+}  // namespace memledger::report

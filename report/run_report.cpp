@@ -1,0 +1,375 @@
+#include "run_report.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "trace_format.h"
+
+namespace memledger::report {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+struct RunFile {
+  bool present = false;
+  std::vector<std::string> command;
+  int root_pid = 0;
+  ExitInfo exit;
+};
+
+RunFile read_run_file(const fs::path& dir, std::vector<std::string>& problems) {
+  RunFile rf;
+  fs::path p = dir / "run.json";
+  std::ifstream in(p);
+  if (!in) return rf;
+  try {
+    json j = json::parse(in);
+    rf.present = true;
+    if (j.contains("command")) rf.command = j["command"].get<std::vector<std::string>>();
+    rf.root_pid = j.value("root_pid", 0);
+    if (j.contains("exit") && j["exit"].is_object()) {
+      const json& e = j["exit"];
+      rf.exit.known = true;
+      if (e.contains("signal")) {
+        rf.exit.signaled = true;
+        rf.exit.signo = e["signal"].get<int>();
+      } else {
+        rf.exit.code = e.value("code", 0);
+      }
+    }
+  } catch (const std::exception& ex) {
+    problems.push_back(p.string() + ": unreadable (" + ex.what() + "); exit status taken from the traces");
+  }
+  return rf;
+}
+
+std::string frame_text(const Frame& f) {
+  std::string out = f.function.empty() ? "??" : f.function;
+  if (!f.file.empty()) {
+    out += "  " + f.file;
+    if (f.line > 0) out += ":" + std::to_string(f.line);
+  } else if (!f.module.empty()) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "0x%" PRIx64, f.address);
+    out += "  (" + f.module + " " + buf + ")";
+  }
+  if (f.inlined) out += "  [inlined]";
+  return out;
+}
+
+std::string site_name(const Site& site) {
+  if (site.frames.empty()) return "stack #" + std::to_string(site.stack) + " (no frames recorded)";
+  const Frame& f = site.frames[user_frame_index(site.frames)];
+  std::string out = f.function.empty() ? "??" : f.function;
+  if (!f.file.empty()) {
+    out += " at " + fs::path(f.file).filename().string();
+    if (f.line > 0) out += ":" + std::to_string(f.line);
+  } else if (!f.module.empty()) {
+    out += " in " + fs::path(f.module).filename().string();
+  }
+  return out;
+}
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+json frames_json(const std::vector<Frame>& frames) {
+  json out = json::array();
+  for (const Frame& f : frames) {
+    char addr[32];
+    std::snprintf(addr, sizeof addr, "0x%" PRIx64, f.address);
+    out.push_back({{"function", f.function},
+                   {"file", f.file},
+                   {"line", f.line},
+                   {"module", f.module},
+                   {"address", addr},
+                   {"inlined", f.inlined}});
+  }
+  return out;
+}
+
+json site_totals_json(const std::vector<SiteTotal>& totals) {
+  json out = json::array();
+  for (const SiteTotal& t : totals) {
+    out.push_back({{"kind", format::kind_name(static_cast<format::Kind>(t.site.kind))},
+                   {"site", site_name(t.site)},
+                   {"bytes", t.bytes},
+                   {"count", t.count},
+                   {"stack", frames_json(t.site.frames)}});
+  }
+  return out;
+}
+
+json process_json(const ProcessReport& p) {
+  json steps = json::array();
+  for (const StepStats& s : p.steps) {
+    json live = json::object();
+    for (int k = 0; k < format::kKindCount; ++k) {
+      if (k == 0 || s.live[k] != 0) live[format::kind_name(static_cast<format::Kind>(k))] = s.live[k];
+    }
+    steps.push_back({{"index", s.index},
+                     {"source", s.source},
+                     {"label", s.label},
+                     {"end_ns", s.end_ns},
+                     {"live", live},
+                     {"held", {{"host", s.held_host}}},
+                     {"rss", s.rss},
+                     {"allocations", s.allocations},
+                     {"frees", s.frees}});
+  }
+  json suspects = json::array();
+  for (const LeakSuspect& s : p.leak_suspects) {
+    suspects.push_back({{"kind", format::kind_name(static_cast<format::Kind>(s.site.kind))},
+                        {"site", site_name(s.site)},
+                        {"bytes_per_step", std::llround(s.bytes_per_step)},
+                        {"bytes_per_step_exact", s.bytes_per_step},
+                        {"allocations_per_step", s.allocations_per_step},
+                        {"first_step", s.first_step},
+                        {"monotonicity", s.monotonicity},
+                        {"r_squared", s.r_squared},
+                        {"live_at_end", s.live_at_end},
+                        {"series", s.series},
+                        {"stack", frames_json(s.site.frames)}});
+  }
+  const Verdict& v = p.verdict;
+  json verdict = {{"kind", v.kind},
+                  {"summary", v.summary},
+                  {"exit_code", v.exit_code},
+                  {"signal", v.signo},
+                  {"signal_name", v.signal_name},
+                  {"last_rss", v.last_rss},
+                  {"cgroup_limit", v.cgroup_limit},
+                  {"cgroup_usage", v.cgroup_usage}};
+  if (v.kind == "crash") {
+    char addr[32];
+    std::snprintf(addr, sizeof addr, "0x%" PRIx64, v.fault_addr);
+    verdict["fault_address"] = addr;
+    verdict["crash_stack"] = frames_json(v.crash_stack);
+  }
+  return {
+      {"pid", p.pid},
+      {"ppid", p.ppid},
+      {"rank", p.rank},
+      {"command", p.command},
+      {"trace", p.trace_path},
+      {"host_mode", p.host_mode},
+      {"sample_interval", p.sample_interval},
+      {"step_source", p.step_source},
+      {"warmup_steps", p.warmup_steps},
+      {"duration_ns", p.duration_ns},
+      {"steps", steps},
+      {"leak_suspects", suspects},
+      {"exit_leaks",
+       {{"bytes", p.exit_leak_bytes}, {"count", p.exit_leak_count}, {"sites", site_totals_json(p.exit_leaks)}}},
+      {"startup_allocations",
+       {{"bytes", p.startup_bytes}, {"count", p.startup_count}, {"sites", site_totals_json(p.startup)}}},
+      {"peak",
+       {{"bytes", p.peak.bytes},
+        {"step", p.peak.step},
+        {"ts_ns", p.peak.ts_ns},
+        {"kind", format::kind_name(static_cast<format::Kind>(p.peak.kind))}}},
+      {"verdict", verdict},
+      {"stats",
+       {{"events", p.events},
+        {"dropped", p.dropped},
+        {"unknown_frees", p.unknown_frees},
+        {"double_allocations", p.double_allocations},
+        {"failed_allocations", p.failed_allocations},
+        {"frames_read", p.frames_read},
+        {"frames_damaged", p.frames_damaged},
+        {"truncated", p.truncated}}},
+      {"notes", p.notes},
+  };
+}
+
+}  // namespace
+
+RunReport load_run(const std::string& path, const AnalysisOptions& options) {
+  RunReport run;
+  fs::path p(path);
+  std::error_code ec;
+  std::vector<fs::path> files;
+  RunFile rf;
+  if (fs::is_directory(p, ec)) {
+    run.run_dir = p.string();
+    for (const auto& entry : fs::directory_iterator(p, ec)) {
+      const std::string name = entry.path().filename().string();
+      if (name.rfind("trace.", 0) == 0 && entry.path().extension() == ".mlt") files.push_back(entry.path());
+    }
+    if (ec) throw TraceError(path + ": " + ec.message());
+    if (files.empty()) {
+      throw TraceError(path + ": no memledger traces (trace.*.mlt) in this folder");
+    }
+    rf = read_run_file(p, run.problems);
+    run.command = rf.command;
+  } else if (fs::exists(p, ec)) {
+    files.push_back(p);
+  } else {
+    throw TraceError(path + ": no such file or folder");
+  }
+  std::sort(files.begin(), files.end());
+
+  std::vector<Trace> traces;
+  std::vector<std::string> first_error;
+  for (const fs::path& f : files) {
+    try {
+      traces.push_back(read_trace(f.string()));
+    } catch (const TraceError& e) {
+      run.problems.push_back(e.what());
+    }
+  }
+  if (traces.empty()) {
+    throw TraceError(run.problems.empty() ? path + ": no readable trace" : run.problems.front());
+  }
+  // The root: the pid `memledger run` started (its latest image if it exec'ed),
+  // else a process whose parent is not among the traced ones.
+  std::sort(traces.begin(), traces.end(), [](const Trace& a, const Trace& b) {
+    auto start = [](const Trace& t) { return std::strtoull(t.header_value("start_mono_ns", "0").c_str(), nullptr, 10); };
+    return start(a) < start(b);
+  });
+  size_t root = 0;
+  bool found = false;
+  if (rf.root_pid != 0) {
+    for (size_t i = 0; i < traces.size(); ++i) {
+      if (traces[i].pid() == rf.root_pid) {
+        root = i;  // keep the latest image of that pid
+        found = true;
+      }
+    }
+  }
+  if (!found) {
+    for (size_t i = 0; i < traces.size(); ++i) {
+      const std::string ppid = traces[i].header_value("ppid");
+      bool parent_traced = std::any_of(traces.begin(), traces.end(),
+                                       [&](const Trace& t) { return std::to_string(t.pid()) == ppid; });
+      if (!parent_traced) {
+        root = i;
+        break;
+      }
+    }
+  }
+  for (size_t i = 0; i < traces.size(); ++i) {
+    ExitInfo exit_info;
+    if (i == root && rf.exit.known) exit_info = rf.exit;
+    run.processes.push_back(analyze(traces[i], exit_info, options));
+  }
+  run.root = root;
+  return run;
+}
+
+std::string render_summary_line(const RunReport& run) {
+  const ProcessReport& p = run.processes[run.root];
+  std::ostringstream out;
+  out << p.verdict.summary << "; " << p.steps.size() << " steps (" << p.step_source << ")";
+  if (!p.leak_suspects.empty()) {
+    const LeakSuspect& s = p.leak_suspects.front();
+    out << "; top growth: " << human_bytes(s.bytes_per_step) << "/step at " << site_name(s.site);
+  } else if (!p.steps.empty()) {
+    out << "; no growth suspects";
+  }
+  return out.str();
+}
+
+std::string render_text(const RunReport& run) {
+  std::ostringstream out;
+  const ProcessReport& root = run.processes[run.root];
+  out << "memledger report";
+  if (!run.run_dir.empty()) out << " for " << run.run_dir;
+  out << "\n";
+  std::string cmd = root.command;
+  if (!run.command.empty()) {
+    cmd.clear();
+    for (const std::string& a : run.command) cmd += (cmd.empty() ? "" : " ") + a;
+  }
+  out << "command: " << cmd << "\n";
+  if (run.processes.size() > 1) out << "processes: " << run.processes.size() << " traced\n";
+  for (const std::string& p : run.problems) out << "warning: " << p << "\n";
+
+  for (size_t i = 0; i < run.processes.size(); ++i) {
+    const ProcessReport& p = run.processes[(i + run.root) % run.processes.size()];
+    out << "\n== process " << p.pid;
+    if (!p.rank.empty()) out << " (rank " << p.rank << ")";
+    if (&p == &root) out << " (root)";
+    out << ": " << p.command << "\n";
+    out << "stop verdict: " << p.verdict.summary << "\n";
+    if (!p.verdict.crash_stack.empty()) {
+      out << "crash stack:\n";
+      for (const Frame& f : p.verdict.crash_stack) out << "    " << frame_text(f) << "\n";
+    }
+    out << "host mode: " << p.host_mode;
+    if (p.host_mode == "sampled") out << " (mean interval " << human_bytes(double(p.sample_interval)) << ")";
+    out << "; duration " << fixed(double(p.duration_ns) / 1e9, 2) << " s; " << p.events << " events\n";
+    out << "steps: " << p.steps.size() << " (source: " << p.step_source << ")";
+    if (!p.steps.empty()) out << ", warm-up " << p.warmup_steps;
+    out << "\n";
+    out << "peak live host heap: " << human_bytes(double(p.peak.bytes));
+    if (p.peak.step) out << " in step " << p.peak.step;
+    out << "\n";
+    if (!p.steps.empty()) {
+      out << "\n  step        live        held         RSS    allocs     frees\n";
+      const size_t n = p.steps.size();
+      for (size_t k = 0; k < n; ++k) {
+        if (n > 24 && k >= 10 && k + 10 < n) {
+          if (k == 10) out << "  ...\n";
+          continue;
+        }
+        const StepStats& s = p.steps[k];
+        char line[160];
+        std::snprintf(line, sizeof line, "  %4" PRIu64 "  %10s  %10s  %10s  %8" PRIu64 "  %8" PRIu64 "\n", s.index,
+                      human_bytes(double(s.live[0])).c_str(), human_bytes(double(s.held_host)).c_str(),
+                      human_bytes(double(s.rss)).c_str(), s.allocations, s.frees);
+        out << line;
+      }
+    }
+    out << "\ngrowth leak suspects: " << p.leak_suspects.size() << "\n";
+    for (size_t k = 0; k < p.leak_suspects.size(); ++k) {
+      const LeakSuspect& s = p.leak_suspects[k];
+      out << "  #" << k + 1 << " " << human_bytes(s.bytes_per_step) << "/step (" << std::llround(s.bytes_per_step)
+          << " B/step), " << fixed(s.allocations_per_step, 1) << " allocations/step, from step " << s.first_step
+          << ", monotone " << fixed(s.monotonicity * 100, 0) << "%, " << format::kind_name(format::Kind(s.site.kind))
+          << "\n     " << site_name(s.site) << "\n";
+      for (const Frame& f : s.site.frames) out << "       " << frame_text(f) << "\n";
+    }
+    out << "\nexit leaks (live at exit, allocated after the first step): " << human_bytes(double(p.exit_leak_bytes))
+        << " in " << p.exit_leak_count << " allocations\n";
+    for (const SiteTotal& t : p.exit_leaks) {
+      out << "  " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
+    }
+    if (!p.steps.empty()) {
+      out << "one-off start-up allocations (before the first step, still live): "
+          << human_bytes(double(p.startup_bytes)) << " in " << p.startup_count << " allocations\n";
+      for (size_t k = 0; k < p.startup.size() && k < 5; ++k) {
+        const SiteTotal& t = p.startup[k];
+        out << "  " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
+      }
+    }
+    if (!p.notes.empty()) {
+      out << "\nnotes:\n";
+      for (const std::string& n : p.notes) out << "  - " << n << "\n";
+    }
+  }
+  return out.str();
+}
+
+nlohmann::json render_json(const RunReport& run) {
+  json processes = json::array();
+  for (const ProcessReport& p : run.processes) processes.push_back(process_json(p));
+  json out = processes[run.root];
+  json top = {{"schema", "memledger-report"}, {"schema_version", kReportSchemaVersion}, {"run_dir", run.run_dir}};
+  top["run_command"] = run.command;
+  top["problems"] = run.problems;
+  for (auto it = out.begin(); it != out.end(); ++it) top[it.key()] = it.value();
+  top["root_pid"] = run.processes[run.root].pid;
+  top["processes"] = processes;
+  return top;
+}
+
+}  // namespace memledger::report

@@ -1,0 +1,33 @@
+// A whole run: every trace in a run folder (one per process image), analysed,
+// with the root process identified, and the renderers (text and JSON).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "analysis.h"
+
+namespace memledger::report {
+
+inline constexpr int kReportSchemaVersion = 1;
+
+struct RunReport {
+  std::string run_dir;
+  std::vector<std::string> command;  // from run.json, when `memledger run` wrote one
+  std::vector<ProcessReport> processes;
+  size_t root = 0;  // index into processes
+  std::vector<std::string> problems;  // trace files that could not be read, and why
+};
+
+// Loads RUN_DIR (every trace.*.mlt in it, plus run.json) or a single trace
+// file. Throws TraceError when nothing at all can be reported.
+RunReport load_run(const std::string& path, const AnalysisOptions& options);
+
+std::string render_text(const RunReport& run);
+nlohmann::json render_json(const RunReport& run);
+
+// One line, for the end of `memledger run`.
+std::string render_summary_line(const RunReport& run);
+
+}  // namespace memledger::report

@@ -1,0 +1,479 @@
+#include "symbolizer.h"
+
+#include <cxxabi.h>
+#include <dwarf.h>
+#include <elfutils/libdw.h>
+#include <elfutils/libdwfl.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <optional>
+#include <string_view>
+
+#include <absl/container/flat_hash_map.h>
+
+namespace memledger::report {
+namespace {
+
+constexpr const char* kSystemDebugDir = "/usr/lib/debug";
+
+// dwfl_standard_find_debuginfo ends, when nothing local matched, with a debuginfod
+// query (libdwfl/debuginfod-client.c dlopens libdebuginfod). The client reads
+// DEBUGINFOD_URLS on each query and does no network I/O when it is unset, so the
+// variable is hidden for the duration of the call: the report stays offline.
+class ScopedUnsetEnv {
+ public:
+  explicit ScopedUnsetEnv(const char* name) : name_(name) {
+    if (const char* value = std::getenv(name)) {
+      saved_ = value;
+      unsetenv(name);
+    }
+  }
+  ~ScopedUnsetEnv() {
+    if (saved_) setenv(name_, saved_->c_str(), 1);
+  }
+  ScopedUnsetEnv(const ScopedUnsetEnv&) = delete;
+  ScopedUnsetEnv& operator=(const ScopedUnsetEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> saved_;
+};
+
+int FindDebuginfo(Dwfl_Module* mod, void** userdata, const char* modname, Dwarf_Addr base,
+                  const char* file_name, const char* debuglink_file, GElf_Word debuglink_crc,
+                  char** debuginfo_file_name) {
+  ScopedUnsetEnv offline("DEBUGINFOD_URLS");
+  return dwfl_standard_find_debuginfo(mod, userdata, modname, base, file_name, debuglink_file,
+                                      debuglink_crc, debuginfo_file_name);
+}
+
+// Every module is reported with its file (dwfl_report_elf), so libdwfl never needs to
+// find one; the standard callback would also ask debuginfod.
+int FindNoElf(Dwfl_Module*, void**, const char*, Dwarf_Addr, char**, Elf**) { return -1; }
+
+std::string Hex(const unsigned char* bits, int len) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(static_cast<size_t>(len) * 2);
+  for (int i = 0; i < len; ++i) {
+    out += kDigits[bits[i] >> 4];
+    out += kDigits[bits[i] & 0xf];
+  }
+  return out;
+}
+
+std::string ModuleBuildId(Dwfl_Module* mod) {
+  const unsigned char* bits = nullptr;
+  GElf_Addr vaddr = 0;
+  int len = dwfl_module_build_id(mod, &bits, &vaddr);
+  return len > 0 ? Hex(bits, len) : std::string();
+}
+
+// Pseudo-objects from dl_iterate_phdr or /proc/PID/maps that have no file to read.
+bool IsPseudoModule(std::string_view path) {
+  return (!path.empty() && path.front() == '[') || path.starts_with("linux-vdso") ||
+         path.starts_with("linux-gate");
+}
+
+bool IsRegularFile(const std::string& path, int* error) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    *error = errno;
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *error = EISDIR;
+    return false;
+  }
+  return true;
+}
+
+bool IsFunctionScope(Dwarf_Die* die) {
+  int tag = dwarf_tag(die);
+  return tag == DW_TAG_subprogram || tag == DW_TAG_inlined_subroutine ||
+         tag == DW_TAG_entry_point;
+}
+
+struct Range {
+  uint64_t start;
+  uint64_t end;  // exclusive
+  uint32_t module;
+};
+
+}  // namespace
+
+struct Symbolizer::Impl {
+  enum class State : uint8_t { kUnopened, kReady, kFailed };
+
+  struct Module {
+    ModuleInfo info;
+    State state = State::kUnopened;
+    Dwfl* dwfl = nullptr;
+    Dwfl_Module* mod = nullptr;
+  };
+
+  struct Key {
+    uint64_t ip;
+    bool return_address;
+    bool operator==(const Key&) const = default;
+    template <typename H>
+    friend H AbslHashValue(H h, const Key& k) {
+      return H::combine(std::move(h), k.ip, k.return_address);
+    }
+  };
+
+  std::vector<Module> modules;
+  std::vector<std::string> debug_dirs;  // absolute, user folders first, then kSystemDebugDir
+  size_t user_debug_dirs = 0;
+  std::string debuginfo_path;
+  char* debuginfo_path_ptr = nullptr;
+  Dwfl_Callbacks callbacks{};
+
+  std::vector<Range> ranges;         // sorted by start
+  std::vector<uint64_t> max_end;     // max_end[i] = max(ranges[0..i].end)
+  absl::flat_hash_map<Key, uint32_t> index;
+  std::deque<std::vector<Frame>> results;  // deque: references stay valid on growth
+  absl::flat_hash_map<const char*, std::string> names;  // libdw strings -> demangled
+  absl::flat_hash_map<const char*, std::string> files;  // libdw strings -> normalized
+  std::vector<std::string> warnings;
+
+  Impl(std::vector<ModuleInfo> infos, SymbolizerOptions options);
+  ~Impl();
+
+  void Warn(std::string message);
+  void AddRanges(uint32_t i);
+  int FindModule(uint64_t addr) const;
+  bool Open(Module& m);
+  bool TryOpen(Module& m, const std::string& file, std::string* problem);
+  std::vector<std::string> Candidates(const ModuleInfo& info) const;
+  std::vector<Frame> Compute(uint64_t ip, bool return_address);
+  void Symbolize(Dwfl_Module* mod, uint64_t addr, const Frame& base, std::vector<Frame>& out);
+  const std::string& Name(const char* raw);
+  const std::string& File(const char* raw);
+  std::string DieName(Dwarf_Die* die);
+  std::string SymbolName(Dwfl_Module* mod, uint64_t addr);
+};
+
+Symbolizer::Impl::Impl(std::vector<ModuleInfo> infos, SymbolizerOptions options) {
+  std::error_code ec;
+  for (const std::string& dir : options.debug_dirs) {
+    if (dir.empty()) continue;
+    std::filesystem::path abs = std::filesystem::absolute(dir, ec);
+    if (ec) continue;
+    std::string s = abs.lexically_normal().string();
+    while (s.size() > 1 && s.back() == '/') s.pop_back();
+    // libdwfl's debuginfo_path is ':'-separated, with no escape.
+    if (s.find(':') != std::string::npos) {
+      Warn("debug folder " + s + " contains ':' and is ignored");
+      continue;
+    }
+    if (std::find(debug_dirs.begin(), debug_dirs.end(), s) == debug_dirs.end())
+      debug_dirs.push_back(s);
+  }
+  user_debug_dirs = debug_dirs.size();
+  if (std::find(debug_dirs.begin(), debug_dirs.end(), kSystemDebugDir) == debug_dirs.end())
+    debug_dirs.emplace_back(kSystemDebugDir);
+
+  // "" = the file's own folder, ".debug" = its .debug subfolder, absolute folders get both
+  // the .build-id/xx/yyyy.debug lookup and the mirrored-path lookup (libdwfl semantics).
+  debuginfo_path = ":.debug";
+  for (const std::string& dir : debug_dirs) debuginfo_path += ":" + dir;
+  debuginfo_path_ptr = debuginfo_path.data();
+  callbacks.find_elf = FindNoElf;
+  callbacks.find_debuginfo = FindDebuginfo;
+  callbacks.section_address = dwfl_offline_section_address;
+  callbacks.debuginfo_path = &debuginfo_path_ptr;
+
+  modules.reserve(infos.size());
+  for (ModuleInfo& info : infos) modules.push_back(Module{std::move(info)});
+  for (uint32_t i = 0; i < modules.size(); ++i) {
+    // Without recorded segments the extent is only known from the file.
+    if (modules[i].info.segments.empty()) Open(modules[i]);
+    AddRanges(i);
+  }
+  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
+    return a.start != b.start ? a.start < b.start : a.module < b.module;
+  });
+  max_end.resize(ranges.size());
+  uint64_t m = 0;
+  for (size_t i = 0; i < ranges.size(); ++i) max_end[i] = m = std::max(m, ranges[i].end);
+}
+
+Symbolizer::Impl::~Impl() {
+  for (Module& m : modules)
+    if (m.dwfl != nullptr) dwfl_end(m.dwfl);
+}
+
+void Symbolizer::Impl::Warn(std::string message) {
+  if (std::find(warnings.begin(), warnings.end(), message) == warnings.end())
+    warnings.push_back(std::move(message));
+}
+
+void Symbolizer::Impl::AddRanges(uint32_t i) {
+  const Module& m = modules[i];
+  for (const auto& [vaddr, memsz] : m.info.segments) {
+    uint64_t start = m.info.base + vaddr;
+    uint64_t end = start + memsz;
+    if (memsz == 0 || end < start) continue;  // empty or wrapping: bogus input
+    ranges.push_back({start, end, i});
+  }
+  if (m.info.segments.empty() && m.state == State::kReady) {
+    Dwarf_Addr low = 0, high = 0;
+    dwfl_module_info(m.mod, nullptr, &low, &high, nullptr, nullptr, nullptr, nullptr);
+    if (high > low) ranges.push_back({low, high, i});
+  }
+}
+
+// Ranges may overlap when the recorded map is odd (a library unloaded and another
+// loaded at its address); the module recorded last wins.
+int Symbolizer::Impl::FindModule(uint64_t addr) const {
+  auto it = std::upper_bound(ranges.begin(), ranges.end(), addr,
+                             [](uint64_t a, const Range& r) { return a < r.start; });
+  int best = -1;
+  for (auto i = it - ranges.begin() - 1; i >= 0 && max_end[i] > addr; --i) {
+    const Range& r = ranges[i];
+    if (addr < r.end && static_cast<int>(r.module) > best) best = static_cast<int>(r.module);
+  }
+  return best;
+}
+
+std::vector<std::string> Symbolizer::Impl::Candidates(const ModuleInfo& info) const {
+  std::vector<std::string> out;
+  if (!info.path.empty()) out.push_back(info.path);
+  const std::string& id = info.build_id;
+  std::string base_name = std::filesystem::path(info.path).filename().string();
+  for (size_t d = 0; d < debug_dirs.size(); ++d) {
+    const std::string& dir = debug_dirs[d];
+    // Files found by name alone are taken on trust only from folders the user named.
+    if (id.empty() && d >= user_debug_dirs) continue;
+    if (id.size() > 2) {
+      std::string by_id = dir + "/.build-id/" + id.substr(0, 2) + "/" + id.substr(2);
+      out.push_back(by_id + ".debug");
+      out.push_back(by_id);
+    }
+    if (!info.path.empty() && info.path.front() == '/') {
+      out.push_back(dir + info.path);
+      if (!id.empty()) out.push_back(dir + info.path + ".debug");
+    }
+    if (!base_name.empty() && d < user_debug_dirs) out.push_back(dir + "/" + base_name);
+  }
+  return out;
+}
+
+bool Symbolizer::Impl::TryOpen(Module& m, const std::string& file, std::string* problem) {
+  int error = 0;
+  if (!IsRegularFile(file, &error)) {
+    if (problem->empty())
+      *problem = "cannot open " + file + ": " + std::strerror(error);
+    return false;
+  }
+  Dwfl* dwfl = dwfl_begin(&callbacks);
+  if (dwfl == nullptr) {
+    if (problem->empty()) *problem = std::string("libdwfl: ") + dwfl_errmsg(-1);
+    return false;
+  }
+  dwfl_report_begin(dwfl);
+  const char* name = m.info.path.empty() ? "[unnamed]" : m.info.path.c_str();
+  // add_p_vaddr = true: the module's bias is exactly `base`, as dlpi_addr is (libdwfl
+  // otherwise places the first PT_LOAD at `base`).
+  Dwfl_Module* mod = dwfl_report_elf(dwfl, name, file.c_str(), -1, m.info.base, true);
+  dwfl_report_end(dwfl, nullptr, nullptr);
+  if (mod == nullptr) {
+    if (problem->empty()) *problem = "cannot read " + file + ": " + dwfl_errmsg(-1);
+    dwfl_end(dwfl);
+    return false;
+  }
+  if (!m.info.build_id.empty()) {
+    std::string found = ModuleBuildId(mod);
+    if (found != m.info.build_id) {
+      if (problem->empty())
+        *problem = "build id mismatch for " + file + ": recorded " + m.info.build_id +
+                   ", found " + (found.empty() ? std::string("none") : found);
+      dwfl_end(dwfl);
+      return false;
+    }
+  }
+  m.dwfl = dwfl;
+  m.mod = mod;
+  return true;
+}
+
+bool Symbolizer::Impl::Open(Module& m) {
+  if (m.state != State::kUnopened) return m.state == State::kReady;
+  m.state = State::kFailed;
+  if (IsPseudoModule(m.info.path)) return false;
+  std::string problem;
+  for (const std::string& file : Candidates(m.info)) {
+    if (TryOpen(m, file, &problem)) {
+      m.state = State::kReady;
+      return true;
+    }
+  }
+  if (m.info.path.empty())
+    problem = "module at 0x" + Hex(nullptr, 0) + "has no path";
+  if (m.info.path.empty()) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(m.info.base));
+    problem = std::string("module loaded at 0x") + buf + " has no path";
+  }
+  Warn(problem + "; frames unsymbolized");
+  return false;
+}
+
+const std::string& Symbolizer::Impl::Name(const char* raw) {
+  auto [it, inserted] = names.try_emplace(raw);
+  if (inserted) {
+    int status = -1;
+    char* demangled = nullptr;
+    if (raw[0] == '_' && raw[1] == 'Z')
+      demangled = abi::__cxa_demangle(raw, nullptr, nullptr, &status);
+    it->second = (status == 0 && demangled != nullptr) ? demangled : raw;
+    std::free(demangled);
+  }
+  return it->second;
+}
+
+const std::string& Symbolizer::Impl::File(const char* raw) {
+  auto [it, inserted] = files.try_emplace(raw);
+  if (inserted) {
+    std::string_view s(raw);
+    // Build systems record "BUILD/../src/x.cpp"; shown as "src/x.cpp" under the root.
+    if (s.find("/../") != s.npos || s.find("/./") != s.npos || s.find("//") != s.npos)
+      it->second = std::filesystem::path(s).lexically_normal().string();
+    else
+      it->second = s;
+  }
+  return it->second;
+}
+
+std::string Symbolizer::Impl::DieName(Dwarf_Die* die) {
+  Dwarf_Attribute attr;
+  // dwarf_attr_integrate follows DW_AT_abstract_origin and DW_AT_specification, which is
+  // where inlined instances and member function definitions keep their names.
+  const char* name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
+  if (name == nullptr)
+    name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
+  if (name == nullptr) name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_name, &attr));
+  return name != nullptr ? Name(name) : std::string();
+}
+
+std::string Symbolizer::Impl::SymbolName(Dwfl_Module* mod, uint64_t addr) {
+  GElf_Off offset = 0;
+  GElf_Sym sym;
+  GElf_Word shndx = 0;
+  Elf* elf = nullptr;
+  Dwarf_Addr bias = 0;
+  const char* name = dwfl_module_addrinfo(mod, addr, &offset, &sym, &shndx, &elf, &bias);
+  return name != nullptr ? Name(name) : std::string();
+}
+
+void Symbolizer::Impl::Symbolize(Dwfl_Module* mod, uint64_t addr, const Frame& base,
+                                 std::vector<Frame>& out) {
+  Dwarf_Addr bias = 0;
+  Dwarf_Die* cudie = dwfl_module_addrdie(mod, addr, &bias);
+  std::vector<Dwarf_Die> funcs;  // innermost first, up to the containing subprogram
+  const char* file = nullptr;
+  int line = 0;
+  if (cudie != nullptr) {
+    Dwarf_Addr pc = addr - bias;
+    Dwarf_Die* scopes = nullptr;
+    int n = dwarf_getscopes(cudie, pc, &scopes);
+    if (n > 0) {
+      bool inlined = false;
+      for (int i = 0; i < n && !inlined; ++i)
+        inlined = dwarf_tag(&scopes[i]) == DW_TAG_inlined_subroutine;
+      if (inlined) {
+        // dwarf_getscopes continues past the innermost inlined instance with the scopes of
+        // its abstract definition; the concrete chain of callers (what eu-addr2line -i
+        // prints) comes from the DIE tree above that instance.
+        Dwarf_Die innermost = scopes[0];
+        std::free(scopes);
+        scopes = nullptr;
+        n = dwarf_getscopes_die(&innermost, &scopes);
+      }
+      for (int i = 0; i < n; ++i) {
+        if (!IsFunctionScope(&scopes[i])) continue;
+        funcs.push_back(scopes[i]);
+        if (dwarf_tag(&scopes[i]) == DW_TAG_subprogram) break;
+      }
+    }
+    std::free(scopes);
+    if (Dwarf_Line* l = dwarf_getsrc_die(cudie, pc)) {
+      file = dwarf_linesrc(l, nullptr, nullptr);
+      if (dwarf_lineno(l, &line) != 0) line = 0;
+    }
+  }
+
+  Frame f = base;
+  if (file != nullptr) f.file = File(file);
+  f.line = line;
+  if (funcs.empty()) {
+    f.function = SymbolName(mod, addr);
+    out.push_back(std::move(f));
+    return;
+  }
+  for (size_t i = 0; i < funcs.size(); ++i) {
+    if (i > 0) {
+      // The caller's position is the call site recorded on the inlined instance.
+      f = base;
+      Dwarf_Die* callee = &funcs[i - 1];
+      Dwarf_Attribute attr;
+      Dwarf_Word value = 0;
+      Dwarf_Die cu;
+      Dwarf_Files* table = nullptr;
+      size_t count = 0;
+      if (dwarf_formudata(dwarf_attr(callee, DW_AT_call_file, &attr), &value) == 0 &&
+          dwarf_diecu(callee, &cu, nullptr, nullptr) != nullptr &&
+          dwarf_getsrcfiles(&cu, &table, &count) == 0 && value < count) {
+        if (const char* name = dwarf_filesrc(table, value, nullptr, nullptr))
+          f.file = File(name);
+      }
+      if (dwarf_formudata(dwarf_attr(callee, DW_AT_call_line, &attr), &value) == 0)
+        f.line = static_cast<int>(value);
+    }
+    f.function = DieName(&funcs[i]);
+    if (f.function.empty() && i + 1 == funcs.size()) f.function = SymbolName(mod, addr);
+    f.inlined = i + 1 < funcs.size();
+    out.push_back(std::move(f));
+  }
+}
+
+std::vector<Frame> Symbolizer::Impl::Compute(uint64_t ip, bool return_address) {
+  uint64_t addr = (return_address && ip > 0) ? ip - 1 : ip;
+  Frame base;
+  base.address = ip;
+  int i = FindModule(addr);
+  if (i < 0) return {base};
+  Module& m = modules[static_cast<size_t>(i)];
+  base.module = m.info.path;
+  if (!Open(m)) return {base};
+  std::vector<Frame> frames;
+  Symbolize(m.mod, addr, base, frames);
+  if (frames.empty()) frames.push_back(base);
+  return frames;
+}
+
+Symbolizer::Symbolizer(std::vector<ModuleInfo> modules, SymbolizerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(modules), std::move(options))) {}
+
+Symbolizer::~Symbolizer() = default;
+
+const std::vector<Frame>& Symbolizer::resolve(uint64_t ip, bool return_address) {
+  Impl::Key key{ip, return_address};
+  if (auto it = impl_->index.find(key); it != impl_->index.end())
+    return impl_->results[it->second];
+  impl_->results.push_back(impl_->Compute(ip, return_address));
+  impl_->index.emplace(key, static_cast<uint32_t>(impl_->results.size() - 1));
+  return impl_->results.back();
+}
+
+const std::vector<std::string>& Symbolizer::warnings() const { return impl_->warnings; }
+
+}  // namespace memledger::report

@@ -1,0 +1,482 @@
+#include "trace_reader.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#include "trace_encoding.h"
+#include "trace_format.h"
+
+namespace memledger::report {
+namespace {
+
+namespace fmt = memledger::format;
+
+// A read-only view of a whole file (mmap'ed when possible).
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw TraceError(path + ": " + std::strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+      int err = errno;
+      ::close(fd);
+      throw TraceError(path + ": " + std::strerror(err));
+    }
+    if (S_ISDIR(st.st_mode)) {
+      ::close(fd);
+      throw TraceError(path + ": is a folder, not a trace file");
+    }
+    size_ = static_cast<size_t>(st.st_size);
+    if (size_ > 0) {
+      void* p = mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) {
+        int err = errno;
+        ::close(fd);
+        throw TraceError(path + ": " + std::strerror(err));
+      }
+      data_ = static_cast<const uint8_t*>(p);
+    }
+    ::close(fd);
+  }
+  ~MappedFile() {
+    if (data_ != nullptr) munmap(const_cast<uint8_t*>(data_), size_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+struct Header {
+  uint32_t version = 0;
+  size_t frames_offset = 0;
+  std::map<std::string, std::string> values;
+};
+
+Header parse_header(const std::string& path, const MappedFile& file) {
+  Header h;
+  if (file.size() < sizeof(fmt::FileHeader)) {
+    if (file.size() == 0) throw TraceError(path + ": empty file, not a memledger trace");
+    throw TraceError(path + ": too short to be a memledger trace (" + std::to_string(file.size()) + " bytes)");
+  }
+  fmt::FileHeader fh;
+  std::memcpy(&fh, file.data(), sizeof fh);
+  if (std::memcmp(fh.magic, fmt::kFileMagic, sizeof fh.magic) != 0) {
+    throw TraceError(path + ": not a memledger trace (bad magic)");
+  }
+  if (fh.version > fmt::kVersion) {
+    throw TraceError(path + ": trace format version " + std::to_string(fh.version) +
+                     " is newer than this memledger reads (version " + std::to_string(fmt::kVersion) +
+                     "); use a newer memledger");
+  }
+  if (fh.version == 0) throw TraceError(path + ": invalid trace format version 0");
+  h.version = fh.version;
+  size_t header_end = sizeof fh + fh.header_len;
+  if (fh.header_len > (1u << 20) || header_end > file.size()) {
+    throw TraceError(path + ": truncated trace header");
+  }
+  std::string text(reinterpret_cast<const char*>(file.data() + sizeof fh), fh.header_len);
+  size_t pos = 0;
+  while (pos < text.size()) {
+    size_t nl = text.find('\n', pos);
+    if (nl == std::string::npos) nl = text.size();
+    std::string line = text.substr(pos, nl - pos);
+    size_t eq = line.find('=');
+    if (eq != std::string::npos) h.values[line.substr(0, eq)] = line.substr(eq + 1);
+    pos = nl + 1;
+  }
+  h.frames_offset = header_end;
+  return h;
+}
+
+class RecordDecoder {
+ public:
+  explicit RecordDecoder(Trace& trace) : t_(trace) {}
+
+  // Decodes one frame payload. Returns false if the payload is malformed
+  // (records decoded before the damage are kept).
+  bool decode(const uint8_t* data, size_t size) {
+    fmt::Cursor c(data, size);
+    while (!c.at_end()) {
+      const auto tag = static_cast<fmt::Tag>(c.byte());
+      switch (tag) {
+        case fmt::Tag::kAlloc: {
+          TraceEvent e;
+          e.type = EvType::kAlloc;
+          e.seq = c.varint();
+          e.ts = c.varint();
+          e.tid = static_cast<uint32_t>(c.varint());
+          e.kind = static_cast<uint8_t>(c.varint());
+          e.device = static_cast<uint8_t>(c.varint());
+          e.addr = c.varint();
+          e.size = c.varint();
+          e.stack = static_cast<uint32_t>(c.varint());
+          e.flags = static_cast<uint8_t>(c.varint());
+          e.weight = c.varint();
+          if (!c.ok()) return false;
+          note_ts(e.ts);
+          t_.events.push_back(e);
+          break;
+        }
+        case fmt::Tag::kFree: {
+          TraceEvent e;
+          e.type = EvType::kFree;
+          e.seq = c.varint();
+          e.ts = c.varint();
+          e.tid = static_cast<uint32_t>(c.varint());
+          e.kind = static_cast<uint8_t>(c.varint());
+          e.addr = c.varint();
+          if (!c.ok()) return false;
+          note_ts(e.ts);
+          t_.events.push_back(e);
+          break;
+        }
+        case fmt::Tag::kStep: {
+          TraceEvent e;
+          e.type = EvType::kStep;
+          e.seq = c.varint();
+          e.ts = c.varint();
+          e.tid = static_cast<uint32_t>(c.varint());
+          e.addr = c.varint();
+          e.flags = static_cast<uint8_t>(c.varint());
+          e.size = c.varint();
+          if (!c.ok()) return false;
+          note_ts(e.ts);
+          t_.events.push_back(e);
+          break;
+        }
+        case fmt::Tag::kStack: {
+          uint32_t id = static_cast<uint32_t>(c.varint());
+          uint64_t depth = c.varint();
+          if (!c.ok() || depth > 4096) return false;
+          std::vector<uint64_t> frames;
+          frames.reserve(depth);
+          uint64_t prev = 0;
+          for (uint64_t i = 0; i < depth; ++i) {
+            prev += static_cast<uint64_t>(c.svarint());
+            frames.push_back(prev);
+          }
+          if (!c.ok()) return false;
+          t_.stacks[id] = std::move(frames);
+          break;
+        }
+        case fmt::Tag::kModule: {
+          ModuleInfo m;
+          m.base = c.varint();
+          m.path = std::string(c.string());
+          m.build_id = std::string(c.string());
+          uint64_t nseg = c.varint();
+          if (!c.ok() || nseg > 256) return false;
+          for (uint64_t i = 0; i < nseg; ++i) {
+            uint64_t vaddr = c.varint();
+            uint64_t memsz = c.varint();
+            m.segments.emplace_back(vaddr, memsz);
+          }
+          if (!c.ok()) return false;
+          t_.modules.push_back(std::move(m));
+          break;
+        }
+        case fmt::Tag::kString: {
+          uint32_t id = static_cast<uint32_t>(c.varint());
+          std::string_view s = c.string();
+          if (!c.ok()) return false;
+          t_.strings[id] = std::string(s);
+          break;
+        }
+        case fmt::Tag::kSample: {
+          TraceSample s;
+          s.ts = c.varint();
+          s.rss = c.varint();
+          s.heap_held = c.varint();
+          s.heap_in_use = c.varint();
+          s.cgroup_limit = c.varint();
+          s.cgroup_usage = c.varint();
+          s.host_live = c.svarint();
+          s.host_allocs = c.varint();
+          s.host_frees = c.varint();
+          if (!c.ok()) return false;
+          note_ts(s.ts);
+          t_.samples.push_back(s);
+          break;
+        }
+        case fmt::Tag::kThread: {
+          c.varint();
+          c.string();
+          if (!c.ok()) return false;
+          break;
+        }
+        case fmt::Tag::kSignal: {
+          TraceSignal s;
+          s.ts = c.varint();
+          s.tid = static_cast<uint32_t>(c.varint());
+          s.signo = static_cast<int>(c.varint());
+          s.code = static_cast<int>(c.svarint());
+          s.fault_addr = c.varint();
+          s.stack = static_cast<uint32_t>(c.varint());
+          if (!c.ok()) return false;
+          note_ts(s.ts);
+          t_.signals.push_back(s);
+          break;
+        }
+        case fmt::Tag::kExit: {
+          uint64_t ts = c.varint();
+          int64_t status = c.svarint();
+          if (!c.ok()) return false;
+          note_ts(ts);
+          t_.has_exit = true;
+          t_.exit_status = static_cast<int>(status);
+          break;
+        }
+        case fmt::Tag::kDropped: {
+          uint64_t n = c.varint();
+          if (!c.ok()) return false;
+          t_.dropped += n;
+          break;
+        }
+        case fmt::Tag::kExec: {
+          uint64_t ts = c.varint();
+          std::string_view path = c.string();
+          if (!c.ok()) return false;
+          note_ts(ts);
+          t_.execs.emplace_back(path);
+          break;
+        }
+        case fmt::Tag::kFork: {
+          c.varint();
+          c.varint();
+          if (!c.ok()) return false;
+          break;
+        }
+        case fmt::Tag::kEnd: {
+          uint64_t ts = c.varint();
+          if (!c.ok()) return false;
+          note_ts(ts);
+          t_.has_end = true;
+          break;
+        }
+        case fmt::Tag::kTracerError: {
+          c.varint();
+          std::string_view msg = c.string();
+          if (!c.ok()) return false;
+          t_.tracer_error = std::string(msg);
+          break;
+        }
+        default:
+          return false;
+      }
+    }
+    return c.ok();
+  }
+
+ private:
+  void note_ts(uint64_t ts) { t_.last_ts = std::max(t_.last_ts, ts); }
+  Trace& t_;
+};
+
+// Finds the next plausible frame header at or after `pos`.
+size_t resync(const uint8_t* data, size_t size, size_t pos) {
+  const uint32_t magic = fmt::kFrameMagic;
+  for (size_t i = pos; i + sizeof(fmt::FrameHeader) <= size; ++i) {
+    if (std::memcmp(data + i, &magic, sizeof magic) == 0) return i;
+  }
+  return size;
+}
+
+template <typename Fn>
+void for_each_frame(const std::string& path, const MappedFile& file, size_t offset, Trace& trace, Fn&& on_payload) {
+  const uint8_t* data = file.data();
+  const size_t size = file.size();
+  std::vector<uint8_t> raw;
+  size_t pos = offset;
+  bool in_damage = false;
+  while (pos < size) {
+    if (size - pos < sizeof(fmt::FrameHeader)) {
+      trace.truncated = true;
+      trace.bytes_skipped += size - pos;
+      trace.problems.push_back(path + ": the file ends inside a frame header (the process stopped mid-write); the last " +
+                               std::to_string(size - pos) + " bytes are ignored");
+      break;
+    }
+    fmt::FrameHeader fh;
+    std::memcpy(&fh, data + pos, sizeof fh);
+    bool valid = fh.magic == fmt::kFrameMagic && fh.stored_len <= fmt::kMaxFramePayload &&
+                 fh.raw_len <= fmt::kMaxFramePayload;
+    if (valid && fh.stored_len > size - pos - sizeof fh) {
+      // A torn last frame, or a damaged length field.
+      size_t next = resync(data, size, pos + 1);
+      if (next == size) {
+        trace.truncated = true;
+        trace.bytes_skipped += size - pos;
+        trace.problems.push_back(path + ": the file ends inside frame " + std::to_string(fh.index) +
+                                 " (the process stopped mid-write); " + std::to_string(size - pos) +
+                                 " bytes are ignored");
+        break;
+      }
+      valid = false;
+    }
+    const uint8_t* payload = data + pos + sizeof fh;
+    if (valid) {
+      uint32_t crc = static_cast<uint32_t>(crc32(0L, payload, fh.stored_len));
+      valid = crc == fh.crc32;
+    }
+    if (!valid) {
+      size_t next = resync(data, size, pos + 1);
+      if (!in_damage) {
+        ++trace.frames_damaged;
+        trace.problems.push_back(path + ": damaged data at byte " + std::to_string(pos) +
+                                 " (checksum or header mismatch); skipped to byte " + std::to_string(next));
+      }
+      in_damage = true;
+      trace.bytes_skipped += next - pos;
+      pos = next;
+      continue;
+    }
+    in_damage = false;
+    const uint8_t* body = payload;
+    size_t body_len = fh.stored_len;
+    if (fh.flags & fmt::kFrameCompressed) {
+      raw.resize(fh.raw_len);
+      size_t n = ZSTD_decompress(raw.data(), raw.size(), payload, fh.stored_len);
+      if (ZSTD_isError(n) || n != fh.raw_len) {
+        ++trace.frames_damaged;
+        trace.problems.push_back(path + ": frame " + std::to_string(fh.index) + " does not decompress; skipped");
+        pos += sizeof fh + fh.stored_len;
+        continue;
+      }
+      body = raw.data();
+      body_len = n;
+    }
+    ++trace.frames_read;
+    if (!on_payload(body, body_len, fh.index)) {
+      ++trace.frames_damaged;
+      trace.problems.push_back(path + ": frame " + std::to_string(fh.index) +
+                               " holds malformed records; the rest of that frame is skipped");
+    }
+    pos += sizeof fh + fh.stored_len;
+  }
+}
+
+}  // namespace
+
+int Trace::pid() const {
+  auto it = header.find("pid");
+  return it == header.end() ? 0 : std::atoi(it->second.c_str());
+}
+
+std::string Trace::header_value(const std::string& key, const std::string& fallback) const {
+  auto it = header.find(key);
+  return it == header.end() ? fallback : it->second;
+}
+
+std::string Trace::command_line() const {
+  std::string cmd = header_value("command");
+  std::replace(cmd.begin(), cmd.end(), '\x1f', ' ');
+  return cmd;
+}
+
+Trace read_trace(const std::string& path, bool load_events) {
+  MappedFile file(path);
+  Header h = parse_header(path, file);
+  Trace trace;
+  trace.path = path;
+  trace.version = h.version;
+  trace.header = std::move(h.values);
+  if (!load_events) return trace;
+  RecordDecoder decoder(trace);
+  for_each_frame(path, file, h.frames_offset, trace,
+                 [&](const uint8_t* body, size_t len, uint32_t) { return decoder.decode(body, len); });
+  // Events of different threads reach the file nearly, not exactly, in order.
+  if (!std::is_sorted(trace.events.begin(), trace.events.end(),
+                      [](const TraceEvent& a, const TraceEvent& b) { return a.seq < b.seq; })) {
+    std::stable_sort(trace.events.begin(), trace.events.end(),
+                     [](const TraceEvent& a, const TraceEvent& b) { return a.seq < b.seq; });
+  }
+  if (trace.frames_read == 0 && (trace.frames_damaged > 0 || trace.truncated)) {
+    trace.problems.push_back(path + ": no complete frame could be read");
+  }
+  return trace;
+}
+
+void dump_trace(const std::string& path, std::FILE* out) {
+  MappedFile file(path);
+  Header h = parse_header(path, file);
+  std::fprintf(out, "# %s: memledger trace, format version %u\n", path.c_str(), h.version);
+  for (const auto& [key, value] : h.values) {
+    std::string v = value;
+    std::replace(v.begin(), v.end(), '\x1f', ' ');
+    std::fprintf(out, "# %s=%s\n", key.c_str(), v.c_str());
+  }
+  Trace scratch;
+  for_each_frame(path, file, h.frames_offset, scratch, [&](const uint8_t* body, size_t len, uint32_t index) {
+    std::fprintf(out, "frame %u: %zu bytes\n", index, len);
+    Trace one;
+    RecordDecoder decoder(one);
+    bool ok = decoder.decode(body, len);
+    for (const ModuleInfo& m : one.modules) {
+      std::fprintf(out, "module base=0x%" PRIx64 " path=%s build_id=%s segments=%zu\n", m.base, m.path.c_str(),
+                   m.build_id.empty() ? "-" : m.build_id.c_str(), m.segments.size());
+    }
+    for (const auto& [id, s] : one.strings) std::fprintf(out, "string id=%u text=%s\n", id, s.c_str());
+    for (const auto& [id, frames] : one.stacks) {
+      std::fprintf(out, "stack id=%u depth=%zu", id, frames.size());
+      for (uint64_t ip : frames) std::fprintf(out, " 0x%" PRIx64, ip);
+      std::fprintf(out, "\n");
+    }
+    for (const TraceEvent& e : one.events) {
+      switch (e.type) {
+        case EvType::kAlloc:
+          std::fprintf(out,
+                       "alloc seq=%" PRIu64 " ts=%" PRIu64 " tid=%u kind=%s device=%u addr=0x%" PRIx64
+                       " size=%" PRIu64 " stack=%u flags=%u weight=%" PRIu64 "\n",
+                       e.seq, e.ts, e.tid, fmt::kind_name(static_cast<fmt::Kind>(e.kind)), e.device, e.addr, e.size,
+                       e.stack, e.flags, e.weight);
+          break;
+        case EvType::kFree:
+          std::fprintf(out, "free seq=%" PRIu64 " ts=%" PRIu64 " tid=%u kind=%s addr=0x%" PRIx64 "\n", e.seq, e.ts,
+                       e.tid, fmt::kind_name(static_cast<fmt::Kind>(e.kind)), e.addr);
+          break;
+        case EvType::kStep:
+          std::fprintf(out, "step seq=%" PRIu64 " ts=%" PRIu64 " tid=%u index=%" PRIu64 " source=%s label=%" PRIu64 "\n",
+                       e.seq, e.ts, e.tid, e.addr, fmt::step_source_name(static_cast<fmt::StepSource>(e.flags)),
+                       e.size);
+          break;
+      }
+    }
+    for (const TraceSample& s : one.samples) {
+      std::fprintf(out,
+                   "sample ts=%" PRIu64 " rss=%" PRIu64 " heap_held=%" PRIu64 " heap_in_use=%" PRIu64
+                   " cgroup_limit=%" PRIu64 " cgroup_usage=%" PRIu64 " host_live=%" PRId64 " host_allocs=%" PRIu64
+                   " host_frees=%" PRIu64 "\n",
+                   s.ts, s.rss, s.heap_held, s.heap_in_use, s.cgroup_limit, s.cgroup_usage, s.host_live,
+                   s.host_allocs, s.host_frees);
+    }
+    for (const TraceSignal& s : one.signals) {
+      std::fprintf(out, "signal ts=%" PRIu64 " tid=%u signo=%d code=%d fault_addr=0x%" PRIx64 " stack=%u\n", s.ts,
+                   s.tid, s.signo, s.code, s.fault_addr, s.stack);
+    }
+    for (const std::string& e : one.execs) std::fprintf(out, "exec path=%s\n", e.c_str());
+    if (one.dropped) std::fprintf(out, "dropped count=%" PRIu64 "\n", one.dropped);
+    if (one.has_exit) std::fprintf(out, "exit status=%d\n", one.exit_status);
+    if (!one.tracer_error.empty()) std::fprintf(out, "tracer_error message=%s\n", one.tracer_error.c_str());
+    if (one.has_end) std::fprintf(out, "end\n");
+    if (!ok) std::fprintf(out, "# frame %u: malformed record; rest of frame skipped\n", index);
+    return true;
+  });
+  for (const std::string& p : scratch.problems) std::fprintf(out, "# %s\n", p.c_str());
+}
+
+}  // namespace memledger::report

@@ -1,0 +1,95 @@
+// Reads one trace file (interposer/trace_format.h) into memory, tolerating a
+// torn tail and damaged frames: every frame whose checksum holds is used, the
+// rest is counted and described in `problems`. Throws TraceError only when
+// nothing can be read at all (not a trace, newer format version, unreadable).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "symbolizer.h"
+
+namespace memledger::report {
+
+class TraceError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+enum class EvType : uint8_t { kAlloc = 1, kFree = 2, kStep = 3 };
+
+// One allocation, free or step marker, in sequence order after loading.
+struct TraceEvent {
+  uint64_t seq = 0;
+  uint64_t addr = 0;   // kStep: step index
+  uint64_t size = 0;   // kStep: label string id
+  uint64_t weight = 0; // estimated bytes (sampled mode); == size otherwise
+  uint64_t ts = 0;     // ns since trace start
+  uint32_t stack = 0;
+  uint32_t tid = 0;
+  EvType type = EvType::kAlloc;
+  uint8_t kind = 0;
+  uint8_t flags = 0;   // format::kAlloc* ; kStep: source
+  uint8_t device = 0;
+};
+
+struct TraceSample {
+  uint64_t ts = 0;
+  uint64_t rss = 0;
+  uint64_t heap_held = 0;
+  uint64_t heap_in_use = 0;
+  uint64_t cgroup_limit = 0;
+  uint64_t cgroup_usage = 0;
+  int64_t host_live = 0;
+  uint64_t host_allocs = 0;
+  uint64_t host_frees = 0;
+};
+
+struct TraceSignal {
+  uint64_t ts = 0;
+  uint32_t tid = 0;
+  int signo = 0;
+  int code = 0;
+  uint64_t fault_addr = 0;
+  uint32_t stack = 0;
+};
+
+struct Trace {
+  std::string path;
+  uint32_t version = 0;
+  std::map<std::string, std::string> header;
+  std::vector<ModuleInfo> modules;
+  std::map<uint32_t, std::vector<uint64_t>> stacks;
+  std::map<uint32_t, std::string> strings;
+  std::vector<TraceEvent> events;  // sorted by seq
+  std::vector<TraceSample> samples;
+  std::vector<TraceSignal> signals;
+  std::vector<std::string> execs;
+  bool has_exit = false;
+  int exit_status = 0;
+  bool has_end = false;
+  std::string tracer_error;
+  uint64_t dropped = 0;
+  uint64_t last_ts = 0;
+  // Integrity.
+  uint64_t frames_read = 0;
+  uint64_t frames_damaged = 0;
+  uint64_t bytes_skipped = 0;
+  bool truncated = false;  // the file ends inside a frame
+  std::vector<std::string> problems;
+
+  int pid() const;
+  std::string header_value(const std::string& key, const std::string& fallback = "") const;
+  std::string command_line() const;  // arguments joined by spaces
+};
+
+// Loads a trace. `load_events` = false reads only the header (fast listing).
+Trace read_trace(const std::string& path, bool load_events = true);
+
+// Prints every record as one line of text (memledger dump).
+void dump_trace(const std::string& path, std::FILE* out);
+
+}  // namespace memledger::report

@@ -1,0 +1,511 @@
+// The memledger command line: run, report, dump.
+
+#include <fcntl.h>
+#include <getopt.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "run_report.h"
+#include "trace_format.h"
+#include "trace_reader.h"
+
+namespace fs = std::filesystem;
+using memledger::report::AnalysisOptions;
+using memledger::report::TraceError;
+
+namespace {
+
+constexpr const char* kVersion = "0.1.0";
+
+constexpr int kExitUsage = 2;
+constexpr int kExitInput = 1;
+
+const char* const kUsage =
+    "usage: memledger <command> [options]\n"
+    "\n"
+    "commands:\n"
+    "  run [options] [--] CMD [ARGS...]   trace CMD and its children, then report\n"
+    "  report RUN_DIR|TRACE [options]     the report of a run (text or JSON)\n"
+    "  dump TRACE                         every record of a trace file, as text\n"
+    "\n"
+    "run options:\n"
+    "  -o, --output DIR          run folder (default: ./memledger-<program>-<date>-<time>)\n"
+    "      --host MODE           host heap tracking: sampled (default), full, off\n"
+    "      --sample-interval N   mean bytes between host samples in sampled mode (default 131072)\n"
+    "      --step-interval SEC   also end a step every SEC seconds (time-based steps)\n"
+    "      --stack-depth N       native frames kept per stack (default 64, at most 128)\n"
+    "      --no-report           do not build the report at the end\n"
+    "  -q, --quiet               no live status line and no summary\n"
+    "\n"
+    "report options:\n"
+    "      --format FORMAT       text (default) or json\n"
+    "  -o, --output FILE         write the report to FILE instead of standard output\n"
+    "      --warmup-steps N      steps ignored before judging growth (default: a tenth, 1 to 10)\n"
+    "      --debug-dir DIR       also look for binaries and debug info in DIR (repeatable)\n"
+    "\n"
+    "  memledger --help | --version\n";
+
+int usage_error(const std::string& message) {
+  std::fprintf(stderr, "memledger: %s\n%s", message.c_str(), kUsage);
+  return kExitUsage;
+}
+
+std::string self_dir() {
+  char buf[4096];
+  ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  if (n <= 0) return ".";
+  buf[n] = '\0';
+  return fs::path(buf).parent_path().string();
+}
+
+// The preload library, found relative to this executable (build tree or
+// installed), or named by MEMLEDGER_LIBRARY.
+std::optional<std::string> find_library() {
+  if (const char* env = std::getenv("MEMLEDGER_LIBRARY")) {
+    if (fs::exists(env)) return fs::absolute(env).string();
+  }
+  const fs::path dir = self_dir();
+  const fs::path candidates[] = {
+      dir / ".." / "interposer" / "libmemledger.so",
+      dir / ".." / "lib" / "libmemledger.so",
+      dir / ".." / "lib" / "x86_64-linux-gnu" / "libmemledger.so",
+      dir / ".." / "lib64" / "libmemledger.so",
+      dir / "libmemledger.so",
+  };
+  for (const fs::path& p : candidates) {
+    std::error_code ec;
+    if (fs::exists(p, ec)) return fs::canonical(p, ec).string();
+  }
+  return std::nullopt;
+}
+
+std::optional<uint64_t> parse_count(const char* text) {
+  if (text == nullptr || *text == '\0') return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long v = std::strtoull(text, &end, 10);
+  if (errno != 0 || *end != '\0' || text[0] == '-') return std::nullopt;
+  return v;
+}
+
+std::string human(double bytes) { return memledger::report::human_bytes(bytes); }
+
+// ---------------------------------------------------------------------------
+// memledger run
+
+struct RunOptions {
+  std::string output;
+  std::string host = "sampled";
+  std::string sample_interval;
+  std::string step_interval;
+  std::string stack_depth;
+  bool report = true;
+  bool quiet = false;
+  std::vector<std::string> command;
+};
+
+volatile sig_atomic_t g_forward_signal = 0;
+pid_t g_child = 0;
+
+void forward_signal(int signo) {
+  if (g_child > 0) kill(g_child, signo);
+  g_forward_signal = signo;
+}
+
+std::string default_run_dir(const std::string& program) {
+  time_t now = time(nullptr);
+  struct tm tm;
+  localtime_r(&now, &tm);
+  char stamp[32];
+  std::strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", &tm);
+  std::string base = "memledger-" + fs::path(program).filename().string() + "-" + stamp;
+  std::string dir = base;
+  for (int i = 1; fs::exists(dir); ++i) dir = base + "-" + std::to_string(i);
+  return dir;
+}
+
+struct StatusTotals {
+  long long step = -1;
+  long long live = 0;
+  long long rss = 0;
+  long long growth = 0;
+  int processes = 0;
+};
+
+StatusTotals read_status(const fs::path& dir) {
+  StatusTotals t;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().filename().string().rfind("status.", 0) != 0) continue;
+    std::ifstream in(entry.path());
+    std::string line;
+    if (!std::getline(in, line)) continue;
+    long long step = -1, live = 0, rss = 0, growth = 0;
+    int final_flag = 0;
+    if (std::sscanf(line.c_str(), "step=%lld live=%lld rss=%lld growth=%lld final=%d", &step, &live, &rss, &growth,
+                    &final_flag) < 4) {
+      continue;
+    }
+    if (final_flag) continue;
+    ++t.processes;
+    t.step = std::max(t.step, step);
+    t.live += live;
+    t.rss += rss;
+    t.growth += growth;
+  }
+  return t;
+}
+
+void write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, int status, double seconds) {
+  nlohmann::json j;
+  j["schema"] = "memledger-run";
+  j["schema_version"] = 1;
+  j["command"] = opts.command;
+  j["root_pid"] = pid;
+  j["host_mode"] = opts.host;
+  j["wall_seconds"] = seconds;
+  if (WIFSIGNALED(status)) {
+    j["exit"] = {{"signal", WTERMSIG(status)}, {"core_dumped", WCOREDUMP(status) != 0}};
+  } else if (WIFEXITED(status)) {
+    j["exit"] = {{"code", WEXITSTATUS(status)}};
+  }
+  const fs::path tmp = dir / "run.json.tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    if (!out) return;
+  }
+  std::error_code ec;
+  fs::rename(tmp, dir / "run.json", ec);
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+int build_report(const fs::path& dir, bool quiet) {
+  try {
+    AnalysisOptions options;
+    memledger::report::RunReport run = memledger::report::load_run(dir.string(), options);
+    {
+      std::ofstream out(dir / "report.txt");
+      out << memledger::report::render_text(run);
+    }
+    {
+      std::ofstream out(dir / "report.json");
+      out << memledger::report::render_json(run).dump(2) << "\n";
+    }
+    if (!quiet) {
+      std::fprintf(stderr, "memledger: %s\n", memledger::report::render_summary_line(run).c_str());
+      std::fprintf(stderr, "memledger: report: %s (memledger report %s)\n", (dir / "report.txt").c_str(), dir.c_str());
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memledger: no report: %s\n", e.what());
+    return 1;
+  }
+}
+
+int cmd_run(int argc, char** argv) {
+  RunOptions opts;
+  static const option long_options[] = {
+      {"output", required_argument, nullptr, 'o'},
+      {"host", required_argument, nullptr, 'H'},
+      {"sample-interval", required_argument, nullptr, 'S'},
+      {"step-interval", required_argument, nullptr, 'I'},
+      {"stack-depth", required_argument, nullptr, 'D'},
+      {"no-report", no_argument, nullptr, 'N'},
+      {"quiet", no_argument, nullptr, 'q'},
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
+  optind = 1;
+  opterr = 0;
+  int c;
+  // '+': stop at the first non-option, which starts the command.
+  while ((c = getopt_long(argc, argv, "+o:qh", long_options, nullptr)) != -1) {
+    switch (c) {
+      case 'o': opts.output = optarg; break;
+      case 'H':
+        opts.host = optarg;
+        if (opts.host != "full" && opts.host != "sampled" && opts.host != "off") {
+          return usage_error("--host must be full, sampled or off, not '" + opts.host + "'");
+        }
+        break;
+      case 'S':
+        if (!parse_count(optarg) || *parse_count(optarg) == 0) {
+          return usage_error(std::string("--sample-interval needs a positive number of bytes, not '") + optarg + "'");
+        }
+        opts.sample_interval = optarg;
+        break;
+      case 'I': {
+        char* end = nullptr;
+        double v = std::strtod(optarg, &end);
+        if (*optarg == '\0' || *end != '\0' || !(v > 0)) {
+          return usage_error(std::string("--step-interval needs a positive number of seconds, not '") + optarg + "'");
+        }
+        opts.step_interval = optarg;
+        break;
+      }
+      case 'D':
+        if (!parse_count(optarg) || *parse_count(optarg) == 0 || *parse_count(optarg) > 128) {
+          return usage_error(std::string("--stack-depth needs a number from 1 to 128, not '") + optarg + "'");
+        }
+        opts.stack_depth = optarg;
+        break;
+      case 'N': opts.report = false; break;
+      case 'q': opts.quiet = true; break;
+      case 'h': std::fputs(kUsage, stdout); return 0;
+      case ':': return usage_error(std::string("option ") + argv[optind - 1] + " needs a value");
+      default: return usage_error(std::string("unknown option for run: ") + argv[optind - 1]);
+    }
+  }
+  for (int i = optind; i < argc; ++i) opts.command.emplace_back(argv[i]);
+  if (opts.command.empty()) return usage_error("run: no command given (memledger run [options] -- CMD ARGS...)");
+
+  std::optional<std::string> library = find_library();
+  bool traced = library.has_value();
+  if (!traced) {
+    std::fprintf(stderr, "memledger: libmemledger.so not found next to %s; running the command without tracing\n",
+                 self_dir().c_str());
+  }
+  fs::path dir = opts.output.empty() ? fs::path(default_run_dir(opts.command[0])) : fs::path(opts.output);
+  if (traced) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (!ec) chmod(dir.c_str(), 0700);
+    if (ec || access(dir.c_str(), W_OK) != 0) {
+      std::fprintf(stderr, "memledger: cannot write the run folder %s: %s; running the command without tracing\n",
+                   dir.c_str(), ec ? ec.message().c_str() : std::strerror(errno));
+      traced = false;
+    } else {
+      dir = fs::absolute(dir);
+      if (!opts.quiet) std::fprintf(stderr, "memledger: run folder: %s\n", dir.c_str());
+    }
+  }
+
+  // Report exec failures through a close-on-exec pipe, like a shell would.
+  int err_pipe[2];
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+    std::perror("memledger: pipe");
+    return 1;
+  }
+  const auto start = std::chrono::steady_clock::now();
+  pid_t pid = fork();
+  if (pid < 0) {
+    std::perror("memledger: fork");
+    return 1;
+  }
+  if (pid == 0) {
+    close(err_pipe[0]);
+    if (traced) {
+      std::string preload = *library;
+      if (const char* old = std::getenv("LD_PRELOAD"); old && *old) preload += std::string(":") + old;
+      setenv("LD_PRELOAD", preload.c_str(), 1);
+      setenv("MEMLEDGER_DIR", dir.c_str(), 1);
+      setenv("MEMLEDGER_HOST", opts.host.c_str(), 1);
+      if (!opts.sample_interval.empty()) setenv("MEMLEDGER_SAMPLE_INTERVAL", opts.sample_interval.c_str(), 1);
+      if (!opts.step_interval.empty()) setenv("MEMLEDGER_STEP_INTERVAL", opts.step_interval.c_str(), 1);
+      if (!opts.stack_depth.empty()) setenv("MEMLEDGER_STACK_DEPTH", opts.stack_depth.c_str(), 1);
+    }
+    std::vector<char*> args;
+    for (std::string& a : opts.command) args.push_back(a.data());
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    int err = errno;
+    ssize_t ignored = write(err_pipe[1], &err, sizeof err);
+    (void)ignored;
+    _exit(err == ENOENT ? 127 : 126);
+  }
+  close(err_pipe[1]);
+  int exec_errno = 0;
+  ssize_t got = read(err_pipe[0], &exec_errno, sizeof exec_errno);
+  close(err_pipe[0]);
+  g_child = pid;
+  if (got == static_cast<ssize_t>(sizeof exec_errno)) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (exec_errno == ENOENT) {
+      std::fprintf(stderr, "memledger: %s: command not found\n", opts.command[0].c_str());
+    } else {
+      std::fprintf(stderr, "memledger: %s: %s\n", opts.command[0].c_str(), std::strerror(exec_errno));
+    }
+    if (traced) {
+      std::error_code ec;
+      if (fs::is_empty(dir, ec)) fs::remove(dir, ec);
+    }
+    return exec_errno == ENOENT ? 127 : 126;
+  }
+
+  // Like a shell: the terminal's ^C and ^\ go to the child; we only wait.
+  struct sigaction ignore {}, forward {}, old_int {}, old_quit {}, old_term {}, old_hup {};
+  ignore.sa_handler = SIG_IGN;
+  forward.sa_handler = forward_signal;
+  sigaction(SIGINT, &ignore, &old_int);
+  sigaction(SIGQUIT, &ignore, &old_quit);
+  sigaction(SIGTERM, &forward, &old_term);
+  sigaction(SIGHUP, &forward, &old_hup);
+
+  const bool show_status = traced && !opts.quiet && isatty(STDERR_FILENO);
+  int status = 0;
+  bool status_shown = false;
+  auto last_status = std::chrono::steady_clock::now();
+  for (;;) {
+    pid_t r = waitpid(pid, &status, WNOHANG);
+    if (r == pid) break;
+    if (r < 0 && errno != EINTR) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (show_status && std::chrono::steady_clock::now() - last_status > std::chrono::milliseconds(500)) {
+      last_status = std::chrono::steady_clock::now();
+      StatusTotals t = read_status(dir);
+      if (t.processes > 0) {
+        std::string line = "[memledger] ";
+        line += t.step >= 0 ? "step " + std::to_string(t.step) : std::string("no steps yet");
+        line += " | live " + human(double(t.live));
+        if (t.step >= 1) line += " | " + std::string(t.growth >= 0 ? "+" : "") + human(double(t.growth)) + "/step";
+        line += " | RSS " + human(double(t.rss));
+        if (t.processes > 1) line += " | " + std::to_string(t.processes) + " processes";
+        std::fprintf(stderr, "\r\033[K%s", line.c_str());
+        std::fflush(stderr);
+        status_shown = true;
+      }
+    }
+  }
+  if (status_shown) std::fprintf(stderr, "\r\033[K");
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGQUIT, &old_quit, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  sigaction(SIGHUP, &old_hup, nullptr);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  if (traced) {
+    write_run_file(dir, opts, pid, status, seconds);
+    if (opts.report) build_report(dir, opts.quiet);
+    if (!opts.quiet) std::fprintf(stderr, "memledger: run folder: %s\n", dir.c_str());
+  }
+  return exit_code_of(status);
+}
+
+// ---------------------------------------------------------------------------
+// memledger report / dump
+
+int cmd_report(int argc, char** argv) {
+  std::string format = "text";
+  std::string output;
+  AnalysisOptions options;
+  static const option long_options[] = {
+      {"format", required_argument, nullptr, 'f'},
+      {"output", required_argument, nullptr, 'o'},
+      {"warmup-steps", required_argument, nullptr, 'w'},
+      {"debug-dir", required_argument, nullptr, 'd'},
+      {"help", no_argument, nullptr, 'h'},
+      {nullptr, 0, nullptr, 0},
+  };
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "o:h", long_options, nullptr)) != -1) {
+    switch (c) {
+      case 'f':
+        format = optarg;
+        if (format != "text" && format != "json") {
+          return usage_error("--format must be text or json, not '" + format + "'");
+        }
+        break;
+      case 'o': output = optarg; break;
+      case 'w': {
+        auto n = parse_count(optarg);
+        if (!n || *n > 100000) return usage_error(std::string("--warmup-steps needs a number, not '") + optarg + "'");
+        options.warmup_steps = static_cast<int>(*n);
+        break;
+      }
+      case 'd': options.symbolizer.debug_dirs.emplace_back(optarg); break;
+      case 'h': std::fputs(kUsage, stdout); return 0;
+      case ':': return usage_error(std::string("option ") + argv[optind - 1] + " needs a value");
+      default: return usage_error(std::string("unknown option for report: ") + argv[optind - 1]);
+    }
+  }
+  if (optind != argc - 1) return usage_error("report: give exactly one RUN_DIR or TRACE");
+  const std::string path = argv[optind];
+  try {
+    memledger::report::RunReport run = memledger::report::load_run(path, options);
+    std::string text = format == "json" ? memledger::report::render_json(run).dump(2) + "\n"
+                                        : memledger::report::render_text(run);
+    for (const std::string& p : run.problems) std::fprintf(stderr, "memledger: warning: %s\n", p.c_str());
+    if (output.empty() || output == "-") {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    } else {
+      std::ofstream out(output);
+      out << text;
+      out.flush();
+      if (!out) {
+        std::fprintf(stderr, "memledger: cannot write %s: %s\n", output.c_str(), std::strerror(errno));
+        return kExitInput;
+      }
+    }
+    return 0;
+  } catch (const TraceError& e) {
+    std::fprintf(stderr, "memledger: %s\n", e.what());
+    return kExitInput;
+  }
+}
+
+int cmd_dump(int argc, char** argv) {
+  if (argc != 2 || argv[1][0] == '-') {
+    if (argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    return usage_error("dump: give exactly one TRACE file");
+  }
+  try {
+    memledger::report::dump_trace(argv[1], stdout);
+    return 0;
+  } catch (const TraceError& e) {
+    std::fprintf(stderr, "memledger: %s\n", e.what());
+    return kExitInput;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return usage_error("no command given");
+  const std::string command = argv[1];
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (command == "--version") {
+    std::printf("memledger %s (trace format %u)\n", kVersion, memledger::format::kVersion);
+    return 0;
+  }
+  try {
+    if (command == "run") return cmd_run(argc - 1, argv + 1);
+    if (command == "report") return cmd_report(argc - 1, argv + 1);
+    if (command == "dump") return cmd_dump(argc - 1, argv + 1);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "memledger: internal error: %s\n", e.what());
+    return 1;
+  }
+  return usage_error("unknown command '" + command + "'");
+}
