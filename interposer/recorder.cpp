@@ -25,9 +25,10 @@
 #include "trace_writer.h"
 
 namespace memledger::interposer {
-namespace {
-
 __thread ThreadState tls_state __attribute__((tls_model("initial-exec")));
+constinit Recorder g_recorder;
+
+namespace {
 
 SpinLock g_shared_lock;
 pthread_key_t g_ring_key;
@@ -35,7 +36,7 @@ pthread_key_t g_ring_key;
 // Sampled host mode: which live addresses were sampled, so that their frees
 // are recorded. A counting filter answers "certainly not sampled" for almost
 // every free without touching the locked set.
-constexpr size_t kFilterSlots = 1u << 20;
+constexpr size_t kFilterSlots = 1u << 16;  // small enough to stay in cache
 std::atomic<uint8_t>* g_filter = nullptr;
 constexpr int kSampledShards = 16;
 struct SampledShard {
@@ -46,7 +47,7 @@ struct SampledShard {
 };
 SampledShard g_sampled[kSampledShards];
 
-size_t filter_index(uintptr_t addr) { return ((addr >> 4) * 0x9e3779b97f4a7c15ull) >> 44; }
+size_t filter_index(uintptr_t addr) { return ((addr >> 4) * 0x9e3779b97f4a7c15ull) >> 48; }
 size_t shard_of(uintptr_t addr) { return ((addr >> 4) * 0xff51afd7ed558ccdull) >> 60; }
 
 void shard_insert(SampledShard& shard, uintptr_t addr);
@@ -159,6 +160,31 @@ uint64_t parse_u64_env(const char* name, uint64_t fallback) {
   return (end && *end == '\0') ? v : fallback;
 }
 
+// The usable size of a block from glibc's allocator, read from its chunk
+// header as malloc_usable_size() does but without its checks: the hooks call
+// this twice per allocation, and the header is in cache at that moment.
+inline size_t usable_size(void* ptr) {
+  const size_t header = static_cast<const size_t*>(ptr)[-1];
+  const size_t chunk = header & ~size_t{7};
+  constexpr size_t kIsMmapped = 2;
+  return (header & kIsMmapped) ? chunk - 2 * sizeof(size_t) : chunk - sizeof(size_t);
+}
+
+// Updates a ring's exact totals. The owning thread is the only writer of its
+// ring's counters, so plain loads and stores suffice (no locked instruction
+// on the hot path); the shared ring has many writers.
+inline void add_totals(ThreadRing* ring, bool shared, int64_t bytes, uint64_t allocs, uint64_t frees) {
+  if (shared) {
+    ring->host_live.fetch_add(bytes, std::memory_order_relaxed);
+    ring->host_allocs.fetch_add(allocs, std::memory_order_relaxed);
+    ring->host_frees.fetch_add(frees, std::memory_order_relaxed);
+    return;
+  }
+  ring->host_live.store(ring->host_live.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
+  ring->host_allocs.store(ring->host_allocs.load(std::memory_order_relaxed) + allocs, std::memory_order_relaxed);
+  ring->host_frees.store(ring->host_frees.load(std::memory_order_relaxed) + frees, std::memory_order_relaxed);
+}
+
 void message(const char* text) {
   char line[1024];
   int n = snprintf(line, sizeof line, "memledger: %s\n", text);
@@ -176,14 +202,12 @@ uint64_t monotonic_ns() {
   return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-ThreadState& thread_state() { return tls_state; }
-
-Recorder& recorder() {
-  // Never destroyed: hooks run until the very end of the process.
-  alignas(Recorder) static unsigned char storage[sizeof(Recorder)];
-  static Recorder* instance = new (storage) Recorder();
-  return *instance;
+uint64_t coarse_ns() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<uint64_t>(ts.tv_nsec);
 }
+
 
 void Recorder::start() {
   HookGuard guard;
@@ -320,7 +344,9 @@ bool Recorder::push(ThreadState& t, Event& event) {
     }
   }
   event.seq = next_seq();
-  event.ts = monotonic_ns();
+  // Allocation times need no more than millisecond precision (the order is
+  // the sequence number); the coarse clock costs a few nanoseconds.
+  event.ts = event.type == EventType::kStep ? monotonic_ns() : coarse_ns();
   event.tid = static_cast<uint32_t>(ring->tid.load(std::memory_order_relaxed));
   if (shared) event.tid = static_cast<uint32_t>(syscall(SYS_gettid));
   ring->events[head & ThreadRing::kMask] = event;
@@ -392,11 +418,9 @@ bool Recorder::forget_sampled(uintptr_t addr) {
 }
 
 void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size) {
-  const size_t usable = malloc_usable_size(ptr);
+  const size_t usable = usable_size(ptr);
   ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
-  if (ring == nullptr) ring = shared_ring_;
-  ring->host_live.fetch_add(static_cast<int64_t>(usable), std::memory_order_relaxed);
-  ring->host_allocs.fetch_add(1, std::memory_order_relaxed);
+  add_totals(ring ? ring : shared_ring_, ring == nullptr, static_cast<int64_t>(usable), 1, 0);
 
   Event e{};
   e.type = EventType::kAlloc;
@@ -424,11 +448,9 @@ void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size) {
 }
 
 void Recorder::on_host_free(ThreadState& t, void* ptr) {
-  const size_t usable = malloc_usable_size(ptr);
+  const size_t usable = usable_size(ptr);
   ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
-  if (ring == nullptr) ring = shared_ring_;
-  ring->host_live.fetch_sub(static_cast<int64_t>(usable), std::memory_order_relaxed);
-  ring->host_frees.fetch_add(1, std::memory_order_relaxed);
+  add_totals(ring ? ring : shared_ring_, ring == nullptr, -static_cast<int64_t>(usable), 0, 1);
   if (config_.host_mode == HostMode::kSampled && !forget_sampled(reinterpret_cast<uintptr_t>(ptr))) return;
   Event e{};
   e.type = EventType::kFree;

@@ -111,8 +111,11 @@ class Recorder {
   std::atomic<bool> disable_reported_{false};
 };
 
-Recorder& recorder();
-ThreadState& thread_state();
+extern Recorder g_recorder;
+extern __thread ThreadState tls_state __attribute__((tls_model("initial-exec")));
+
+inline Recorder& recorder() { return g_recorder; }
+inline ThreadState& thread_state() { return tls_state; }
 
 // Guards a hook: sets the recursion flag for the caller's thread.
 class HookGuard {
@@ -130,5 +133,6 @@ class HookGuard {
 };
 
 uint64_t monotonic_ns();
+uint64_t coarse_ns();
 
 }  // namespace memledger::interposer

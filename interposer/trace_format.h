@@ -18,6 +18,11 @@
 // followed by the bytes. All integers in FileHeader and FrameHeader are
 // little-endian.
 //
+// Deltas: in kAlloc, kFree and kStep records, `seq` and `ts_ns` are zz-deltas
+// from the previous such record in the same frame, and `addr` (kAlloc, kFree)
+// is a zz-delta from the previous kAlloc/kFree address in the same frame; the
+// first record of a frame is a delta from 0. Frames thus decode on their own.
+//
 // Ordering: allocation, free and step records carry a global sequence number
 // taken when the event happened. Records of different threads may reach the
 // file slightly out of sequence order; readers sort by sequence number.
@@ -97,10 +102,10 @@ inline constexpr uint32_t kAllocSampled = 1u << 0;  // sampled host mode: size i
 inline constexpr uint32_t kAllocFailed = 1u << 1;   // the allocator returned an error; addr is 0
 
 enum class Tag : uint8_t {
-  // seq, ts_ns, tid, kind, device, addr, size, stack, flags, weight
+  // seq (zz-delta), ts_ns (zz-delta), tid, kind, device, addr (zz-delta), size, stack, flags, weight
   //   weight: estimated bytes this record stands for (== size when not sampled)
   kAlloc = 1,
-  // seq, ts_ns, tid, kind, addr
+  // seq (zz-delta), ts_ns (zz-delta), tid, kind, addr (zz-delta)
   kFree = 2,
   // id, depth, then depth instruction pointers, each zz-delta from the previous
   // (the first from 0). Frame 0 is the innermost caller of the allocator.
@@ -109,7 +114,7 @@ enum class Tag : uint8_t {
   kModule = 4,
   // id, text
   kString = 5,
-  // seq, ts_ns, tid, index, source (StepSource), label string id (0 = none)
+  // seq (zz-delta), ts_ns (zz-delta), tid, index, source (StepSource), label string id (0 = none)
   kStep = 6,
   // ts_ns, rss, heap_held, heap_in_use, cgroup_limit (0 = none), cgroup_usage,
   // host_live (exact live host bytes, malloc_usable_size), host_allocs, host_frees

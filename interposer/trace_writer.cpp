@@ -170,11 +170,83 @@ String build_id_of(const dl_phdr_info* info) {
   return {};
 }
 
+// A growable byte buffer over the real allocator, written through raw
+// pointers (the encoder is the writer's hot loop).
+class ByteBuffer {
+ public:
+  ~ByteBuffer() { __libc_free(data_); }
+  uint8_t* data() { return data_; }
+  size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  void clear() { size_ = 0; }
+  uint8_t* reserve(size_t n) {
+    if (size_ + n > capacity_) {
+      size_t capacity = capacity_ ? capacity_ * 2 : 64 * 1024;
+      while (capacity < size_ + n) capacity *= 2;
+      void* p = __libc_realloc(data_, capacity);
+      if (p == nullptr) throw std::bad_alloc();
+      data_ = static_cast<uint8_t*>(p);
+      capacity_ = capacity;
+    }
+    return data_ + size_;
+  }
+  void commit(size_t n) { size_ += n; }
+  void shrink(size_t limit) {
+    if (capacity_ > limit) {
+      __libc_free(data_);
+      data_ = nullptr;
+      size_ = capacity_ = 0;
+    }
+  }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  size_t capacity_ = 0;
+};
+
+// Encodes records into a frame's payload. Sequence numbers, timestamps and
+// addresses of events are written as deltas from the previous event in the
+// same frame (trace_format.h), so each frame decodes on its own.
+class Encoder {
+ public:
+  explicit Encoder(ByteBuffer& out) : out_(out) {}
+  void tag(format::Tag t) {
+    *out_.reserve(1) = static_cast<uint8_t>(t);
+    out_.commit(1);
+  }
+  void u(uint64_t v) { out_.commit(format::put_varint(out_.reserve(10), v)); }
+  void s(int64_t v) { u(format::zigzag(v)); }
+  void str(const char* data, size_t size) {
+    u(size);
+    memcpy(out_.reserve(size), data, size);
+    out_.commit(size);
+  }
+  void str(const char* text) { str(text, strlen(text)); }
+  void seq_ts(uint64_t seq, uint64_t ts) {
+    s(static_cast<int64_t>(seq - prev_seq_));
+    s(static_cast<int64_t>(ts - prev_ts_));
+    prev_seq_ = seq;
+    prev_ts_ = ts;
+  }
+  void addr(uint64_t a) {
+    s(static_cast<int64_t>(a - prev_addr_));
+    prev_addr_ = a;
+  }
+  void new_frame() { prev_seq_ = prev_ts_ = prev_addr_ = 0; }
+
+ private:
+  ByteBuffer& out_;
+  uint64_t prev_seq_ = 0;
+  uint64_t prev_ts_ = 0;
+  uint64_t prev_addr_ = 0;
+};
+
 }  // namespace
 
 // Everything only the writer thread touches.
 struct TraceWriter::State {
-  Bytes buffer;
+  ByteBuffer buffer;
   Bytes compressed;
   Vector<Event> batch;
   Vector<uint8_t> stack_written;  // by id
@@ -195,6 +267,7 @@ struct TraceWriter::State {
   uint64_t step_history_count = 0;
   CgroupPaths cgroup;
   ZSTD_CCtx* zstd = nullptr;
+  Encoder enc{buffer};
   uint64_t start_mono_ns = 0;
 };
 
@@ -211,27 +284,6 @@ StringTable& strings() {
   static StringTable* table = new (storage) StringTable();
   return *table;
 }
-
-class Encoder {
- public:
-  explicit Encoder(Bytes& out) : out_(out) {}
-  void tag(format::Tag t) { out_.push_back(static_cast<uint8_t>(t)); }
-  void u(uint64_t v) {
-    uint8_t tmp[10];
-    size_t n = format::put_varint(tmp, v);
-    out_.insert(out_.end(), tmp, tmp + n);
-  }
-  void s(int64_t v) { u(format::zigzag(v)); }
-  void str(const char* data, size_t size) {
-    u(size);
-    out_.insert(out_.end(), reinterpret_cast<const uint8_t*>(data),
-                reinterpret_cast<const uint8_t*>(data) + size);
-  }
-  void str(const char* text) { str(text, strlen(text)); }
-
- private:
-  Bytes& out_;
-};
 
 }  // namespace
 
@@ -492,7 +544,7 @@ void TraceWriter::cycle(bool final) {
   State& st = *state_;
   Recorder& rec = recorder();
   const uint32_t ticket = flush_requested_.load(std::memory_order_acquire);
-  Encoder enc(st.buffer);
+  Encoder& enc = st.enc;
 
   // 1. Drain every ring.
   st.batch.clear();
@@ -524,8 +576,10 @@ void TraceWriter::cycle(bool final) {
     for (uint64_t i = tail; i < head; ++i) st.batch.push_back(shared->events[i & ThreadRing::kMask]);
     shared->tail.store(head, std::memory_order_release);
   }
-  std::sort(st.batch.begin(), st.batch.end(),
-            [](const Event& a, const Event& b) { return a.seq < b.seq; });
+  // Each ring is in sequence order; the batch needs sorting only when
+  // several threads recorded in this cycle.
+  auto by_seq = [](const Event& a, const Event& b) { return a.seq < b.seq; };
+  if (!std::is_sorted(st.batch.begin(), st.batch.end(), by_seq)) std::sort(st.batch.begin(), st.batch.end(), by_seq);
 
   // 3. Modules, when the set of loaded objects changed.
   {
@@ -618,12 +672,11 @@ void TraceWriter::cycle(bool final) {
     switch (e.type) {
       case EventType::kAlloc:
         enc.tag(format::Tag::kAlloc);
-        enc.u(e.seq);
-        enc.u(ts);
+        enc.seq_ts(e.seq, ts);
         enc.u(e.tid);
         enc.u(e.kind);
         enc.u(e.aux);
-        enc.u(e.addr);
+        enc.addr(e.addr);
         enc.u(e.size);
         enc.u(e.stack);
         enc.u(e.flags);
@@ -631,16 +684,14 @@ void TraceWriter::cycle(bool final) {
         break;
       case EventType::kFree:
         enc.tag(format::Tag::kFree);
-        enc.u(e.seq);
-        enc.u(ts);
+        enc.seq_ts(e.seq, ts);
         enc.u(e.tid);
         enc.u(e.kind);
-        enc.u(e.addr);
+        enc.addr(e.addr);
         break;
       case EventType::kStep: {
         enc.tag(format::Tag::kStep);
-        enc.u(e.seq);
-        enc.u(ts);
+        enc.seq_ts(e.seq, ts);
         enc.u(e.tid);
         enc.u(e.size);
         enc.u(e.source);
@@ -772,9 +823,10 @@ void TraceWriter::cycle(bool final) {
       rec.disable(msg);
     }
     st.buffer.clear();
+    st.buffer.shrink(8 * kFrameTarget);
+    enc.new_frame();
     st.last_flush_ns = now;
     st.step_seen = false;
-    if (st.buffer.capacity() > 4 * kFrameTarget) Bytes().swap(st.buffer);
   }
   flush_done_.store(ticket, std::memory_order_release);
   futex(&flush_done_, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr);

@@ -316,12 +316,11 @@ bool Symbolizer::Impl::Open(Module& m) {
       return true;
     }
   }
-  if (m.info.path.empty())
-    problem = "module at 0x" + Hex(nullptr, 0) + "has no path";
   if (m.info.path.empty()) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(m.info.base));
-    problem = std::string("module loaded at 0x") + buf + " has no path";
+    problem = std::string("module loaded at 0x") + buf + " has no path" +
+              (m.info.build_id.empty() ? "" : " and no file with build id " + m.info.build_id);
   }
   Warn(problem + "; frames unsymbolized");
   return false;

@@ -111,18 +111,24 @@ class RecordDecoder {
   // (records decoded before the damage are kept).
   bool decode(const uint8_t* data, size_t size) {
     fmt::Cursor c(data, size);
+    // Delta state (trace_format.h): per frame.
+    uint64_t prev_seq = 0, prev_ts = 0, prev_addr = 0;
+    auto seq_ts = [&](TraceEvent& e) {
+      e.seq = prev_seq += static_cast<uint64_t>(c.svarint());
+      e.ts = prev_ts += static_cast<uint64_t>(c.svarint());
+    };
+    auto addr = [&]() { return prev_addr += static_cast<uint64_t>(c.svarint()); };
     while (!c.at_end()) {
       const auto tag = static_cast<fmt::Tag>(c.byte());
       switch (tag) {
         case fmt::Tag::kAlloc: {
           TraceEvent e;
           e.type = EvType::kAlloc;
-          e.seq = c.varint();
-          e.ts = c.varint();
+          seq_ts(e);
           e.tid = static_cast<uint32_t>(c.varint());
           e.kind = static_cast<uint8_t>(c.varint());
           e.device = static_cast<uint8_t>(c.varint());
-          e.addr = c.varint();
+          e.addr = addr();
           e.size = c.varint();
           e.stack = static_cast<uint32_t>(c.varint());
           e.flags = static_cast<uint8_t>(c.varint());
@@ -135,11 +141,10 @@ class RecordDecoder {
         case fmt::Tag::kFree: {
           TraceEvent e;
           e.type = EvType::kFree;
-          e.seq = c.varint();
-          e.ts = c.varint();
+          seq_ts(e);
           e.tid = static_cast<uint32_t>(c.varint());
           e.kind = static_cast<uint8_t>(c.varint());
-          e.addr = c.varint();
+          e.addr = addr();
           if (!c.ok()) return false;
           note_ts(e.ts);
           t_.events.push_back(e);
@@ -148,8 +153,7 @@ class RecordDecoder {
         case fmt::Tag::kStep: {
           TraceEvent e;
           e.type = EvType::kStep;
-          e.seq = c.varint();
-          e.ts = c.varint();
+          seq_ts(e);
           e.tid = static_cast<uint32_t>(c.varint());
           e.addr = c.varint();
           e.flags = static_cast<uint8_t>(c.varint());
