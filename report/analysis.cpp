@@ -153,7 +153,7 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
           ++r.failed_allocations;
           break;
         }
-        const uint64_t weight = (e.flags & fmt::kAllocSampled) ? e.weight : e.size;
+        const uint64_t weight = e.size;
         const uint32_t s = site_of(e.stack, e.kind);
         auto [it, inserted] = live.try_emplace(live_key(e.kind, e.addr), LiveAlloc{weight, s, current_step});
         if (!inserted) {

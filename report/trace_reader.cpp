@@ -125,14 +125,15 @@ class RecordDecoder {
           TraceEvent e;
           e.type = EvType::kAlloc;
           seq_ts(e);
-          e.tid = static_cast<uint32_t>(c.varint());
+          c.varint();  // tid
           e.kind = static_cast<uint8_t>(c.varint());
           e.device = static_cast<uint8_t>(c.varint());
           e.addr = addr();
-          e.size = c.varint();
+          const uint64_t size = c.varint();
           e.stack = static_cast<uint32_t>(c.varint());
           e.flags = static_cast<uint8_t>(c.varint());
-          e.weight = c.varint();
+          const uint64_t weight = c.varint();
+          e.size = (e.flags & fmt::kAllocSampled) ? weight : size;
           if (!c.ok()) return false;
           note_ts(e.ts);
           t_.events.push_back(e);
@@ -142,7 +143,7 @@ class RecordDecoder {
           TraceEvent e;
           e.type = EvType::kFree;
           seq_ts(e);
-          e.tid = static_cast<uint32_t>(c.varint());
+          c.varint();  // tid
           e.kind = static_cast<uint8_t>(c.varint());
           e.addr = addr();
           if (!c.ok()) return false;
@@ -154,7 +155,7 @@ class RecordDecoder {
           TraceEvent e;
           e.type = EvType::kStep;
           seq_ts(e);
-          e.tid = static_cast<uint32_t>(c.varint());
+          c.varint();  // tid
           e.addr = c.varint();
           e.flags = static_cast<uint8_t>(c.varint());
           e.size = c.varint();
@@ -400,6 +401,9 @@ Trace read_trace(const std::string& path, bool load_events) {
   trace.version = h.version;
   trace.header = std::move(h.values);
   if (!load_events) return trace;
+  // A full-mode trace holds about one event per 5 stored bytes: reserve
+  // address space up front rather than copying a growing vector.
+  trace.events.reserve(file.size() / 4);
   RecordDecoder decoder(trace);
   for_each_frame(path, file, h.frames_offset, trace,
                  [&](const uint8_t* body, size_t len, uint32_t) { return decoder.decode(body, len); });
@@ -444,18 +448,18 @@ void dump_trace(const std::string& path, std::FILE* out) {
       switch (e.type) {
         case EvType::kAlloc:
           std::fprintf(out,
-                       "alloc seq=%" PRIu64 " ts=%" PRIu64 " tid=%u kind=%s device=%u addr=0x%" PRIx64
-                       " size=%" PRIu64 " stack=%u flags=%u weight=%" PRIu64 "\n",
-                       e.seq, e.ts, e.tid, fmt::kind_name(static_cast<fmt::Kind>(e.kind)), e.device, e.addr, e.size,
-                       e.stack, e.flags, e.weight);
+                       "alloc seq=%" PRIu64 " ts=%" PRIu64 " kind=%s device=%u addr=0x%" PRIx64
+                       " bytes=%" PRIu64 " stack=%u flags=%u\n",
+                       e.seq, e.ts, fmt::kind_name(static_cast<fmt::Kind>(e.kind)), e.device, e.addr, e.size,
+                       e.stack, e.flags);
           break;
         case EvType::kFree:
-          std::fprintf(out, "free seq=%" PRIu64 " ts=%" PRIu64 " tid=%u kind=%s addr=0x%" PRIx64 "\n", e.seq, e.ts,
-                       e.tid, fmt::kind_name(static_cast<fmt::Kind>(e.kind)), e.addr);
+          std::fprintf(out, "free seq=%" PRIu64 " ts=%" PRIu64 " kind=%s addr=0x%" PRIx64 "\n", e.seq, e.ts,
+                       fmt::kind_name(static_cast<fmt::Kind>(e.kind)), e.addr);
           break;
         case EvType::kStep:
-          std::fprintf(out, "step seq=%" PRIu64 " ts=%" PRIu64 " tid=%u index=%" PRIu64 " source=%s label=%" PRIu64 "\n",
-                       e.seq, e.ts, e.tid, e.addr, fmt::step_source_name(static_cast<fmt::StepSource>(e.flags)),
+          std::fprintf(out, "step seq=%" PRIu64 " ts=%" PRIu64 " index=%" PRIu64 " source=%s label=%" PRIu64 "\n",
+                       e.seq, e.ts, e.addr, fmt::step_source_name(static_cast<fmt::StepSource>(e.flags)),
                        e.size);
           break;
       }

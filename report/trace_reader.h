@@ -22,19 +22,20 @@ class TraceError : public std::runtime_error {
 enum class EvType : uint8_t { kAlloc = 1, kFree = 2, kStep = 3 };
 
 // One allocation, free or step marker, in sequence order after loading.
+// Kept compact (40 bytes): a full-mode trace holds millions of these.
 struct TraceEvent {
   uint64_t seq = 0;
   uint64_t addr = 0;   // kStep: step index
-  uint64_t size = 0;   // kStep: label string id
-  uint64_t weight = 0; // estimated bytes (sampled mode); == size otherwise
+  uint64_t size = 0;   // bytes this record stands for (the estimate for a sampled
+                       // allocation, the requested size otherwise); kStep: label string id
   uint64_t ts = 0;     // ns since trace start
   uint32_t stack = 0;
-  uint32_t tid = 0;
   EvType type = EvType::kAlloc;
   uint8_t kind = 0;
   uint8_t flags = 0;   // format::kAlloc* ; kStep: source
   uint8_t device = 0;
 };
+static_assert(sizeof(TraceEvent) == 40);
 
 struct TraceSample {
   uint64_t ts = 0;

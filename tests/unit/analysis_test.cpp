@@ -24,7 +24,7 @@ class TraceBuilder {
     e.seq = ++seq;
     e.ts = seq;
     e.addr = addr;
-    e.size = e.weight = size;
+    e.size = size;
     e.stack = stack;
     trace.events.push_back(e);
   }
