@@ -12,7 +12,7 @@ namespace memledger::interposer {
 
 class StackTable {
  public:
-  static constexpr uint32_t kMaxStacks = 1u << 20;
+  static constexpr uint32_t kMaxStacks = 1u << 19;
   static constexpr uint32_t kMaxDepth = 128;
 
   // Maps the memory. Returns false if the kernel refused it.
