@@ -17,6 +17,12 @@ enum class EventType : uint8_t {
   kAlloc = 1,
   kFree = 2,
   kStep = 3,
+  kReserve = 4,       // device address space reserved (not memory)
+  kUnreserve = 5,
+  kMap = 6,           // a physical handle mapped at an address (weight = handle)
+  kUnmap = 7,
+  kDeviceSample = 8,  // aux = device, addr = free bytes, size = total bytes
+  kPoolSample = 9,    // aux = device, addr = pool, size = reserved, weight = used
 };
 
 // One hook call, as plain data. The writer turns it into a trace record.
@@ -25,9 +31,10 @@ struct Event {
   uint64_t ts;      // CLOCK_MONOTONIC ns
   uint64_t addr;
   uint64_t size;    // kStep: step index
-  uint64_t weight;  // estimated bytes this sampled allocation stands for
+  uint64_t weight;  // kAlloc: estimated bytes this sampled allocation stands for,
+                    // or the error code of a failed allocation
   uint32_t stack;   // interned stack id, 0 = none
-  uint32_t aux;     // kAlloc: device; kStep: label string id
+  uint32_t aux;     // kAlloc and device events: device; kStep: label string id
   EventType type;
   uint8_t kind;     // format::Kind
   uint8_t flags;    // format::kAlloc* flags

@@ -459,8 +459,47 @@ void Recorder::on_host_free(ThreadState& t, void* ptr) {
   push(t, e);
 }
 
+void Recorder::on_device_alloc(ThreadState& t, format::Kind kind, int device, uint64_t addr, uint64_t size,
+                               uint32_t flags, int error) {
+  Event e{};
+  e.type = EventType::kAlloc;
+  e.kind = static_cast<uint8_t>(kind);
+  e.aux = static_cast<uint32_t>(device < 0 ? 0 : device);
+  e.addr = error ? 0 : addr;
+  e.size = size;
+  e.weight = error ? static_cast<uint64_t>(error) : size;
+  e.flags = static_cast<uint8_t>(flags | (error ? format::kAllocFailed : 0));
+  e.stack = capture_stack();
+  push(t, e);
+  // An out-of-memory is the likely end of the run: make it durable now.
+  if (error) trace_writer().wake();
+}
+
+void Recorder::on_device_free(ThreadState& t, format::Kind kind, uint64_t addr, uint32_t flags) {
+  Event e{};
+  e.type = EventType::kFree;
+  e.kind = static_cast<uint8_t>(kind);
+  e.addr = addr;
+  e.flags = static_cast<uint8_t>(flags);
+  push(t, e);
+}
+
+void Recorder::on_device_event(ThreadState& t, EventType type, int device, uint64_t addr, uint64_t size,
+                               uint64_t extra) {
+  Event e{};
+  e.type = type;
+  e.kind = static_cast<uint8_t>(format::Kind::kDevice);
+  e.aux = static_cast<uint32_t>(device < 0 ? 0 : device);
+  e.addr = addr;
+  e.size = size;
+  e.weight = extra;
+  if (type == EventType::kReserve) e.stack = capture_stack();
+  push(t, e);
+}
+
 void Recorder::on_step(const char* label, format::StepSource source) {
   if (!active()) return;
+  if (step_hook_ != nullptr && source == format::StepSource::kMarker) step_hook_();
   HookGuard guard;
   Event e{};
   e.type = EventType::kStep;

@@ -30,8 +30,9 @@ struct ThreadState {
   ThreadRing* ring;
   int64_t sample_countdown;
   uint64_t rng;
-  uint8_t in_hook;    // recursion guard: set while inside memledger code
-  uint8_t status;     // 0 new, 1 has ring, 2 exited (use the shared ring)
+  uint8_t in_hook;     // recursion guard: set while inside memledger code
+  uint8_t status;      // 0 new, 1 has ring, 2 exited (use the shared ring)
+  uint8_t cuda_depth;  // inside a hooked CUDA runtime call: its driver calls are not recorded again
 };
 
 enum class Lifecycle : int {
@@ -59,7 +60,18 @@ class Recorder {
   void on_host_alloc(ThreadState& t, void* ptr, size_t size);
   void on_host_free(ThreadState& t, void* ptr);
 
+  // Device-side events (CUDA hooks). Every one is recorded with its stack:
+  // they are rare and large. `error` != 0 records a failed allocation.
+  void on_device_alloc(ThreadState& t, format::Kind kind, int device, uint64_t addr, uint64_t size,
+                       uint32_t flags, int error);
+  void on_device_free(ThreadState& t, format::Kind kind, uint64_t addr, uint32_t flags);
+  // Reserve/unreserve/map/unmap and device/pool samples (no stack except reserve).
+  void on_device_event(ThreadState& t, EventType type, int device, uint64_t addr, uint64_t size, uint64_t extra);
+
   void on_step(const char* label, format::StepSource source);
+  // Called at every step end, before the step is recorded: lets the CUDA
+  // hooks sample device memory from the program's own thread.
+  void set_step_hook(void (*hook)()) { step_hook_ = hook; }
   // Asks the writer to write everything recorded so far and waits for it
   // (at most `timeout_ms`). Safe in signal handlers.
   void flush_and_wait(int timeout_ms);
@@ -109,6 +121,7 @@ class Recorder {
   uintptr_t self_end_ = 0;
   pid_t pid_ = 0;
   std::atomic<bool> disable_reported_{false};
+  void (*step_hook_)() = nullptr;
 };
 
 extern Recorder g_recorder;

@@ -97,15 +97,19 @@ inline const char* step_source_name(StepSource source) {
   return "unknown";
 }
 
-// Allocation record flags.
-inline constexpr uint32_t kAllocSampled = 1u << 0;  // sampled host mode: size is exact, weight is in `weight`
-inline constexpr uint32_t kAllocFailed = 1u << 1;   // the allocator returned an error; addr is 0
+// Allocation and free record flags.
+inline constexpr uint32_t kAllocSampled = 1u << 0;     // sampled host mode: `weight` is the estimate
+inline constexpr uint32_t kAllocFailed = 1u << 1;      // the allocator returned an error (in `weight`); addr is 0
+inline constexpr uint32_t kAllocPool = 1u << 2;        // from a stream-ordered memory pool
+inline constexpr uint32_t kAllocPhysical = 1u << 3;    // a VMM physical allocation; addr is the handle
+inline constexpr uint32_t kAllocRegistered = 1u << 4;  // existing host memory page-locked (cuMemHostRegister)
+inline constexpr uint32_t kAllocAsync = 1u << 5;       // stream-ordered (cu/cudaMallocAsync, cu/cudaFreeAsync)
 
 enum class Tag : uint8_t {
   // seq (zz-delta), ts_ns (zz-delta), tid, kind, device, addr (zz-delta), size, stack, flags, weight
   //   weight: estimated bytes this record stands for (== size when not sampled)
   kAlloc = 1,
-  // seq (zz-delta), ts_ns (zz-delta), tid, kind, addr (zz-delta)
+  // seq (zz-delta), ts_ns (zz-delta), tid, kind, addr (zz-delta), flags
   kFree = 2,
   // id, depth, then depth instruction pointers, each zz-delta from the previous
   // (the first from 0). Frame 0 is the innermost caller of the allocator.
@@ -135,6 +139,22 @@ enum class Tag : uint8_t {
   kEnd = 14,
   // ts_ns, message (the tracer stopped itself, e.g. disk full)
   kTracerError = 15,
+  // Device address space (the virtual memory API). Not memory: shown apart.
+  // seq (zz-delta), ts_ns (zz-delta), tid, device, addr, size, stack
+  kReserve = 16,
+  // seq (zz-delta), ts_ns (zz-delta), tid, addr, size
+  kUnreserve = 17,
+  // A physical allocation mapped into reserved space.
+  // seq (zz-delta), ts_ns (zz-delta), tid, device, addr, size, handle
+  kMap = 18,
+  // seq (zz-delta), ts_ns (zz-delta), tid, addr, size
+  kUnmap = 19,
+  // Device-wide memory (cuMemGetInfo), sampled at each step end.
+  // seq (zz-delta), ts_ns (zz-delta), device, free, total
+  kDeviceSample = 20,
+  // A memory pool's reserved and used bytes (cuMemPoolGetAttribute).
+  // seq (zz-delta), ts_ns (zz-delta), device, pool, reserved, used
+  kPoolSample = 21,
 };
 
 // Sentinel stack id: no stack captured.

@@ -569,7 +569,7 @@ void TraceWriter::cycle(bool final) {
       rec.on_step(nullptr, format::StepSource::kInterval);
       st.next_interval_step_ns += st.interval_ns;
     }
-    // on_step pushed into this thread's (shared) ring: pick it up now.
+    // on_step pushed into the shared ring (this thread has no ring of its own): pick it up now.
     ThreadRing* shared = rec.shared_ring();
     uint64_t tail = shared->tail.load(std::memory_order_relaxed);
     uint64_t head = shared->head.load(std::memory_order_acquire);
@@ -688,6 +688,48 @@ void TraceWriter::cycle(bool final) {
         enc.u(e.tid);
         enc.u(e.kind);
         enc.addr(e.addr);
+        enc.u(e.flags);
+        break;
+      case EventType::kReserve:
+        enc.tag(format::Tag::kReserve);
+        enc.seq_ts(e.seq, ts);
+        enc.u(e.tid);
+        enc.u(e.aux);
+        enc.u(e.addr);
+        enc.u(e.size);
+        enc.u(e.stack);
+        break;
+      case EventType::kUnreserve:
+      case EventType::kUnmap:
+        enc.tag(e.type == EventType::kUnmap ? format::Tag::kUnmap : format::Tag::kUnreserve);
+        enc.seq_ts(e.seq, ts);
+        enc.u(e.tid);
+        enc.u(e.addr);
+        enc.u(e.size);
+        break;
+      case EventType::kMap:
+        enc.tag(format::Tag::kMap);
+        enc.seq_ts(e.seq, ts);
+        enc.u(e.tid);
+        enc.u(e.aux);
+        enc.u(e.addr);
+        enc.u(e.size);
+        enc.u(e.weight);
+        break;
+      case EventType::kDeviceSample:
+        enc.tag(format::Tag::kDeviceSample);
+        enc.seq_ts(e.seq, ts);
+        enc.u(e.aux);
+        enc.u(e.addr);
+        enc.u(e.size);
+        break;
+      case EventType::kPoolSample:
+        enc.tag(format::Tag::kPoolSample);
+        enc.seq_ts(e.seq, ts);
+        enc.u(e.aux);
+        enc.u(e.addr);
+        enc.u(e.size);
+        enc.u(e.weight);
         break;
       case EventType::kStep: {
         enc.tag(format::Tag::kStep);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <map>
 #include <memory>
 
 #include "trace_format.h"
@@ -19,7 +20,32 @@ struct LiveAlloc {
   uint64_t weight;
   uint32_t site;
   uint32_t step_born;  // 1-based step the allocation was made in
+  uint8_t kind;
+  uint8_t flags;
 };
+
+constexpr uint64_t kDeviceGranularity = 2ull << 20;
+
+// What an allocation holds from the device beyond what it asked for: plain
+// device allocations are rounded to the allocation granularity; pool
+// allocations are held by their pool (sampled separately); VMM physical
+// allocations are granular already.
+uint64_t held_for(uint8_t kind, uint8_t flags, uint64_t size) {
+  if (kind == static_cast<uint8_t>(fmt::Kind::kHost)) return 0;
+  if (flags & (fmt::kAllocPool | fmt::kAllocRegistered)) return 0;
+  if (flags & fmt::kAllocPhysical) return size;
+  if (kind == static_cast<uint8_t>(fmt::Kind::kPinnedHost)) return 0;
+  return (size + kDeviceGranularity - 1) / kDeviceGranularity * kDeviceGranularity;
+}
+
+// Address spaces: the host heap, device-visible addresses (device, managed,
+// pinned), and VMM physical handles.
+uint64_t live_key(uint8_t kind, uint8_t flags, uint64_t addr) {
+  uint64_t space = kind == static_cast<uint8_t>(fmt::Kind::kHost) ? 0 : (flags & fmt::kAllocPhysical) ? 2 : 1;
+  return addr ^ (space << 60);
+}
+
+bool is_oom(int error) { return error == 2; }  // CUDA_ERROR_OUT_OF_MEMORY == cudaErrorMemoryAllocation
 
 struct SeriesPoint {
   uint32_t step;
@@ -144,18 +170,105 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
     }
     return it->second;
   };
-  auto live_key = [](uint8_t kind, uint64_t addr) { return addr ^ (static_cast<uint64_t>(kind) << 58); };
+  int64_t held_plain = 0;  // granularity-rounded device allocations and VMM physical memory
+  int64_t live_plain = 0;  // what the program asked for of those
+  size_t vmm_i = 0, dev_i = 0, pool_i = 0;
+  uint64_t reserved_va = 0;
+  absl::flat_hash_map<uint64_t, uint64_t> reservations;
+  absl::flat_hash_map<uint64_t, TracePoolSample> pools;  // latest sample per pool
+  std::map<uint32_t, TraceDeviceSample> devices;          // latest sample per device
+  // Side records (VMM, device and pool samples) that happened before `seq`.
+  auto catch_up = [&](uint64_t seq) {
+    for (; vmm_i < trace.vmm.size() && trace.vmm[vmm_i].seq < seq; ++vmm_i) {
+      const TraceVmmEvent& v = trace.vmm[vmm_i];
+      if (v.type == TraceVmmEvent::Type::kReserve) {
+        reservations[v.addr] = v.size;
+        reserved_va += v.size;
+      } else if (v.type == TraceVmmEvent::Type::kUnreserve) {
+        auto it = reservations.find(v.addr);
+        if (it != reservations.end()) {
+          reserved_va -= it->second;
+          reservations.erase(it);
+        }
+      }
+    }
+    for (; dev_i < trace.device_samples.size() && trace.device_samples[dev_i].seq < seq; ++dev_i) {
+      devices[trace.device_samples[dev_i].device] = trace.device_samples[dev_i];
+    }
+    for (; pool_i < trace.pool_samples.size() && trace.pool_samples[pool_i].seq < seq; ++pool_i) {
+      pools[trace.pool_samples[pool_i].pool] = trace.pool_samples[pool_i];
+    }
+  };
+  auto pool_holders = [&](std::vector<Holder>& out, uint64_t& held, uint64_t& unused) {
+    std::vector<const TracePoolSample*> sorted;
+    for (const auto& [pool, p] : pools) sorted.push_back(&p);
+    std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->pool < b->pool; });
+    for (const TracePoolSample* p : sorted) {
+      char name[96];
+      std::snprintf(name, sizeof name, "memory pool 0x%llx on device %u", static_cast<unsigned long long>(p->pool),
+                    p->device);
+      out.push_back(Holder{name, p->reserved, p->reserved > p->used ? p->reserved - p->used : 0});
+      held += p->reserved;
+      unused += out.back().unused;
+    }
+  };
+  std::vector<std::pair<uint32_t, TraceEvent>> oom_points;  // (index into r.ooms, event)
 
   for (const TraceEvent& e : trace.events) {
+    catch_up(e.seq);
     switch (e.type) {
       case EvType::kAlloc: {
         if (e.flags & fmt::kAllocFailed) {
           ++r.failed_allocations;
+          const int error = static_cast<int>(e.addr);
+          if (is_oom(error) && r.ooms.size() < 16) {
+            OomEvent oom;
+            oom.requested = e.size;
+            oom.error = error;
+            oom.device = e.device;
+            oom.kind = e.kind;
+            oom.step = current_step;
+            oom.ts_ns = e.ts;
+            oom.device_live = total[static_cast<int>(fmt::Kind::kDevice)] + total[static_cast<int>(fmt::Kind::kManaged)];
+            auto dev = devices.find(e.device);
+            if (dev != devices.end()) {
+              oom.device_free = dev->second.free;
+              oom.device_total = dev->second.total;
+            }
+            uint64_t held_pools = 0;
+            pool_holders(oom.holders, held_pools, oom.held_unused);
+            // The device live set by site, right now.
+            absl::flat_hash_map<uint32_t, std::pair<int64_t, uint64_t>> by_site;
+            for (const auto& [key, a] : live) {
+              if (a.kind == static_cast<uint8_t>(fmt::Kind::kHost) || a.kind == static_cast<uint8_t>(fmt::Kind::kPinnedHost)) continue;
+              auto& b = by_site[a.site];
+              b.first += static_cast<int64_t>(a.weight);
+              b.second += 1;
+            }
+            for (const auto& [site, v] : by_site) {
+              SiteTotal t;
+              t.site.stack = sites[site].stack;
+              t.site.kind = sites[site].kind;
+              t.bytes = v.first;
+              t.count = v.second;
+              oom.live_by_site.push_back(std::move(t));
+            }
+            std::sort(oom.live_by_site.begin(), oom.live_by_site.end(),
+                      [](const SiteTotal& a, const SiteTotal& b) { return a.bytes > b.bytes; });
+            if (oom.live_by_site.size() > 10) oom.live_by_site.resize(10);
+            oom_points.emplace_back(static_cast<uint32_t>(r.ooms.size()), e);
+            r.ooms.push_back(std::move(oom));
+          }
           break;
         }
         const uint64_t weight = e.size;
         const uint32_t s = site_of(e.stack, e.kind);
-        auto [it, inserted] = live.try_emplace(live_key(e.kind, e.addr), LiveAlloc{weight, s, current_step});
+        if (const uint64_t h = held_for(e.kind, e.flags, e.size)) {
+          held_plain += static_cast<int64_t>(h);
+          live_plain += static_cast<int64_t>(weight);
+        }
+        auto [it, inserted] =
+            live.try_emplace(live_key(e.kind, e.flags, e.addr), LiveAlloc{weight, s, current_step, e.kind, e.flags});
         if (!inserted) {
           // The previous owner of this address was freed without a record
           // (dropped event): retire it.
@@ -166,9 +279,13 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
             old.dirty = true;
             dirty.push_back(it->second.site);
           }
-          total[e.kind & 3] -= static_cast<int64_t>(it->second.weight);
+          total[it->second.kind & 3] -= static_cast<int64_t>(it->second.weight);
           running_total -= static_cast<int64_t>(it->second.weight);
-          it->second = LiveAlloc{weight, s, current_step};
+          if (const uint64_t h = held_for(it->second.kind, it->second.flags, it->second.weight)) {
+            held_plain -= static_cast<int64_t>(h);
+            live_plain -= static_cast<int64_t>(it->second.weight);
+          }
+          it->second = LiveAlloc{weight, s, current_step, e.kind, e.flags};
         }
         SiteAcc& acc = sites[s];
         acc.live += static_cast<int64_t>(weight);
@@ -189,7 +306,7 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
         break;
       }
       case EvType::kFree: {
-        auto it = live.find(live_key(e.kind, e.addr));
+        auto it = live.find(live_key(e.kind, e.flags, e.addr));
         if (it == live.end()) {
           // Sampled mode records only the frees of sampled allocations, so a
           // miss there is unusual too.
@@ -202,8 +319,12 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
           acc.dirty = true;
           dirty.push_back(it->second.site);
         }
-        total[e.kind & 3] -= static_cast<int64_t>(it->second.weight);
+        total[it->second.kind & 3] -= static_cast<int64_t>(it->second.weight);
         running_total -= static_cast<int64_t>(it->second.weight);
+        if (const uint64_t h = held_for(it->second.kind, it->second.flags, it->second.weight)) {
+          held_plain -= static_cast<int64_t>(h);
+          live_plain -= static_cast<int64_t>(it->second.weight);
+        }
         live.erase(it);
         ++step_frees;
         break;
@@ -221,6 +342,25 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
         if (e.size != 0 && label != trace.strings.end()) st.label = label->second;
         st.end_ns = e.ts;
         for (int k = 0; k < fmt::kKindCount; ++k) st.live[k] = total[k];
+        // Device samples are taken just before the step marker.
+        catch_up(e.seq);
+        {
+          uint64_t held_pools = 0, unused_pools = 0;
+          pool_holders(st.device_holders, held_pools, unused_pools);
+          st.held_device = held_plain + static_cast<int64_t>(held_pools);
+          if (held_plain > 0) {
+            st.device_holders.insert(
+                st.device_holders.begin(),
+                Holder{"cudaMalloc/cuMemAlloc allocations (2 MiB granularity) and VMM physical memory",
+                       static_cast<uint64_t>(held_plain), static_cast<uint64_t>(std::max<int64_t>(0, held_plain - live_plain))});
+          }
+          auto dev = devices.begin();
+          if (dev != devices.end()) {
+            st.device_free = dev->second.free;
+            st.device_total = dev->second.total;
+          }
+          st.reserved_address_space = reserved_va;
+        }
         st.allocations = step_allocs;
         st.frees = step_frees;
         step_allocs = step_frees = 0;
@@ -395,6 +535,48 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
     collect(startup_by_site, r.startup, r.startup_bytes, r.startup_count);
   }
 
+  for (size_t i = 0; i < r.ooms.size(); ++i) {
+    for (const auto& [index, e] : oom_points) {
+      if (index == i) r.ooms[i].stack = make_site(e.stack, e.kind).frames;
+    }
+    for (SiteTotal& t : r.ooms[i].live_by_site) t.site = make_site(t.site.stack, t.site.kind);
+  }
+  if (!r.ooms.empty()) {
+    r.notes.push_back(std::to_string(r.failed_allocations) + " device allocations failed, " +
+                      std::to_string(r.ooms.size()) + " of them out of memory");
+  }
+
+  // A framework caching allocator: the driver sees its segments, not tensors.
+  {
+    bool pool_allocs = false;
+    for (const TraceEvent& e : trace.events) {
+      if (e.type == EvType::kAlloc && (e.flags & fmt::kAllocPool)) {
+        pool_allocs = true;
+        break;
+      }
+    }
+    std::string framework;
+    for (const ModuleInfo& m : trace.modules) {
+      if (m.path.find("libtorch_cuda") != std::string::npos) framework = "PyTorch";
+      if (m.path.find("libtensorflow_framework") != std::string::npos || m.path.find("_pywrap_tensorflow") != std::string::npos) framework = "TensorFlow";
+      if (m.path.find("xla_extension") != std::string::npos || m.path.find("jaxlib") != std::string::npos) framework = "JAX";
+    }
+    bool device_seen = false;
+    for (const StepStats& st : r.steps) device_seen = device_seen || st.live[1] != 0;
+    if (!framework.empty() && !pool_allocs && (device_seen || !trace.vmm.empty())) {
+      r.caching_allocator_hidden = true;
+      r.caching_allocator_note = framework +
+                                 "'s caching allocator hands tensors out of large segments: the driver sees only the "
+                                 "segments, so sites and growth here are per segment, not per tensor. Rerun with "
+                                 "`memledger run --leak-mode` (" +
+                                 (framework == "PyTorch" ? std::string("PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync")
+                                  : framework == "TensorFlow" ? std::string("TF_GPU_ALLOCATOR=cuda_malloc_async")
+                                                              : std::string("XLA_PYTHON_CLIENT_ALLOCATOR=platform")) +
+                                 ") to see every tensor allocation.";
+      r.notes.push_back(r.caching_allocator_note);
+    }
+  }
+
   // --- Stop verdict -------------------------------------------------------------
   Verdict& v = r.verdict;
   if (!trace.samples.empty()) {
@@ -425,7 +607,23 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
   } else if (!exit_info.known && sig != nullptr && !trace.has_exit) {
     signo = sig->signo;
   }
-  if (signo != 0) {
+  const bool ended_badly = (exit_info.known && (exit_info.signaled || exit_info.code != 0)) ||
+                           (!exit_info.known && ((trace.has_exit && trace.exit_status != 0) || sig != nullptr));
+  if (!r.ooms.empty() && ended_badly && (signo == 0 || signo == SIGABRT || signo == SIGKILL)) {
+    const OomEvent& oom = r.ooms.back();
+    v.kind = "cuda_oom";
+    v.exit_code = exit_info.known ? exit_info.code : trace.exit_status;
+    v.signo = signo;
+    if (signo) v.signal_name = signal_name(signo);
+    v.summary = "CUDA out of memory: " + human_bytes(double(oom.requested)) + " requested on device " +
+                std::to_string(oom.device) + " in step " + std::to_string(oom.step) + "; " +
+                human_bytes(double(oom.device_live)) + " live";
+    if (oom.device_total) {
+      v.summary += ", " + human_bytes(double(oom.device_free)) + " free of " + human_bytes(double(oom.device_total)) +
+                   " at the last step end";
+    }
+    if (oom.held_unused) v.summary += ", " + human_bytes(double(oom.held_unused)) + " held by pools but unused";
+  } else if (signo != 0) {
     v.signo = signo;
     v.signal_name = signal_name(signo);
     if (is_crash_signal(signo)) {

@@ -28,6 +28,14 @@ struct ExitInfo {
   int signo = 0;
 };
 
+// A holder of device memory the program does not use right now: a pool's
+// reserve, the rounding of cudaMalloc to the allocation granularity.
+struct Holder {
+  std::string name;
+  uint64_t held = 0;
+  uint64_t unused = 0;
+};
+
 struct StepStats {
   uint64_t index = 0;
   std::string source;  // "marker", "interval", "none"
@@ -35,6 +43,11 @@ struct StepStats {
   uint64_t end_ns = 0;
   int64_t live[4] = {};  // per format::Kind, at the step end
   uint64_t held_host = 0;
+  int64_t held_device = 0;  // pools' reserve + granularity-rounded allocations + VMM physical memory
+  std::vector<Holder> device_holders;
+  uint64_t device_free = 0;   // cuMemGetInfo of the sampled device at the step end (0 = not sampled)
+  uint64_t device_total = 0;
+  uint64_t reserved_address_space = 0;  // VMM reservations (not memory)
   uint64_t rss = 0;
   uint64_t allocations = 0;
   uint64_t frees = 0;
@@ -63,8 +76,25 @@ struct SiteTotal {
   uint64_t count = 0;
 };
 
+// A failed device allocation, with the picture at that moment.
+struct OomEvent {
+  uint64_t requested = 0;
+  int error = 0;
+  int device = 0;
+  uint8_t kind = 0;
+  uint64_t step = 0;
+  uint64_t ts_ns = 0;
+  std::vector<Frame> stack;
+  int64_t device_live = 0;     // live device bytes of the process at that moment
+  uint64_t device_free = 0;    // last cuMemGetInfo sample before it (0 = none)
+  uint64_t device_total = 0;
+  uint64_t held_unused = 0;    // pools' reserved-but-unused bytes at the last sample
+  std::vector<Holder> holders;
+  std::vector<SiteTotal> live_by_site;  // device live set at the moment of the failure
+};
+
 struct Verdict {
-  std::string kind;  // exit, signal, crash, host_oom_kill, killed, unknown
+  std::string kind;  // exit, signal, crash, host_oom_kill, cuda_oom, killed, exec
   std::string summary;
   int exit_code = 0;
   int signo = 0;
@@ -109,6 +139,9 @@ struct ProcessReport {
   uint64_t unknown_frees = 0;
   uint64_t double_allocations = 0;
   uint64_t failed_allocations = 0;
+  std::vector<OomEvent> ooms;  // out-of-memory failures (first ones kept)
+  bool caching_allocator_hidden = false;  // a framework caching allocator sits between the program and the driver
+  std::string caching_allocator_note;
   uint64_t frames_read = 0;
   uint64_t frames_damaged = 0;
   bool truncated = false;

@@ -115,15 +115,29 @@ json process_json(const ProcessReport& p) {
     for (int k = 0; k < format::kKindCount; ++k) {
       if (k == 0 || s.live[k] != 0) live[format::kind_name(static_cast<format::Kind>(k))] = s.live[k];
     }
-    steps.push_back({{"index", s.index},
-                     {"source", s.source},
-                     {"label", s.label},
-                     {"end_ns", s.end_ns},
-                     {"live", live},
-                     {"held", {{"host", s.held_host}}},
-                     {"rss", s.rss},
-                     {"allocations", s.allocations},
-                     {"frees", s.frees}});
+    json step = {{"index", s.index},
+                 {"source", s.source},
+                 {"label", s.label},
+                 {"end_ns", s.end_ns},
+                 {"live", live},
+                 {"held", {{"host", s.held_host}}},
+                 {"rss", s.rss},
+                 {"allocations", s.allocations},
+                 {"frees", s.frees}};
+    if (s.held_device != 0 || s.live[1] != 0 || s.live[2] != 0 || s.device_total != 0) {
+      step["held"]["device"] = s.held_device;
+      const int64_t device_live = s.live[1] + s.live[2];
+      const int64_t frag = std::max<int64_t>(0, s.held_device - device_live);
+      json holders = json::array();
+      for (const Holder& h : s.device_holders) holders.push_back({{"name", h.name}, {"held", h.held}, {"unused", h.unused}});
+      step["fragmentation"] = {{"device",
+                                {{"bytes", frag},
+                                 {"share", s.held_device > 0 ? double(frag) / double(s.held_device) : 0.0},
+                                 {"holders", holders}}}};
+      if (s.device_total) step["device_memory"] = {{"free", s.device_free}, {"total", s.device_total}};
+      if (s.reserved_address_space) step["reserved_address_space"] = s.reserved_address_space;
+    }
+    steps.push_back(std::move(step));
   }
   json suspects = json::array();
   for (const LeakSuspect& s : p.leak_suspects) {
@@ -154,7 +168,27 @@ json process_json(const ProcessReport& p) {
     verdict["fault_address"] = addr;
     verdict["crash_stack"] = frames_json(v.crash_stack);
   }
+  json ooms = json::array();
+  for (const OomEvent& o : p.ooms) {
+    json holders = json::array();
+    for (const Holder& h : o.holders) holders.push_back({{"name", h.name}, {"held", h.held}, {"unused", h.unused}});
+    ooms.push_back({{"requested", o.requested},
+                    {"error", o.error},
+                    {"device", o.device},
+                    {"kind", format::kind_name(static_cast<format::Kind>(o.kind))},
+                    {"step", o.step},
+                    {"ts_ns", o.ts_ns},
+                    {"device_live", o.device_live},
+                    {"device_free", o.device_free},
+                    {"device_total", o.device_total},
+                    {"held_unused", o.held_unused},
+                    {"holders", holders},
+                    {"stack", frames_json(o.stack)},
+                    {"live_by_site", site_totals_json(o.live_by_site)}});
+  }
   return {
+      {"ooms", ooms},
+      {"caching_allocator_hidden", p.caching_allocator_hidden},
       {"pid", p.pid},
       {"ppid", p.ppid},
       {"rank", p.rank},
@@ -310,11 +344,48 @@ std::string render_text(const RunReport& run) {
     out << "steps: " << p.steps.size() << " (source: " << p.step_source << ")";
     if (!p.steps.empty()) out << ", warm-up " << p.warmup_steps;
     out << "\n";
-    out << "peak live host heap: " << human_bytes(double(p.peak.bytes));
+    out << "peak live: " << human_bytes(double(p.peak.bytes));
     if (p.peak.step) out << " in step " << p.peak.step;
     out << "\n";
+    for (const OomEvent& o : p.ooms) {
+      out << "\nCUDA out of memory in step " << o.step << ": " << human_bytes(double(o.requested)) << " requested on device "
+          << o.device << " (error " << o.error << "); live on the device: " << human_bytes(double(o.device_live));
+      if (o.device_total) out << "; free " << human_bytes(double(o.device_free)) << " of " << human_bytes(double(o.device_total)) << " at the last step end";
+      out << "; held by pools but unused: " << human_bytes(double(o.held_unused)) << "\n";
+      if (!o.stack.empty()) {
+        out << "  failed at " << site_name(Site{0, o.kind, o.stack}) << "\n";
+      }
+      out << "  device live set at that moment, by site:\n";
+      for (const SiteTotal& t : o.live_by_site) {
+        out << "    " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
+      }
+      for (const Holder& h : o.holders) {
+        out << "    " << h.name << ": holds " << human_bytes(double(h.held)) << ", unused " << human_bytes(double(h.unused)) << "\n";
+      }
+    }
+    bool device = false;
+    for (const StepStats& st : p.steps) device = device || st.live[1] != 0 || st.live[2] != 0 || st.held_device != 0;
+    if (!p.steps.empty() && device) {
+      out << "\n  step   device live  device held  fragmented   device free   pinned host  reserved VA\n";
+      const size_t n = p.steps.size();
+      for (size_t k = 0; k < n; ++k) {
+        if (n > 24 && k >= 10 && k + 10 < n) {
+          if (k == 10) out << "  ...\n";
+          continue;
+        }
+        const StepStats& s = p.steps[k];
+        const int64_t live = s.live[1] + s.live[2];
+        char line[200];
+        std::snprintf(line, sizeof line, "  %4" PRIu64 "  %12s  %11s  %10s  %12s  %12s  %11s\n", s.index,
+                      human_bytes(double(live)).c_str(), human_bytes(double(s.held_device)).c_str(),
+                      human_bytes(double(std::max<int64_t>(0, s.held_device - live))).c_str(),
+                      s.device_total ? human_bytes(double(s.device_free)).c_str() : "-",
+                      human_bytes(double(s.live[3])).c_str(), human_bytes(double(s.reserved_address_space)).c_str());
+        out << line;
+      }
+    }
     if (!p.steps.empty()) {
-      out << "\n  step        live        held         RSS    allocs     frees\n";
+      out << "\n  step   host live   host held         RSS    allocs     frees\n";
       const size_t n = p.steps.size();
       for (size_t k = 0; k < n; ++k) {
         if (n > 24 && k >= 10 && k + 10 < n) {

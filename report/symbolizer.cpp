@@ -101,10 +101,211 @@ bool IsFunctionScope(Dwarf_Die* die) {
          tag == DW_TAG_entry_point;
 }
 
+// DIEs that can hold, or lead to, code addresses (as heaptrack's dwarfdiecache.cpp has it).
+bool MayHoldCode(int tag) {
+  switch (tag) {
+    case DW_TAG_compile_unit:
+    case DW_TAG_partial_unit:
+    case DW_TAG_skeleton_unit:
+    case DW_TAG_module:
+    case DW_TAG_namespace:
+    case DW_TAG_class_type:
+    case DW_TAG_structure_type:
+    case DW_TAG_union_type:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Scopes inside a function that can contain the pc.
+bool IsInnerScope(int tag) {
+  switch (tag) {
+    case DW_TAG_lexical_block:
+    case DW_TAG_inlined_subroutine:
+    case DW_TAG_try_block:
+    case DW_TAG_catch_block:
+    case DW_TAG_with_stmt:
+    case DW_TAG_entry_point:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// The blocks and inlined instances of one function with their pc ranges, in DIE-tree
+// order, so that a pc is placed by comparing integers instead of decoding DIEs (a
+// function can hold thousands of inlined instances).
+struct FunctionIndex {
+  struct Scope {
+    Dwarf_Die die;
+    uint32_t depth;  // 1 = direct child of the function
+    uint32_t first_range;
+    uint32_t range_count;
+  };
+  std::vector<Scope> scopes;
+  std::vector<std::pair<Dwarf_Addr, Dwarf_Addr>> ranges;  // [low, high)
+
+  void Add(Dwarf_Die* parent, uint32_t depth) {
+    if (depth > 256) return;  // hostile input
+    Dwarf_Die child;
+    if (dwarf_child(parent, &child) != 0) return;
+    for (;;) {
+      if (IsInnerScope(dwarf_tag(&child))) {
+        Scope scope{child, depth, static_cast<uint32_t>(ranges.size()), 0};
+        Dwarf_Addr base = 0, low = 0, high = 0;
+        ptrdiff_t offset = 0;
+        while ((offset = dwarf_ranges(&child, offset, &base, &low, &high)) > 0) {
+          if (high <= low) continue;
+          ranges.emplace_back(low, high);
+          ++scope.range_count;
+        }
+        // A scope without code holds none below it either (same as dwarf_getscopes).
+        if (scope.range_count > 0) {
+          scopes.push_back(scope);
+          Add(&child, depth + 1);
+        }
+      }
+      Dwarf_Die next;
+      if (dwarf_siblingof(&child, &next) != 0) break;
+      child = next;
+    }
+  }
+
+  bool Contains(const Scope& scope, Dwarf_Addr pc) const {
+    for (uint32_t i = 0; i < scope.range_count; ++i) {
+      const auto& [low, high] = ranges[scope.first_range + i];
+      if (pc >= low && pc < high) return true;
+    }
+    return false;
+  }
+
+  // Appends the scopes holding pc, outermost first: at each level the first child that
+  // holds pc, then its children.
+  void Path(Dwarf_Addr pc, std::vector<Dwarf_Die>& out) const {
+    uint32_t want = 1;
+    for (const Scope& scope : scopes) {
+      if (scope.depth < want) break;  // left the subtree of the last scope taken
+      if (scope.depth == want && Contains(scope, pc)) {
+        out.push_back(scope.die);
+        ++want;
+      }
+    }
+  }
+};
+
+// The function symbols of one module by address. dwfl_module_addrinfo scans the whole
+// symbol table on each call, far too slow for modules without DWARF (libc, vendor
+// libraries), where every frame is named from here.
+struct SymbolIndex {
+  struct Symbol {
+    GElf_Addr start;
+    GElf_Addr end;  // == start for a symbol without size
+    int rank;       // among equal starts the highest wins: global > weak > local
+    const char* name;
+  };
+  std::vector<Symbol> symbols;  // sorted by (start, rank)
+  std::vector<GElf_Addr> max_end;
+
+  void Build(Dwfl_Module* mod) {
+    int n = dwfl_module_getsymtab(mod);
+    for (int i = 1; i < n; ++i) {
+      GElf_Sym sym;
+      GElf_Addr addr = 0;
+      GElf_Word shndx = 0;
+      const char* name = dwfl_module_getsym_info(mod, i, &sym, &addr, &shndx, nullptr, nullptr);
+      if (name == nullptr || name[0] == '\0' || sym.st_shndx == SHN_UNDEF ||
+          shndx == static_cast<GElf_Word>(-1))
+        continue;
+      int type = GELF_ST_TYPE(sym.st_info);
+      if (type != STT_FUNC && type != STT_GNU_IFUNC) continue;
+      int bind = GELF_ST_BIND(sym.st_info);
+      int rank = bind == STB_GLOBAL ? 2 : bind == STB_WEAK ? 1 : 0;
+      symbols.push_back({addr, addr + sym.st_size, rank, name});
+    }
+    std::sort(symbols.begin(), symbols.end(), [](const Symbol& a, const Symbol& b) {
+      return a.start != b.start ? a.start < b.start : a.rank < b.rank;
+    });
+    max_end.resize(symbols.size());
+    GElf_Addr m = 0;
+    for (size_t i = 0; i < symbols.size(); ++i) max_end[i] = m = std::max(m, symbols[i].end);
+  }
+
+  // The latest starting symbol that covers addr; else a sizeless symbol right before it.
+  const char* Find(GElf_Addr addr) const {
+    auto it = std::upper_bound(symbols.begin(), symbols.end(), addr,
+                               [](GElf_Addr a, const Symbol& s) { return a < s.start; });
+    if (it == symbols.begin()) return nullptr;
+    auto last = it - symbols.begin() - 1;
+    for (auto i = last; i >= 0 && max_end[i] > addr; --i)
+      if (addr < symbols[i].end) return symbols[i].name;
+    return symbols[last].start == symbols[last].end ? symbols[last].name : nullptr;
+  }
+};
+
 struct Range {
   uint64_t start;
   uint64_t end;  // exclusive
   uint32_t module;
+};
+
+// The concrete functions of one compilation unit by address. dwarf_getscopes walks the
+// whole unit on every call (every declaration of namespace std included: milliseconds
+// per address in a C++ unit); this index is built once per unit and searched.
+struct CuIndex {
+  struct Entry {
+    Dwarf_Addr low;
+    Dwarf_Addr high;  // exclusive
+    Dwarf_Die die;
+  };
+  std::vector<Entry> entries;  // sorted by low
+  std::vector<Dwarf_Addr> max_high;
+
+  void Add(Dwarf_Die* die, int depth) {
+    if (depth > 64) return;  // hostile input
+    Dwarf_Die child;
+    if (dwarf_child(die, &child) != 0) return;
+    for (;;) {
+      int tag = dwarf_tag(&child);
+      if (tag == DW_TAG_subprogram) {
+        Dwarf_Addr base = 0, low = 0, high = 0;
+        ptrdiff_t offset = 0;
+        while ((offset = dwarf_ranges(&child, offset, &base, &low, &high)) > 0)
+          if (high > low) entries.push_back({low, high, child});
+      } else if (MayHoldCode(tag)) {
+        Add(&child, depth + 1);
+      }
+      Dwarf_Die next;
+      if (dwarf_siblingof(&child, &next) != 0) break;
+      child = next;
+    }
+  }
+
+  void Build(Dwarf_Die* cudie) {
+    Dwarf_Die root = *cudie;
+    uint8_t unit_type = 0;
+    Dwarf_Die subdie;
+    // Split DWARF: the functions are in the split unit, not the skeleton.
+    if (dwarf_cu_info(cudie->cu, nullptr, &unit_type, nullptr, &subdie, nullptr, nullptr,
+                      nullptr) == 0 &&
+        unit_type == DW_UT_skeleton && dwarf_tag(&subdie) != DW_TAG_invalid)
+      root = subdie;
+    Add(&root, 0);
+    std::sort(entries.begin(), entries.end(),
+              [](const Entry& a, const Entry& b) { return a.low < b.low; });
+    max_high.resize(entries.size());
+    Dwarf_Addr m = 0;
+    for (size_t i = 0; i < entries.size(); ++i) max_high[i] = m = std::max(m, entries[i].high);
+  }
+
+  // The innermost (latest starting) function containing pc.
+  const Dwarf_Die* Find(Dwarf_Addr pc) const {
+    auto it = std::upper_bound(entries.begin(), entries.end(), pc,
+                               [](Dwarf_Addr a, const Entry& e) { return a < e.low; });
+    for (auto i = it - entries.begin() - 1; i >= 0 && max_high[i] > pc; --i)
+      if (pc < entries[i].high) return &entries[i].die;
+    return nullptr;
+  }
 };
 
 }  // namespace
@@ -117,6 +318,7 @@ struct Symbolizer::Impl {
     State state = State::kUnopened;
     Dwfl* dwfl = nullptr;
     Dwfl_Module* mod = nullptr;
+    std::unique_ptr<SymbolIndex> symbols;  // built on the first frame DWARF cannot name
   };
 
   struct Key {
@@ -140,6 +342,9 @@ struct Symbolizer::Impl {
   std::vector<uint64_t> max_end;     // max_end[i] = max(ranges[0..i].end)
   absl::flat_hash_map<Key, uint32_t> index;
   std::deque<std::vector<Frame>> results;  // deque: references stay valid on growth
+  absl::flat_hash_map<const void*, CuIndex> cu_index;  // key: the unit DIE's data
+  absl::flat_hash_map<const void*, FunctionIndex> function_index;  // key: the DIE's data
+  absl::flat_hash_map<const void*, std::string> die_names;         // key: the DIE's data
   absl::flat_hash_map<const char*, std::string> names;  // libdw strings -> demangled
   absl::flat_hash_map<const char*, std::string> files;  // libdw strings -> normalized
   std::vector<std::string> warnings;
@@ -154,11 +359,12 @@ struct Symbolizer::Impl {
   bool TryOpen(Module& m, const std::string& file, std::string* problem);
   std::vector<std::string> Candidates(const ModuleInfo& info) const;
   std::vector<Frame> Compute(uint64_t ip, bool return_address);
-  void Symbolize(Dwfl_Module* mod, uint64_t addr, const Frame& base, std::vector<Frame>& out);
+  void Symbolize(Module& m, uint64_t addr, const Frame& base, std::vector<Frame>& out);
+  void FunctionScopes(Dwarf_Die* cudie, Dwarf_Addr pc, std::vector<Dwarf_Die>& funcs);
   const std::string& Name(const char* raw);
   const std::string& File(const char* raw);
-  std::string DieName(Dwarf_Die* die);
-  std::string SymbolName(Dwfl_Module* mod, uint64_t addr);
+  const std::string& DieName(Dwarf_Die* die);
+  std::string SymbolName(Module& m, uint64_t addr);
 };
 
 Symbolizer::Impl::Impl(std::vector<ModuleInfo> infos, SymbolizerOptions options) {
@@ -192,7 +398,10 @@ Symbolizer::Impl::Impl(std::vector<ModuleInfo> infos, SymbolizerOptions options)
   callbacks.debuginfo_path = &debuginfo_path_ptr;
 
   modules.reserve(infos.size());
-  for (ModuleInfo& info : infos) modules.push_back(Module{std::move(info)});
+  for (ModuleInfo& info : infos) {
+    modules.emplace_back();
+    modules.back().info = std::move(info);
+  }
   for (uint32_t i = 0; i < modules.size(); ++i) {
     // Without recorded segments the extent is only known from the file.
     if (modules[i].info.segments.empty()) Open(modules[i]);
@@ -352,7 +561,9 @@ const std::string& Symbolizer::Impl::File(const char* raw) {
   return it->second;
 }
 
-std::string Symbolizer::Impl::DieName(Dwarf_Die* die) {
+const std::string& Symbolizer::Impl::DieName(Dwarf_Die* die) {
+  auto [it, inserted] = die_names.try_emplace(die->addr);
+  if (!inserted) return it->second;
   Dwarf_Attribute attr;
   // dwarf_attr_integrate follows DW_AT_abstract_origin and DW_AT_specification, which is
   // where inlined instances and member function definitions keep their names.
@@ -360,50 +571,73 @@ std::string Symbolizer::Impl::DieName(Dwarf_Die* die) {
   if (name == nullptr)
     name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
   if (name == nullptr) name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_name, &attr));
+  if (name != nullptr) it->second = Name(name);
+  return it->second;
+}
+
+std::string Symbolizer::Impl::SymbolName(Module& m, uint64_t addr) {
+  if (m.symbols == nullptr) {
+    m.symbols = std::make_unique<SymbolIndex>();
+    m.symbols->Build(m.mod);
+  }
+  const char* name = m.symbols->Find(addr);
   return name != nullptr ? Name(name) : std::string();
 }
 
-std::string Symbolizer::Impl::SymbolName(Dwfl_Module* mod, uint64_t addr) {
-  GElf_Off offset = 0;
-  GElf_Sym sym;
-  GElf_Word shndx = 0;
-  Elf* elf = nullptr;
-  Dwarf_Addr bias = 0;
-  const char* name = dwfl_module_addrinfo(mod, addr, &offset, &sym, &shndx, &elf, &bias);
-  return name != nullptr ? Name(name) : std::string();
+// Fills funcs with the function scopes containing pc, innermost first, ending with the
+// containing DW_TAG_subprogram.
+void Symbolizer::Impl::FunctionScopes(Dwarf_Die* cudie, Dwarf_Addr pc,
+                                      std::vector<Dwarf_Die>& funcs) {
+  auto [it, inserted] = cu_index.try_emplace(cudie->addr);
+  if (inserted) it->second.Build(cudie);
+  if (const Dwarf_Die* subprogram = it->second.Find(pc)) {
+    auto [fn, fn_inserted] = function_index.try_emplace(subprogram->addr);
+    if (fn_inserted) {
+      Dwarf_Die die = *subprogram;
+      fn->second.Add(&die, 1);
+    }
+    std::vector<Dwarf_Die> path{*subprogram};
+    fn->second.Path(pc, path);
+    for (auto d = path.rbegin(); d != path.rend(); ++d)
+      if (IsFunctionScope(&*d)) funcs.push_back(*d);
+    return;
+  }
+
+  // Not in the index (code outside any DW_TAG_subprogram we know): ask libdw.
+  Dwarf_Die* scopes = nullptr;
+  int n = dwarf_getscopes(cudie, pc, &scopes);
+  if (n > 0) {
+    bool inlined = false;
+    for (int i = 0; i < n && !inlined; ++i)
+      inlined = dwarf_tag(&scopes[i]) == DW_TAG_inlined_subroutine;
+    if (inlined) {
+      // dwarf_getscopes continues past the innermost inlined instance with the scopes of
+      // its abstract definition; the concrete chain of callers (what eu-addr2line -i
+      // prints) comes from the DIE tree above that instance.
+      Dwarf_Die innermost = scopes[0];
+      std::free(scopes);
+      scopes = nullptr;
+      n = dwarf_getscopes_die(&innermost, &scopes);
+    }
+    for (int i = 0; i < n; ++i) {
+      if (!IsFunctionScope(&scopes[i])) continue;
+      funcs.push_back(scopes[i]);
+      if (dwarf_tag(&scopes[i]) == DW_TAG_subprogram) break;
+    }
+  }
+  std::free(scopes);
 }
 
-void Symbolizer::Impl::Symbolize(Dwfl_Module* mod, uint64_t addr, const Frame& base,
+void Symbolizer::Impl::Symbolize(Module& m, uint64_t addr, const Frame& base,
                                  std::vector<Frame>& out) {
   Dwarf_Addr bias = 0;
-  Dwarf_Die* cudie = dwfl_module_addrdie(mod, addr, &bias);
+  Dwarf_Die* cudie = dwfl_module_addrdie(m.mod, addr, &bias);
   std::vector<Dwarf_Die> funcs;  // innermost first, up to the containing subprogram
   const char* file = nullptr;
   int line = 0;
   if (cudie != nullptr) {
     Dwarf_Addr pc = addr - bias;
-    Dwarf_Die* scopes = nullptr;
-    int n = dwarf_getscopes(cudie, pc, &scopes);
-    if (n > 0) {
-      bool inlined = false;
-      for (int i = 0; i < n && !inlined; ++i)
-        inlined = dwarf_tag(&scopes[i]) == DW_TAG_inlined_subroutine;
-      if (inlined) {
-        // dwarf_getscopes continues past the innermost inlined instance with the scopes of
-        // its abstract definition; the concrete chain of callers (what eu-addr2line -i
-        // prints) comes from the DIE tree above that instance.
-        Dwarf_Die innermost = scopes[0];
-        std::free(scopes);
-        scopes = nullptr;
-        n = dwarf_getscopes_die(&innermost, &scopes);
-      }
-      for (int i = 0; i < n; ++i) {
-        if (!IsFunctionScope(&scopes[i])) continue;
-        funcs.push_back(scopes[i]);
-        if (dwarf_tag(&scopes[i]) == DW_TAG_subprogram) break;
-      }
-    }
-    std::free(scopes);
+    FunctionScopes(cudie, pc, funcs);
     if (Dwarf_Line* l = dwarf_getsrc_die(cudie, pc)) {
       file = dwarf_linesrc(l, nullptr, nullptr);
       if (dwarf_lineno(l, &line) != 0) line = 0;
@@ -414,7 +648,7 @@ void Symbolizer::Impl::Symbolize(Dwfl_Module* mod, uint64_t addr, const Frame& b
   if (file != nullptr) f.file = File(file);
   f.line = line;
   if (funcs.empty()) {
-    f.function = SymbolName(mod, addr);
+    f.function = SymbolName(m, addr);
     out.push_back(std::move(f));
     return;
   }
@@ -438,7 +672,7 @@ void Symbolizer::Impl::Symbolize(Dwfl_Module* mod, uint64_t addr, const Frame& b
         f.line = static_cast<int>(value);
     }
     f.function = DieName(&funcs[i]);
-    if (f.function.empty() && i + 1 == funcs.size()) f.function = SymbolName(mod, addr);
+    if (f.function.empty() && i + 1 == funcs.size()) f.function = SymbolName(m, addr);
     f.inlined = i + 1 < funcs.size();
     out.push_back(std::move(f));
   }
@@ -454,7 +688,7 @@ std::vector<Frame> Symbolizer::Impl::Compute(uint64_t ip, bool return_address) {
   base.module = m.info.path;
   if (!Open(m)) return {base};
   std::vector<Frame> frames;
-  Symbolize(m.mod, addr, base, frames);
+  Symbolize(m, addr, base, frames);
   if (frames.empty()) frames.push_back(base);
   return frames;
 }

@@ -134,6 +134,7 @@ class RecordDecoder {
           e.flags = static_cast<uint8_t>(c.varint());
           const uint64_t weight = c.varint();
           e.size = (e.flags & fmt::kAllocSampled) ? weight : size;
+          if (e.flags & fmt::kAllocFailed) e.addr = weight;  // the error code
           if (!c.ok()) return false;
           note_ts(e.ts);
           t_.events.push_back(e);
@@ -146,6 +147,7 @@ class RecordDecoder {
           c.varint();  // tid
           e.kind = static_cast<uint8_t>(c.varint());
           e.addr = addr();
+          e.flags = static_cast<uint8_t>(c.varint());
           if (!c.ok()) return false;
           note_ts(e.ts);
           t_.events.push_back(e);
@@ -162,6 +164,57 @@ class RecordDecoder {
           if (!c.ok()) return false;
           note_ts(e.ts);
           t_.events.push_back(e);
+          break;
+        }
+        case fmt::Tag::kReserve:
+        case fmt::Tag::kMap:
+        case fmt::Tag::kUnreserve:
+        case fmt::Tag::kUnmap: {
+          TraceEvent tmp;
+          seq_ts(tmp);
+          TraceVmmEvent v;
+          v.seq = tmp.seq;
+          v.ts = tmp.ts;
+          c.varint();  // tid
+          if (tag == fmt::Tag::kReserve || tag == fmt::Tag::kMap) v.device = static_cast<uint8_t>(c.varint());
+          v.addr = c.varint();
+          v.size = c.varint();
+          if (tag == fmt::Tag::kReserve) v.stack = static_cast<uint32_t>(c.varint());
+          if (tag == fmt::Tag::kMap) v.handle = c.varint();
+          v.type = tag == fmt::Tag::kReserve   ? TraceVmmEvent::Type::kReserve
+                   : tag == fmt::Tag::kMap     ? TraceVmmEvent::Type::kMap
+                   : tag == fmt::Tag::kUnmap   ? TraceVmmEvent::Type::kUnmap
+                                               : TraceVmmEvent::Type::kUnreserve;
+          if (!c.ok()) return false;
+          note_ts(v.ts);
+          t_.vmm.push_back(v);
+          break;
+        }
+        case fmt::Tag::kDeviceSample: {
+          TraceEvent tmp;
+          seq_ts(tmp);
+          TraceDeviceSample d;
+          d.seq = tmp.seq;
+          d.ts = tmp.ts;
+          d.device = static_cast<uint32_t>(c.varint());
+          d.free = c.varint();
+          d.total = c.varint();
+          if (!c.ok()) return false;
+          t_.device_samples.push_back(d);
+          break;
+        }
+        case fmt::Tag::kPoolSample: {
+          TraceEvent tmp;
+          seq_ts(tmp);
+          TracePoolSample p;
+          p.seq = tmp.seq;
+          p.ts = tmp.ts;
+          p.device = static_cast<uint32_t>(c.varint());
+          p.pool = c.varint();
+          p.reserved = c.varint();
+          p.used = c.varint();
+          if (!c.ok()) return false;
+          t_.pool_samples.push_back(p);
           break;
         }
         case fmt::Tag::kStack: {
@@ -463,6 +516,19 @@ void dump_trace(const std::string& path, std::FILE* out) {
                        e.size);
           break;
       }
+    }
+    for (const TraceVmmEvent& v : one.vmm) {
+      static const char* const kNames[] = {"reserve", "unreserve", "map", "unmap"};
+      std::fprintf(out, "%s seq=%" PRIu64 " ts=%" PRIu64 " device=%u addr=0x%" PRIx64 " size=%" PRIu64 " handle=0x%" PRIx64
+                   " stack=%u\n", kNames[static_cast<int>(v.type)], v.seq, v.ts, v.device, v.addr, v.size, v.handle, v.stack);
+    }
+    for (const TraceDeviceSample& d : one.device_samples) {
+      std::fprintf(out, "device_sample seq=%" PRIu64 " ts=%" PRIu64 " device=%u free=%" PRIu64 " total=%" PRIu64 "\n",
+                   d.seq, d.ts, d.device, d.free, d.total);
+    }
+    for (const TracePoolSample& p : one.pool_samples) {
+      std::fprintf(out, "pool_sample seq=%" PRIu64 " ts=%" PRIu64 " device=%u pool=0x%" PRIx64 " reserved=%" PRIu64
+                   " used=%" PRIu64 "\n", p.seq, p.ts, p.device, p.pool, p.reserved, p.used);
     }
     for (const TraceSample& s : one.samples) {
       std::fprintf(out,

@@ -25,7 +25,7 @@ enum class EvType : uint8_t { kAlloc = 1, kFree = 2, kStep = 3 };
 // Kept compact (40 bytes): a full-mode trace holds millions of these.
 struct TraceEvent {
   uint64_t seq = 0;
-  uint64_t addr = 0;   // kStep: step index
+  uint64_t addr = 0;   // kStep: step index; a failed allocation: the error code
   uint64_t size = 0;   // bytes this record stands for (the estimate for a sampled
                        // allocation, the requested size otherwise); kStep: label string id
   uint64_t ts = 0;     // ns since trace start
@@ -49,6 +49,38 @@ struct TraceSample {
   uint64_t host_frees = 0;
 };
 
+// Device address space and VMM mappings (not memory by themselves).
+struct TraceVmmEvent {
+  enum class Type : uint8_t { kReserve, kUnreserve, kMap, kUnmap };
+  uint64_t seq = 0;
+  uint64_t ts = 0;
+  uint64_t addr = 0;
+  uint64_t size = 0;
+  uint64_t handle = 0;  // kMap
+  uint32_t stack = 0;   // kReserve
+  uint8_t device = 0;
+  Type type = Type::kReserve;
+};
+
+// Device-wide free/total (cuMemGetInfo) at a step end.
+struct TraceDeviceSample {
+  uint64_t seq = 0;
+  uint64_t ts = 0;
+  uint32_t device = 0;
+  uint64_t free = 0;
+  uint64_t total = 0;
+};
+
+// A memory pool's reserved and used bytes at a step end.
+struct TracePoolSample {
+  uint64_t seq = 0;
+  uint64_t ts = 0;
+  uint32_t device = 0;
+  uint64_t pool = 0;
+  uint64_t reserved = 0;
+  uint64_t used = 0;
+};
+
 struct TraceSignal {
   uint64_t ts = 0;
   uint32_t tid = 0;
@@ -67,6 +99,9 @@ struct Trace {
   std::map<uint32_t, std::string> strings;
   std::vector<TraceEvent> events;  // sorted by seq
   std::vector<TraceSample> samples;
+  std::vector<TraceVmmEvent> vmm;
+  std::vector<TraceDeviceSample> device_samples;
+  std::vector<TracePoolSample> pool_samples;
   std::vector<TraceSignal> signals;
   std::vector<std::string> execs;
   bool has_exit = false;

@@ -1,0 +1,940 @@
+// Hooks for the CUDA driver and runtime allocation APIs, and the ways
+// programs reach them without a PLT call:
+//  - exported symbols (a program linked against libcuda / libcudart);
+//  - dlsym()/dlvsym() on a libcuda or libcudart handle (TensorFlow/XLA,
+//    PyTorch, and cudart itself, which dlopens libcuda);
+//  - cuGetProcAddress (how cudart 11.3+ reaches every driver function, also
+//    when linked statically, nvcc's default) and cudaGetDriverEntryPoint.
+// Each hooked function is listed once in MEMLEDGER_CUDA_DRIVER_HOOKS or
+// MEMLEDGER_CUDA_RUNTIME_HOOKS; the same lists answer the look-ups.
+//
+// The preload library never links against CUDA: real functions are found in
+// the already-loaded libcuda/libcudart (RTLD_NOLOAD), or captured when the
+// program itself looks them up. One user call is one event: a runtime hook
+// marks its thread so that the driver call it makes is not recorded again.
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <atomic>
+#include <cstring>
+
+#include "cuda_abi.h"
+#include "recorder.h"
+#include "spin_lock.h"
+
+#include "libc_symbols.h"
+
+namespace {
+
+// libc's own dlsym and dlvsym (see libc_symbols.h for why not by name).
+void* memledger_libc_dlsym(void* handle, const char* name) {
+  using Fn = void* (*)(void*, const char*);
+  auto fn = reinterpret_cast<Fn>(memledger::interposer::libc_dlsym_address());
+  return fn ? fn(handle, name) : nullptr;
+}
+
+void* memledger_libc_dlvsym(void* handle, const char* name, const char* version) {
+  using Fn = void* (*)(void*, const char*, const char*);
+  auto fn = reinterpret_cast<Fn>(memledger::interposer::libc_dlvsym_address());
+  return fn ? fn(handle, name, version) : nullptr;
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("hidden"))) void* memledger_libc_dlsym_address() {
+  return memledger::interposer::libc_dlsym_address();
+}
+extern "C" __attribute__((visibility("hidden"))) void* memledger_libc_dlvsym_address() {
+  return memledger::interposer::libc_dlvsym_address();
+}
+
+using namespace memledger::cuda;
+using memledger::format::Kind;
+using memledger::interposer::EventType;
+using memledger::interposer::HookGuard;
+using memledger::interposer::recorder;
+using memledger::interposer::ThreadState;
+namespace fmt = memledger::format;
+
+#define MEMLEDGER_EXPORT extern "C" __attribute__((visibility("default")))
+
+// Driver hooks: X(exported name, base name for cuGetProcAddress, first CUDA
+// version with this ABI, per-thread default stream variant).
+#define MEMLEDGER_CUDA_DRIVER_HOOKS(X)                                   \
+  X(cuMemAlloc_v2, "cuMemAlloc", 3020, false)                            \
+  X(cuMemFree_v2, "cuMemFree", 3020, false)                              \
+  X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false)                  \
+  X(cuMemAllocManaged, "cuMemAllocManaged", 6000, false)                 \
+  X(cuMemAllocHost_v2, "cuMemAllocHost", 3020, false)                    \
+  X(cuMemHostAlloc, "cuMemHostAlloc", 2020, false)                       \
+  X(cuMemFreeHost, "cuMemFreeHost", 2000, false)                         \
+  X(cuMemHostRegister_v2, "cuMemHostRegister", 6050, false)              \
+  X(cuMemHostUnregister, "cuMemHostUnregister", 4000, false)             \
+  X(cuMemAllocAsync, "cuMemAllocAsync", 11020, false)                    \
+  X(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 11020, true)                \
+  X(cuMemFreeAsync, "cuMemFreeAsync", 11020, false)                      \
+  X(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 11020, true)                  \
+  X(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 11020, false)    \
+  X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, true) \
+  X(cuMemPoolCreate, "cuMemPoolCreate", 11020, false)                    \
+  X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, false)                  \
+  X(cuMemCreate, "cuMemCreate", 10020, false)                            \
+  X(cuMemRelease, "cuMemRelease", 10020, false)                          \
+  X(cuMemMap, "cuMemMap", 10020, false)                                  \
+  X(cuMemUnmap, "cuMemUnmap", 10020, false)                              \
+  X(cuMemAddressReserve, "cuMemAddressReserve", 10020, false)            \
+  X(cuMemAddressFree, "cuMemAddressFree", 10020, false)                  \
+  X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, false)               \
+  X(cuGetProcAddress, "cuGetProcAddress", 11030, false)
+
+// Runtime hooks: X(exported name).
+#define MEMLEDGER_CUDA_RUNTIME_HOOKS(X)  \
+  X(cudaMalloc)                          \
+  X(cudaFree)                            \
+  X(cudaMallocAsync)                     \
+  X(cudaMallocAsync_ptsz)                \
+  X(cudaFreeAsync)                       \
+  X(cudaFreeAsync_ptsz)                  \
+  X(cudaMallocFromPoolAsync)             \
+  X(cudaMallocFromPoolAsync_ptsz)        \
+  X(cudaMallocManaged)                   \
+  X(cudaMallocHost)                      \
+  X(cudaHostAlloc)                       \
+  X(cudaFreeHost)                        \
+  X(cudaHostRegister)                    \
+  X(cudaHostUnregister)                  \
+  X(cudaMallocPitch)                     \
+  X(cudaMalloc3D)                        \
+  X(cudaGetDriverEntryPoint)             \
+  X(cudaGetDriverEntryPointByVersion)
+
+namespace {
+
+// Real function pointers, one slot per hooked symbol.
+#define MEMLEDGER_DECLARE_SLOT(name, ...) std::atomic<void*> real_##name{nullptr};
+MEMLEDGER_CUDA_DRIVER_HOOKS(MEMLEDGER_DECLARE_SLOT)
+MEMLEDGER_CUDA_RUNTIME_HOOKS(MEMLEDGER_DECLARE_SLOT)
+// Driver functions memledger calls itself but does not hook.
+std::atomic<void*> real_cuCtxGetDevice{nullptr};
+std::atomic<void*> real_cuMemGetInfo_v2{nullptr};
+std::atomic<void*> real_cuMemPoolGetAttribute{nullptr};
+std::atomic<void*> real_cuDeviceGetDefaultMemPool{nullptr};
+std::atomic<void*> real_cudaGetDevice{nullptr};
+
+std::atomic<bool> g_cuda_used{false};
+
+struct HookEntry {
+  const char* name;
+  const char* base;  // driver: name for cuGetProcAddress; runtime: nullptr
+  int version;
+  bool per_thread;
+  void* wrapper;
+  std::atomic<void*>* real;
+};
+
+}  // namespace
+
+// Forward declarations of every wrapper, so the tables can name them.
+extern "C" {
+CUresult cuMemAlloc_v2(CUdeviceptr*, size_t);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemAllocPitch_v2(CUdeviceptr*, size_t*, size_t, size_t, unsigned int);
+CUresult cuMemAllocManaged(CUdeviceptr*, size_t, unsigned int);
+CUresult cuMemAllocHost_v2(void**, size_t);
+CUresult cuMemHostAlloc(void**, size_t, unsigned int);
+CUresult cuMemFreeHost(void*);
+CUresult cuMemHostRegister_v2(void*, size_t, unsigned int);
+CUresult cuMemHostUnregister(void*);
+CUresult cuMemAllocAsync(CUdeviceptr*, size_t, CUstream);
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr*, size_t, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemFreeAsync_ptsz(CUdeviceptr, CUstream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
+CUresult cuMemPoolCreate(CUmemoryPool*, const void*);
+CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuMemCreate(CUmemGenericAllocationHandle*, size_t, const void*, unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+CUresult cuMemUnmap(CUdeviceptr, size_t);
+CUresult cuMemAddressReserve(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, int*);
+CUresult cuGetProcAddress(const char*, void**, int, cuuint64_t);
+cudaError_t cudaMalloc(void**, size_t);
+cudaError_t cudaFree(void*);
+cudaError_t cudaMallocAsync(void**, size_t, cudaStream_t);
+cudaError_t cudaMallocAsync_ptsz(void**, size_t, cudaStream_t);
+cudaError_t cudaFreeAsync(void*, cudaStream_t);
+cudaError_t cudaFreeAsync_ptsz(void*, cudaStream_t);
+cudaError_t cudaMallocFromPoolAsync(void**, size_t, cudaMemPool_t, cudaStream_t);
+cudaError_t cudaMallocFromPoolAsync_ptsz(void**, size_t, cudaMemPool_t, cudaStream_t);
+cudaError_t cudaMallocManaged(void**, size_t, unsigned int);
+cudaError_t cudaMallocHost(void**, size_t);
+cudaError_t cudaHostAlloc(void**, size_t, unsigned int);
+cudaError_t cudaFreeHost(void*);
+cudaError_t cudaHostRegister(void*, size_t, unsigned int);
+cudaError_t cudaHostUnregister(void*);
+cudaError_t cudaMallocPitch(void**, size_t*, size_t, size_t);
+cudaError_t cudaMalloc3D(PitchedPtr*, Extent);
+cudaError_t cudaGetDriverEntryPoint(const char*, void**, unsigned long long, int*);
+cudaError_t cudaGetDriverEntryPointByVersion(const char*, void**, unsigned int, unsigned long long, int*);
+}
+
+namespace {
+
+#define MEMLEDGER_DRIVER_ENTRY(name, base, version, per_thread) \
+  {#name, base, version, per_thread, reinterpret_cast<void*>(&::name), &real_##name},
+const HookEntry kDriverHooks[] = {MEMLEDGER_CUDA_DRIVER_HOOKS(MEMLEDGER_DRIVER_ENTRY)};
+#define MEMLEDGER_RUNTIME_ENTRY(name) {#name, nullptr, 0, false, reinterpret_cast<void*>(&::name), &real_##name},
+const HookEntry kRuntimeHooks[] = {MEMLEDGER_CUDA_RUNTIME_HOOKS(MEMLEDGER_RUNTIME_ENTRY)};
+
+template <size_t N>
+const HookEntry* find_by_name(const HookEntry (&table)[N], const char* name) {
+  for (const HookEntry& e : table) {
+    if (strcmp(e.name, name) == 0) return &e;
+  }
+  return nullptr;
+}
+
+bool is_wrapper(void* p) {
+  for (const HookEntry& e : kDriverHooks) {
+    if (e.wrapper == p) return true;
+  }
+  for (const HookEntry& e : kRuntimeHooks) {
+    if (e.wrapper == p) return true;
+  }
+  return false;
+}
+
+// The shared object `p` lives in, by file name.
+bool lives_in(void* p, const char* library) {
+  Dl_info info;
+  if (dladdr(p, &info) == 0 || info.dli_fname == nullptr) return false;
+  return strstr(info.dli_fname, library) != nullptr;
+}
+
+void* find_real(std::atomic<void*>& slot, const char* name, bool runtime) {
+  void* p = slot.load(std::memory_order_acquire);
+  if (p != nullptr) return p;
+  if (runtime) {
+    // The next definition after memledger in the lookup order: libcudart.
+    p = memledger_libc_dlsym(RTLD_NEXT, name);
+  } else {
+    void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (handle == nullptr) handle = dlopen("libcuda.so", RTLD_NOW | RTLD_NOLOAD);
+    if (handle != nullptr) {
+      p = memledger_libc_dlsym(handle, name);
+      dlclose(handle);
+    }
+  }
+  if (p != nullptr && is_wrapper(p)) p = nullptr;
+  if (p != nullptr) slot.store(p, std::memory_order_release);
+  return p;
+}
+
+template <typename Fn>
+Fn real_driver(std::atomic<void*>& slot, const char* name) {
+  return reinterpret_cast<Fn>(find_real(slot, name, false));
+}
+template <typename Fn>
+Fn real_runtime(std::atomic<void*>& slot, const char* name) {
+  return reinterpret_cast<Fn>(find_real(slot, name, true));
+}
+
+#define REAL_DRIVER(name) real_driver<decltype(&::name)>(real_##name, #name)
+#define REAL_RUNTIME(name) real_runtime<decltype(&::name)>(real_##name, #name)
+
+// Hands back memledger's wrapper for a real driver function obtained through
+// cuGetProcAddress or cudaGetDriverEntryPoint. The exported name found by
+// dladdr decides which ABI variant it is; failing that, the requested base
+// name, CUDA version and per-thread flag do.
+void* wrap_driver_pointer(const char* symbol, void* p, int version, cuuint64_t flags) {
+  if (p == nullptr || is_wrapper(p)) return p;
+  const HookEntry* entry = nullptr;
+  Dl_info info;
+  if (dladdr(p, &info) != 0 && info.dli_saddr == p && info.dli_sname != nullptr) {
+    entry = find_by_name(kDriverHooks, info.dli_sname);
+  }
+  if (entry == nullptr && symbol != nullptr) {
+    const bool per_thread = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
+    for (const HookEntry& e : kDriverHooks) {
+      if (strcmp(e.base, symbol) != 0 || e.version > version) continue;
+      if (e.per_thread && !per_thread) continue;
+      if (entry == nullptr || e.version > entry->version || (e.per_thread && !entry->per_thread)) entry = &e;
+    }
+  }
+  if (entry == nullptr) return p;
+  void* expected = nullptr;
+  entry->real->compare_exchange_strong(expected, p, std::memory_order_acq_rel);
+  return entry->wrapper;
+}
+
+// dlsym()/dlvsym() results for a hooked name inside libcuda or libcudart.
+void* wrap_looked_up(const char* name, void* p) {
+  if (p == nullptr || name == nullptr || name[0] != 'c' || is_wrapper(p)) return p;
+  const HookEntry* entry = nullptr;
+  if (name[2] == 'd') {
+    entry = find_by_name(kRuntimeHooks, name);
+    if (entry != nullptr && !lives_in(p, "libcudart")) entry = nullptr;
+  } else {
+    entry = find_by_name(kDriverHooks, name);
+    if (entry != nullptr && !lives_in(p, "libcuda.so")) entry = nullptr;
+  }
+  if (entry == nullptr) return p;
+  void* expected = nullptr;
+  entry->real->compare_exchange_strong(expected, p, std::memory_order_acq_rel);
+  return entry->wrapper;
+}
+
+// The device of the calling thread's current context (driver level).
+int current_device() {
+  using Fn = CUresult (*)(CUdevice*);
+  auto fn = reinterpret_cast<Fn>(find_real(real_cuCtxGetDevice, "cuCtxGetDevice", false));
+  CUdevice dev = 0;
+  if (fn == nullptr || fn(&dev) != CUDA_SUCCESS) return 0;
+  return dev;
+}
+
+int runtime_device() {
+  using Fn = cudaError_t (*)(int*);
+  auto fn = reinterpret_cast<Fn>(find_real(real_cudaGetDevice, "cudaGetDevice", true));
+  int dev = 0;
+  if (fn == nullptr || fn(&dev) != cudaSuccess) return current_device();
+  return dev;
+}
+
+// Pools seen, with their device, for the step-time samples.
+struct PoolTable {
+  memledger::interposer::SpinLock lock;
+  CUmemoryPool pools[64] = {};
+  int devices[64] = {};
+  int count = 0;
+  uint64_t devices_seen = 0;  // bit per device ordinal
+};
+PoolTable g_pools;
+
+void note_device(int device) {
+  if (device >= 0 && device < 64) {
+    __atomic_fetch_or(&g_pools.devices_seen, uint64_t{1} << device, __ATOMIC_RELAXED);
+  }
+}
+
+void note_pool(CUmemoryPool pool, int device) {
+  if (pool == nullptr) return;
+  memledger::interposer::SpinGuard guard(g_pools.lock);
+  for (int i = 0; i < g_pools.count; ++i) {
+    if (g_pools.pools[i] == pool) return;
+  }
+  if (g_pools.count < 64) {
+    g_pools.pools[g_pools.count] = pool;
+    g_pools.devices[g_pools.count] = device;
+    ++g_pools.count;
+  }
+}
+
+void forget_pool(CUmemoryPool pool) {
+  memledger::interposer::SpinGuard guard(g_pools.lock);
+  for (int i = 0; i < g_pools.count; ++i) {
+    if (g_pools.pools[i] == pool) {
+      g_pools.pools[i] = g_pools.pools[g_pools.count - 1];
+      g_pools.devices[i] = g_pools.devices[g_pools.count - 1];
+      --g_pools.count;
+      return;
+    }
+  }
+}
+
+// At every step end, from the program's own thread (never at exit): device
+// free/total of the current device and reserved/used bytes of every pool.
+void sample_devices() {
+  if (!g_cuda_used.load(std::memory_order_relaxed)) return;
+  HookGuard guard;
+  if (!guard.entered()) return;
+  ThreadState& t = guard.thread();
+  using MemGetInfo = CUresult (*)(size_t*, size_t*);
+  using PoolAttr = CUresult (*)(CUmemoryPool, int, void*);
+  using DefaultPool = CUresult (*)(CUmemoryPool*, CUdevice);
+  auto get_info = reinterpret_cast<MemGetInfo>(find_real(real_cuMemGetInfo_v2, "cuMemGetInfo_v2", false));
+  auto pool_attr = reinterpret_cast<PoolAttr>(find_real(real_cuMemPoolGetAttribute, "cuMemPoolGetAttribute", false));
+  auto default_pool =
+      reinterpret_cast<DefaultPool>(find_real(real_cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", false));
+  size_t free_bytes = 0, total_bytes = 0;
+  if (get_info != nullptr && get_info(&free_bytes, &total_bytes) == CUDA_SUCCESS) {
+    recorder().on_device_event(t, EventType::kDeviceSample, current_device(), free_bytes, total_bytes, 0);
+  }
+  if (default_pool != nullptr) {
+    uint64_t seen = __atomic_load_n(&g_pools.devices_seen, __ATOMIC_RELAXED);
+    for (int dev = 0; dev < 64; ++dev) {
+      CUmemoryPool pool = nullptr;
+      if ((seen >> dev & 1) && default_pool(&pool, dev) == CUDA_SUCCESS) note_pool(pool, dev);
+    }
+  }
+  if (pool_attr == nullptr) return;
+  CUmemoryPool pools[64];
+  int devices[64];
+  int count;
+  {
+    memledger::interposer::SpinGuard lock(g_pools.lock);
+    count = g_pools.count;
+    memcpy(pools, g_pools.pools, sizeof(CUmemoryPool) * static_cast<size_t>(count));
+    memcpy(devices, g_pools.devices, sizeof(int) * static_cast<size_t>(count));
+  }
+  for (int i = 0; i < count; ++i) {
+    uint64_t reserved = 0, used = 0;
+    if (pool_attr(pools[i], CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS &&
+        pool_attr(pools[i], CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == CUDA_SUCCESS) {
+      recorder().on_device_event(t, EventType::kPoolSample, devices[i], reinterpret_cast<uint64_t>(pools[i]),
+                                 reserved, used);
+    }
+  }
+}
+
+// Guard for a driver-level hook: records only when the thread is not inside
+// memledger and not inside a hooked runtime call (which records for it).
+class DriverScope {
+ public:
+  DriverScope() : guard_() {
+    g_cuda_used.store(true, std::memory_order_relaxed);
+    record_ = guard_.entered() && guard_.thread().cuda_depth == 0 && recorder().active();
+  }
+  bool record() const { return record_; }
+  ThreadState& thread() { return guard_.thread(); }
+
+ private:
+  HookGuard guard_;
+  bool record_;
+};
+
+// Guard for a runtime-level hook: records, and hides the driver call below.
+class RuntimeScope {
+ public:
+  RuntimeScope() : t_(memledger::interposer::thread_state()) {
+    g_cuda_used.store(true, std::memory_order_relaxed);
+    record_ = t_.in_hook == 0 && t_.cuda_depth == 0 && recorder().active();
+    ++t_.cuda_depth;
+  }
+  ~RuntimeScope() { --t_.cuda_depth; }
+  bool record() const { return record_; }
+  // Records with the recursion flag set (stack capture, ring push).
+  template <typename F>
+  void with_guard(F&& f) {
+    HookGuard guard;
+    if (guard.entered()) f(guard.thread());
+  }
+
+ private:
+  ThreadState& t_;
+  bool record_;
+};
+
+void driver_alloc(DriverScope& s, Kind kind, int device, uint64_t addr, uint64_t size, uint32_t flags,
+                  CUresult r) {
+  if (!s.record()) return;
+  note_device(device);
+  recorder().on_device_alloc(s.thread(), kind, device, addr, size, flags, r);
+}
+
+void driver_free(DriverScope& s, Kind kind, uint64_t addr, uint32_t flags) {
+  if (s.record() && addr != 0) recorder().on_device_free(s.thread(), kind, addr, flags);
+}
+
+void runtime_alloc(RuntimeScope& s, Kind kind, int device, uint64_t addr, uint64_t size, uint32_t flags,
+                   cudaError_t r) {
+  if (!s.record()) return;
+  note_device(device);
+  s.with_guard([&](ThreadState& t) { recorder().on_device_alloc(t, kind, device, addr, size, flags, r); });
+}
+
+void runtime_free(RuntimeScope& s, Kind kind, uint64_t addr, uint32_t flags) {
+  if (!s.record() || addr == 0) return;
+  s.with_guard([&](ThreadState& t) { recorder().on_device_free(t, kind, addr, flags); });
+}
+
+int location_device(const void* props) {
+  if (props == nullptr) return 0;
+  MemLocation loc;
+  memcpy(&loc, static_cast<const char*>(props) + kPropsLocationOffset, sizeof loc);
+  return loc.type == CU_MEM_LOCATION_TYPE_DEVICE ? loc.id : -1;
+}
+
+__attribute__((constructor(102))) void install_step_hook() { recorder().set_step_hook(sample_devices); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Driver API
+
+MEMLEDGER_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemAlloc_v2);
+  if (real == nullptr) return 3;  // CUDA_ERROR_NOT_INITIALIZED
+  CUresult r = real(dptr, bytesize);
+  driver_alloc(s, Kind::kDevice, current_device(), r == CUDA_SUCCESS ? *dptr : 0, bytesize, 0, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemFree_v2);
+  if (real == nullptr) return 3;
+  driver_free(s, Kind::kDevice, dptr, 0);
+  return real(dptr);
+}
+
+MEMLEDGER_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
+                                             unsigned int element_size) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemAllocPitch_v2);
+  if (real == nullptr) return 3;
+  CUresult r = real(dptr, pitch, width, height, element_size);
+  const uint64_t bytes = r == CUDA_SUCCESS && pitch ? *pitch * height : width * height;
+  driver_alloc(s, Kind::kDevice, current_device(), r == CUDA_SUCCESS ? *dptr : 0, bytes, 0, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemAllocManaged);
+  if (real == nullptr) return 3;
+  CUresult r = real(dptr, bytesize, flags);
+  driver_alloc(s, Kind::kManaged, current_device(), r == CUDA_SUCCESS ? *dptr : 0, bytesize, 0, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuMemAllocHost_v2(void** pp, size_t bytesize) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemAllocHost_v2);
+  if (real == nullptr) return 3;
+  CUresult r = real(pp, bytesize);
+  driver_alloc(s, Kind::kPinnedHost, -1, r == CUDA_SUCCESS ? reinterpret_cast<uint64_t>(*pp) : 0, bytesize, 0, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int flags) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemHostAlloc);
+  if (real == nullptr) return 3;
+  CUresult r = real(pp, bytesize, flags);
+  driver_alloc(s, Kind::kPinnedHost, -1, r == CUDA_SUCCESS ? reinterpret_cast<uint64_t>(*pp) : 0, bytesize, 0, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuMemFreeHost(void* p) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemFreeHost);
+  if (real == nullptr) return 3;
+  driver_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(p), 0);
+  return real(p);
+}
+
+MEMLEDGER_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemHostRegister_v2);
+  if (real == nullptr) return 3;
+  CUresult r = real(p, bytesize, flags);
+  driver_alloc(s, Kind::kPinnedHost, -1, reinterpret_cast<uint64_t>(p), bytesize, fmt::kAllocRegistered, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuMemHostUnregister(void* p) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemHostUnregister);
+  if (real == nullptr) return 3;
+  driver_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(p), fmt::kAllocRegistered);
+  return real(p);
+}
+
+namespace {
+
+template <typename Fn>
+CUresult alloc_async(Fn real, CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  DriverScope s;
+  if (real == nullptr) return 3;
+  CUresult r = real(dptr, bytesize, stream);
+  driver_alloc(s, Kind::kDevice, current_device(), r == CUDA_SUCCESS ? *dptr : 0, bytesize,
+               fmt::kAllocAsync | fmt::kAllocPool, r);
+  return r;
+}
+
+template <typename Fn>
+CUresult free_async(Fn real, CUdeviceptr dptr, CUstream stream) {
+  DriverScope s;
+  if (real == nullptr) return 3;
+  driver_free(s, Kind::kDevice, dptr, fmt::kAllocAsync);
+  return real(dptr, stream);
+}
+
+template <typename Fn>
+CUresult alloc_from_pool(Fn real, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+  DriverScope s;
+  if (real == nullptr) return 3;
+  CUresult r = real(dptr, bytesize, pool, stream);
+  const int device = current_device();
+  if (s.record()) note_pool(pool, device);
+  driver_alloc(s, Kind::kDevice, device, r == CUDA_SUCCESS ? *dptr : 0, bytesize, fmt::kAllocAsync | fmt::kAllocPool,
+               r);
+  return r;
+}
+
+}  // namespace
+
+MEMLEDGER_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  return alloc_async(REAL_DRIVER(cuMemAllocAsync), dptr, bytesize, stream);
+}
+MEMLEDGER_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+  return alloc_async(REAL_DRIVER(cuMemAllocAsync_ptsz), dptr, bytesize, stream);
+}
+MEMLEDGER_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  return free_async(REAL_DRIVER(cuMemFreeAsync), dptr, stream);
+}
+MEMLEDGER_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  return free_async(REAL_DRIVER(cuMemFreeAsync_ptsz), dptr, stream);
+}
+MEMLEDGER_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                                  CUstream stream) {
+  return alloc_from_pool(REAL_DRIVER(cuMemAllocFromPoolAsync), dptr, bytesize, pool, stream);
+}
+MEMLEDGER_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
+                                                       CUstream stream) {
+  return alloc_from_pool(REAL_DRIVER(cuMemAllocFromPoolAsync_ptsz), dptr, bytesize, pool, stream);
+}
+
+MEMLEDGER_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const void* props) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemPoolCreate);
+  if (real == nullptr) return 3;
+  CUresult r = real(pool, props);
+  if (r == CUDA_SUCCESS && pool != nullptr) note_pool(*pool, location_device(props));
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemPoolDestroy);
+  if (real == nullptr) return 3;
+  forget_pool(pool);
+  return real(pool);
+}
+
+MEMLEDGER_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const void* prop,
+                                      unsigned long long flags) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemCreate);
+  if (real == nullptr) return 3;
+  CUresult r = real(handle, size, prop, flags);
+  // Physical memory is counted here, by handle; a host (NUMA) location is
+  // pinned host memory, not a device.
+  const int device = location_device(prop);
+  driver_alloc(s, device >= 0 ? Kind::kDevice : Kind::kPinnedHost, device,
+               r == CUDA_SUCCESS && handle ? *handle : 0, size, fmt::kAllocPhysical, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemRelease);
+  if (real == nullptr) return 3;
+  driver_free(s, Kind::kDevice, handle, fmt::kAllocPhysical);
+  return real(handle);
+}
+
+MEMLEDGER_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                                   unsigned long long flags) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemMap);
+  if (real == nullptr) return 3;
+  CUresult r = real(ptr, size, offset, handle, flags);
+  if (r == CUDA_SUCCESS && s.record()) {
+    recorder().on_device_event(s.thread(), EventType::kMap, current_device(), ptr, size, handle);
+  }
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemUnmap);
+  if (real == nullptr) return 3;
+  if (s.record()) recorder().on_device_event(s.thread(), EventType::kUnmap, 0, ptr, size, 0);
+  return real(ptr, size);
+}
+
+MEMLEDGER_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                                              unsigned long long flags) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemAddressReserve);
+  if (real == nullptr) return 3;
+  CUresult r = real(ptr, size, alignment, addr, flags);
+  if (r == CUDA_SUCCESS && ptr != nullptr && s.record()) {
+    recorder().on_device_event(s.thread(), EventType::kReserve, current_device(), *ptr, size, 0);
+  }
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemAddressFree);
+  if (real == nullptr) return 3;
+  if (s.record()) recorder().on_device_event(s.thread(), EventType::kUnreserve, 0, ptr, size, 0);
+  return real(ptr, size);
+}
+
+MEMLEDGER_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
+                                              int* status) {
+  auto real = REAL_DRIVER(cuGetProcAddress_v2);
+  if (real == nullptr) return 3;
+  CUresult r = real(symbol, pfn, version, flags, status);
+  if (r == CUDA_SUCCESS && pfn != nullptr) {
+    HookGuard guard;
+    *pfn = wrap_driver_pointer(symbol, *pfn, version, flags);
+  }
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn, int version, cuuint64_t flags) {
+  auto real = REAL_DRIVER(cuGetProcAddress);
+  if (real == nullptr) return 3;
+  CUresult r = real(symbol, pfn, version, flags);
+  if (r == CUDA_SUCCESS && pfn != nullptr) {
+    HookGuard guard;
+    *pfn = wrap_driver_pointer(symbol, *pfn, version, flags);
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// Runtime API
+
+MEMLEDGER_EXPORT cudaError_t cudaMalloc(void** ptr, size_t size) {
+  RuntimeScope s;
+  auto real = REAL_RUNTIME(cudaMalloc);
+  if (real == nullptr) return 35;  // cudaErrorInsufficientDriver
+  cudaError_t r = real(ptr, size);
+  runtime_alloc(s, Kind::kDevice, runtime_device(), r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size, 0,
+                r);
+  return r;
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaFree(void* ptr) {
+  RuntimeScope s;
+  auto real = REAL_RUNTIME(cudaFree);
+  if (real == nullptr) return 35;
+  runtime_free(s, Kind::kDevice, reinterpret_cast<uint64_t>(ptr), 0);
+  return real(ptr);
+}
+
+namespace {
+
+template <typename Fn>
+cudaError_t runtime_alloc_async(Fn real, void** ptr, size_t size, cudaStream_t stream) {
+  RuntimeScope s;
+  if (real == nullptr) return 35;
+  cudaError_t r = real(ptr, size, stream);
+  runtime_alloc(s, Kind::kDevice, runtime_device(), r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size,
+                fmt::kAllocAsync | fmt::kAllocPool, r);
+  return r;
+}
+
+template <typename Fn>
+cudaError_t runtime_free_async(Fn real, void* ptr, cudaStream_t stream) {
+  RuntimeScope s;
+  if (real == nullptr) return 35;
+  runtime_free(s, Kind::kDevice, reinterpret_cast<uint64_t>(ptr), fmt::kAllocAsync);
+  return real(ptr, stream);
+}
+
+template <typename Fn>
+cudaError_t runtime_alloc_from_pool(Fn real, void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream) {
+  RuntimeScope s;
+  if (real == nullptr) return 35;
+  cudaError_t r = real(ptr, size, pool, stream);
+  const int device = runtime_device();
+  if (s.record()) note_pool(pool, device);
+  runtime_alloc(s, Kind::kDevice, device, r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size,
+                fmt::kAllocAsync | fmt::kAllocPool, r);
+  return r;
+}
+
+}  // namespace
+
+MEMLEDGER_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
+  return runtime_alloc_async(REAL_RUNTIME(cudaMallocAsync), ptr, size, stream);
+}
+MEMLEDGER_EXPORT cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
+  return runtime_alloc_async(REAL_RUNTIME(cudaMallocAsync_ptsz), ptr, size, stream);
+}
+MEMLEDGER_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
+  return runtime_free_async(REAL_RUNTIME(cudaFreeAsync), ptr, stream);
+}
+MEMLEDGER_EXPORT cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
+  return runtime_free_async(REAL_RUNTIME(cudaFreeAsync_ptsz), ptr, stream);
+}
+MEMLEDGER_EXPORT cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t pool,
+                                                     cudaStream_t stream) {
+  return runtime_alloc_from_pool(REAL_RUNTIME(cudaMallocFromPoolAsync), ptr, size, pool, stream);
+}
+MEMLEDGER_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t pool,
+                                                          cudaStream_t stream) {
+  return runtime_alloc_from_pool(REAL_RUNTIME(cudaMallocFromPoolAsync_ptsz), ptr, size, pool, stream);
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaMallocManaged(void** ptr, size_t size, unsigned int flags) {
+  RuntimeScope s;
+  auto real = REAL_RUNTIME(cudaMallocManaged);
+  if (real == nullptr) return 35;
+  cudaError_t r = real(ptr, size, flags);
+  runtime_alloc(s, Kind::kManaged, runtime_device(), r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size, 0,
+                r);
+  return r;
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaMallocHost(void** ptr, size_t size) {
+  RuntimeScope s;
+  auto real = REAL_RUNTIME(cudaMallocHost);
+  if (real == nullptr) return 35;
+  cudaError_t r = real(ptr, size);
+  runtime_alloc(s, Kind::kPinnedHost, -1, r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size, 0, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaHostAlloc(void** ptr, size_t size, unsigned int flags) {
+  RuntimeScope s;
+  auto real = REAL_RUNTIME(cudaHostAlloc);
+  if (real == nullptr) return 35;
+  cudaError_t r = real(ptr, size, flags);
+  runtime_alloc(s, Kind::kPinnedHost, -1, r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size, 0, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaFreeHost(void* ptr) {
+  RuntimeScope s;
+  auto real = REAL_RUNTIME(cudaFreeHost);
+  if (real == nullptr) return 35;
+  runtime_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(ptr), 0);
+  return real(ptr);
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
+  RuntimeScope s;
+  auto real = REAL_RUNTIME(cudaHostRegister);
+  if (real == nullptr) return 35;
+  cudaError_t r = real(ptr, size, flags);
+  runtime_alloc(s, Kind::kPinnedHost, -1, reinterpret_cast<uint64_t>(ptr), size, fmt::kAllocRegistered, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaHostUnregister(void* ptr) {
+  RuntimeScope s;
+  auto real = REAL_RUNTIME(cudaHostUnregister);
+  if (real == nullptr) return 35;
+  runtime_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(ptr), fmt::kAllocRegistered);
+  return real(ptr);
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {
+  RuntimeScope s;
+  auto real = REAL_RUNTIME(cudaMallocPitch);
+  if (real == nullptr) return 35;
+  cudaError_t r = real(ptr, pitch, width, height);
+  const uint64_t bytes = r == cudaSuccess && pitch ? *pitch * height : width * height;
+  runtime_alloc(s, Kind::kDevice, runtime_device(), r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, bytes, 0,
+                r);
+  return r;
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaMalloc3D(PitchedPtr* pitched, Extent extent) {
+  RuntimeScope s;
+  auto real = REAL_RUNTIME(cudaMalloc3D);
+  if (real == nullptr) return 35;
+  cudaError_t r = real(pitched, extent);
+  const uint64_t bytes =
+      (r == cudaSuccess && pitched ? pitched->pitch : extent.width) * extent.height * (extent.depth ? extent.depth : 1);
+  runtime_alloc(s, Kind::kDevice, runtime_device(),
+                r == cudaSuccess && pitched ? reinterpret_cast<uint64_t>(pitched->ptr) : 0, bytes, 0, r);
+  return r;
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaGetDriverEntryPoint(const char* symbol, void** fn, unsigned long long flags,
+                                                     int* status) {
+  auto real = REAL_RUNTIME(cudaGetDriverEntryPoint);
+  if (real == nullptr) return 35;
+  cudaError_t r = real(symbol, fn, flags, status);
+  if (r == cudaSuccess && fn != nullptr) {
+    HookGuard guard;
+    *fn = wrap_driver_pointer(symbol, *fn, 1 << 30, flags);
+  }
+  return r;
+}
+
+MEMLEDGER_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned int version,
+                                                              unsigned long long flags, int* status) {
+  auto real = REAL_RUNTIME(cudaGetDriverEntryPointByVersion);
+  if (real == nullptr) return 35;
+  cudaError_t r = real(symbol, fn, version, flags, status);
+  if (r == cudaSuccess && fn != nullptr) {
+    HookGuard guard;
+    *fn = wrap_driver_pointer(symbol, *fn, static_cast<int>(version), flags);
+  }
+  return r;
+}
+
+// ---------------------------------------------------------------------------
+// dlsym / dlvsym
+//
+// RTLD_NEXT look-ups are resolved relative to the caller's object, which
+// glibc finds from the return address: those calls jump straight to libc's
+// function (a tail jump keeps the caller's return address), so another
+// interposer's dlsym(RTLD_NEXT, ...) still finds what lies after *it*.
+
+extern "C" __attribute__((visibility("hidden"))) void* memledger_dlsym_impl(void* handle, const char* name) {
+  void* p = memledger_libc_dlsym(handle, name);
+  if (p == nullptr || name == nullptr || name[0] != 'c') return p;
+  HookGuard guard;
+  return wrap_looked_up(name, p);
+}
+
+extern "C" __attribute__((visibility("hidden"))) void* memledger_dlvsym_impl(void* handle, const char* name,
+                                                                            const char* version) {
+  void* p = memledger_libc_dlvsym(handle, name, version);
+  if (p == nullptr || name == nullptr || name[0] != 'c') return p;
+  HookGuard guard;
+  return wrap_looked_up(name, p);
+}
+
+__asm__(
+    ".text\n"
+    ".globl dlsym\n"
+    ".type dlsym, @function\n"
+    "dlsym:\n"
+    "  cmpq $-1, %rdi\n"
+    "  jne memledger_dlsym_impl\n"
+    "  pushq %rdi\n"
+    "  pushq %rsi\n"
+    "  pushq %rdx\n"
+    "  call memledger_libc_dlsym_address\n"
+    "  popq %rdx\n"
+    "  popq %rsi\n"
+    "  popq %rdi\n"
+    "  jmp *%rax\n"
+    ".size dlsym, .-dlsym\n"
+    ".globl dlvsym\n"
+    ".type dlvsym, @function\n"
+    "dlvsym:\n"
+    "  cmpq $-1, %rdi\n"
+    "  jne memledger_dlvsym_impl\n"
+    "  pushq %rdi\n"
+    "  pushq %rsi\n"
+    "  pushq %rdx\n"
+    "  call memledger_libc_dlvsym_address\n"
+    "  popq %rdx\n"
+    "  popq %rsi\n"
+    "  popq %rdi\n"
+    "  jmp *%rax\n"
+    ".size dlvsym, .-dlvsym\n");
+
+// The hook lists as data, for the test that checks every hook is exported.
+#define MEMLEDGER_DRIVER_NAME(name, ...) #name,
+#define MEMLEDGER_RUNTIME_NAME(name) #name,
+extern "C" __attribute__((visibility("default"))) const char* const memledger_cuda_hook_names[] = {
+    MEMLEDGER_CUDA_DRIVER_HOOKS(MEMLEDGER_DRIVER_NAME) MEMLEDGER_CUDA_RUNTIME_HOOKS(MEMLEDGER_RUNTIME_NAME) nullptr};

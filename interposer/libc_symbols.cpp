@@ -1,0 +1,106 @@
+#include "libc_symbols.h"
+
+#include <elf.h>
+#include <link.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+namespace memledger::interposer {
+namespace {
+
+struct Lookup {
+  const char* name;
+  void* result = nullptr;
+};
+
+// Number of symbols covered by a GNU hash table: past the highest bucket's
+// chain end.
+uint32_t gnu_hash_symbol_count(const uint32_t* table) {
+  const uint32_t nbuckets = table[0];
+  const uint32_t symoffset = table[1];
+  const uint32_t bloom_size = table[2];
+  const uint32_t* buckets = table + 4 + bloom_size * (sizeof(ElfW(Addr)) / 4);
+  const uint32_t* chain = buckets + nbuckets;
+  uint32_t last = 0;
+  for (uint32_t i = 0; i < nbuckets; ++i) last = buckets[i] > last ? buckets[i] : last;
+  if (last < symoffset) return symoffset;
+  while ((chain[last - symoffset] & 1) == 0) ++last;
+  return last + 1;
+}
+
+int scan(dl_phdr_info* info, size_t, void* data) {
+  auto* lookup = static_cast<Lookup*>(data);
+  const char* name = info->dlpi_name;
+  if (name == nullptr || strstr(name, "/libc.so") == nullptr) return 0;
+  const ElfW(Dyn)* dyn = nullptr;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) {
+      dyn = reinterpret_cast<const ElfW(Dyn)*>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    }
+  }
+  if (dyn == nullptr) return 0;
+  const ElfW(Sym)* symtab = nullptr;
+  const char* strtab = nullptr;
+  const ElfW(Versym)* versym = nullptr;
+  const uint32_t* gnu_hash = nullptr;
+  const uint32_t* sysv_hash = nullptr;
+  // The loader has relocated these d_ptr values to addresses already.
+  for (; dyn->d_tag != DT_NULL; ++dyn) {
+    switch (dyn->d_tag) {
+      case DT_SYMTAB: symtab = reinterpret_cast<const ElfW(Sym)*>(dyn->d_un.d_ptr); break;
+      case DT_STRTAB: strtab = reinterpret_cast<const char*>(dyn->d_un.d_ptr); break;
+      case DT_VERSYM: versym = reinterpret_cast<const ElfW(Versym)*>(dyn->d_un.d_ptr); break;
+      case DT_GNU_HASH: gnu_hash = reinterpret_cast<const uint32_t*>(dyn->d_un.d_ptr); break;
+      case DT_HASH: sysv_hash = reinterpret_cast<const uint32_t*>(dyn->d_un.d_ptr); break;
+    }
+  }
+  if (symtab == nullptr || strtab == nullptr) return 0;
+  uint32_t count = 0;
+  if (sysv_hash != nullptr) {
+    count = sysv_hash[1];
+  } else if (gnu_hash != nullptr) {
+    count = gnu_hash_symbol_count(gnu_hash);
+  }
+  for (uint32_t i = 0; i < count; ++i) {
+    const ElfW(Sym)& sym = symtab[i];
+    if (sym.st_shndx == SHN_UNDEF || ELF64_ST_TYPE(sym.st_info) != STT_FUNC) continue;
+    if (versym != nullptr && (versym[i] & 0x8000) != 0) continue;  // a hidden (non-default) version
+    if (strcmp(strtab + sym.st_name, lookup->name) != 0) continue;
+    lookup->result = reinterpret_cast<void*>(info->dlpi_addr + sym.st_value);
+    return 1;
+  }
+  return 1;
+}
+
+void* find(const char* name) {
+  Lookup lookup{name};
+  dl_iterate_phdr(scan, &lookup);
+  return lookup.result;
+}
+
+std::atomic<void*> g_dlsym{nullptr};
+std::atomic<void*> g_dlvsym{nullptr};
+
+}  // namespace
+
+void* libc_dlsym_address() {
+  void* p = g_dlsym.load(std::memory_order_acquire);
+  if (p == nullptr) {
+    p = find("dlsym");
+    g_dlsym.store(p, std::memory_order_release);
+  }
+  return p;
+}
+
+void* libc_dlvsym_address() {
+  void* p = g_dlvsym.load(std::memory_order_acquire);
+  if (p == nullptr) {
+    p = find("dlvsym");
+    g_dlvsym.store(p, std::memory_order_release);
+  }
+  return p;
+}
+
+}  // namespace memledger::interposer
