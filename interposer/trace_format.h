@@ -62,7 +62,8 @@ static_assert(sizeof(FrameHeader) == 24);
 //   start_wall_ns (CLOCK_REALTIME), start_mono_ns (CLOCK_MONOTONIC),
 //   host_mode (full|sampled|off), sample_interval (bytes, sampled mode),
 //   stack_depth, page_size, step_interval_ms, rank, local_rank, world_size,
-//   parent_trace (set in forked children), exec_generation.
+//   parent_trace (set in forked children), env.<VAR> for the frameworks'
+//   allocator switches (PYTORCH_CUDA_ALLOC_CONF, TF_GPU_ALLOCATOR, ...).
 
 // Memory kinds. Host heap only for now; the numbering is stable.
 enum class Kind : uint8_t {

@@ -394,6 +394,17 @@ bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error
     }
   }
   if (parent_trace_pid > 0) add_num("parent_trace", parent_trace_pid);
+  // The allocator switches in force: they decide what the driver can see.
+  static const char* const kAllocatorVars[] = {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
+                                               "TF_GPU_ALLOCATOR", "XLA_PYTHON_CLIENT_ALLOCATOR",
+                                               "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION"};
+  for (const char* var : kAllocatorVars) {
+    if (const char* v = getenv(var)) {
+      char key[64];
+      snprintf(key, sizeof key, "env.%s", var);
+      add(key, v, strlen(v));
+    }
+  }
 
   format::FileHeader fh;
   memcpy(fh.magic, format::kFileMagic, sizeof fh.magic);

@@ -51,6 +51,9 @@ const char* const kUsage =
     "      --sample-interval N   mean bytes between host samples in sampled mode (default 131072)\n"
     "      --step-interval SEC   also end a step every SEC seconds (time-based steps)\n"
     "      --stack-depth N       native frames kept per stack (default 64, at most 128)\n"
+    "      --leak-mode           make every tensor allocation visible to the driver: sets\n"
+    "                            PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,\n"
+    "                            TF_GPU_ALLOCATOR=cuda_malloc_async, XLA_PYTHON_CLIENT_ALLOCATOR=platform\n"
     "      --no-report           do not build the report at the end\n"
     "  -q, --quiet               no live status line and no summary\n"
     "\n"
@@ -118,8 +121,34 @@ struct RunOptions {
   std::string stack_depth;
   bool report = true;
   bool quiet = false;
+  bool leak_mode = false;
   std::vector<std::string> command;
 };
+
+// The switches that make frameworks' caching allocators hand every tensor
+// allocation to the driver's stream-ordered allocator, where the hooks see it.
+// PyTorch's other options are kept, except those that pick another backend
+// (expandable segments cannot be combined with cudaMallocAsync).
+void set_leak_mode_environment() {
+  std::string conf = "backend:cudaMallocAsync";
+  if (const char* old = std::getenv("PYTORCH_CUDA_ALLOC_CONF")) {
+    std::string rest = old;
+    size_t pos = 0;
+    while (pos <= rest.size()) {
+      size_t comma = rest.find(',', pos);
+      if (comma == std::string::npos) comma = rest.size();
+      std::string item = rest.substr(pos, comma - pos);
+      if (!item.empty() && item.rfind("backend:", 0) != 0 && item.rfind("expandable_segments:", 0) != 0) {
+        conf += "," + item;
+      }
+      pos = comma + 1;
+    }
+  }
+  setenv("PYTORCH_CUDA_ALLOC_CONF", conf.c_str(), 1);
+  setenv("TF_GPU_ALLOCATOR", "cuda_malloc_async", 1);
+  setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", 1);
+  setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false", 1);
+}
 
 volatile sig_atomic_t g_forward_signal = 0;
 pid_t g_child = 0;
@@ -180,6 +209,7 @@ void write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, int 
   j["command"] = opts.command;
   j["root_pid"] = pid;
   j["host_mode"] = opts.host;
+  j["leak_mode"] = opts.leak_mode;
   j["wall_seconds"] = seconds;
   if (WIFSIGNALED(status)) {
     j["exit"] = {{"signal", WTERMSIG(status)}, {"core_dumped", WCOREDUMP(status) != 0}};
@@ -234,6 +264,7 @@ int cmd_run(int argc, char** argv) {
       {"step-interval", required_argument, nullptr, 'I'},
       {"stack-depth", required_argument, nullptr, 'D'},
       {"no-report", no_argument, nullptr, 'N'},
+      {"leak-mode", no_argument, nullptr, 'L'},
       {"quiet", no_argument, nullptr, 'q'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
@@ -273,6 +304,7 @@ int cmd_run(int argc, char** argv) {
         opts.stack_depth = optarg;
         break;
       case 'N': opts.report = false; break;
+      case 'L': opts.leak_mode = true; break;
       case 'q': opts.quiet = true; break;
       case 'h': std::fputs(kUsage, stdout); return 0;
       case ':': return usage_error(std::string("option ") + argv[optind - 1] + " needs a value");
@@ -327,6 +359,7 @@ int cmd_run(int argc, char** argv) {
       if (!opts.step_interval.empty()) setenv("MEMLEDGER_STEP_INTERVAL", opts.step_interval.c_str(), 1);
       if (!opts.stack_depth.empty()) setenv("MEMLEDGER_STACK_DEPTH", opts.stack_depth.c_str(), 1);
     }
+    if (opts.leak_mode) set_leak_mode_environment();
     std::vector<char*> args;
     for (std::string& a : opts.command) args.push_back(a.data());
     args.push_back(nullptr);
