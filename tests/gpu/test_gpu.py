@@ -1,0 +1,170 @@
+"""The GPU suite: real programs on a real NVIDIA GPU under memledger.
+
+Skips itself (exit 77, which meson reports as SKIP) with a visible message when
+no GPU is present. Each client plants a per-step device leak of 4 MiB that the
+report must find, and a forced out-of-memory that must give the cuda_oom verdict.
+Environment: MEMLEDGER (the memledger binary), GPU_BUILD_DIR (scratch folder).
+"""
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MEMLEDGER = os.environ.get("MEMLEDGER", os.path.join(HERE, "..", "..", "build", "tools", "memledger"))
+LEAK = 4 << 20
+STEPS = 20
+
+
+def gpu_present():
+    if shutil.which("nvidia-smi") is None:
+        return False, "nvidia-smi not found"
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    if r.returncode != 0 or "GPU" not in r.stdout:
+        return False, "nvidia-smi lists no GPU"
+    return True, r.stdout.strip()
+
+
+def run_traced(args, *extra, env=None):
+    run_dir = tempfile.mkdtemp(prefix="memledger-gpu-")
+    cmd = [MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, *extra, "--", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    with open(os.path.join(run_dir, "report.json")) as f:
+        report = json.load(f)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    return proc, report
+
+
+def device_suspects(report):
+    return [s for s in report["leak_suspects"] if s["kind"] in ("device", "managed")]
+
+
+class GpuCase(unittest.TestCase):
+    def check_leak(self, report, tolerance):
+        suspects = device_suspects(report)
+        self.assertTrue(suspects, f"no device growth suspect: {report['notes']}")
+        top = suspects[0]
+        self.assertAlmostEqual(top["bytes_per_step"], LEAK, delta=LEAK * tolerance,
+                               msg=f"top device suspect {top['site']}")
+        self.assertEqual(report["step_source"], "marker")
+        self.assertEqual(len(report["steps"]), STEPS)
+
+    def check_oom(self, proc, report):
+        self.assertEqual(report["verdict"]["kind"], "cuda_oom", report["verdict"]["summary"])
+        self.assertTrue(report["ooms"])
+        self.assertGreater(report["ooms"][-1]["requested"], 0)
+
+
+class NvccStaticRuntime(GpuCase):
+    @classmethod
+    def setUpClass(cls):
+        nvcc = shutil.which("nvcc") or "/usr/local/cuda/bin/nvcc"
+        if not os.path.exists(nvcc):
+            raise unittest.SkipTest("nvcc not found")
+        cls.exe = os.path.join(tempfile.mkdtemp(prefix="memledger-nvcc-"), "cuda_static_leak")
+        subprocess.run([nvcc, "-O1", "-g", "-o", cls.exe, os.path.join(HERE, "cuda_static_leak.cu"), "-ldl"],
+                       check=True)
+
+    def test_leak_found_through_cuGetProcAddress(self):
+        proc, report = run_traced([self.exe, str(STEPS), str(LEAK)])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.check_leak(report, 0.0)
+        self.assertIn("plant_device_leak", report["leak_suspects"][0]["site"])
+
+    def test_oom(self):
+        proc, report = run_traced([self.exe, "3", str(LEAK), "oom"])
+        self.assertEqual(proc.returncode, 3, proc.stderr)
+        self.check_oom(proc, report)
+
+
+def need_module(name):
+    if importlib.util.find_spec(name) is None:
+        raise unittest.SkipTest(f"Python module {name} not installed")
+
+
+class PyTorch(GpuCase):
+    @classmethod
+    def setUpClass(cls):
+        need_module("torch")
+
+    def torch(self, mode, *extra, conf=None):
+        env = dict(os.environ)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        return run_traced([sys.executable, os.path.join(HERE, "torch_leak.py"), str(STEPS), mode], *extra, env=env)
+
+    def test_default_caching_allocator(self):
+        # Segments, not tensors: growth is per segment (PyTorch rounds large
+        # blocks into 20 MiB or 2 MiB-multiple segments), so the rate is approximate.
+        proc, report = self.torch("leak")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.check_leak(report, 0.5)
+        self.assertTrue(report["caching_allocator_hidden"])
+
+    def test_leak_mode_cuda_malloc_async(self):
+        proc, report = self.torch("leak", "--leak-mode")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.check_leak(report, 0.0)
+
+    def test_expandable_segments(self):
+        proc, report = self.torch("leak", conf="expandable_segments:True")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.check_leak(report, 0.5)
+        self.assertTrue(any(s.get("reserved_address_space", 0) > 0 for s in report["steps"]))
+
+    def test_oom_default(self):
+        proc, report = self.torch("oom")
+        self.assertEqual(proc.returncode, 1)
+        self.check_oom(proc, report)
+
+    def test_oom_leak_mode(self):
+        proc, report = self.torch("oom", "--leak-mode")
+        self.assertEqual(proc.returncode, 1)
+        self.check_oom(proc, report)
+
+
+class Jax(GpuCase):
+    @classmethod
+    def setUpClass(cls):
+        need_module("jax")
+
+    def test_platform_allocator_leak(self):
+        proc, report = run_traced([sys.executable, os.path.join(HERE, "jax_leak.py"), str(STEPS), "leak"],
+                                  "--leak-mode")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.check_leak(report, 0.05)
+
+    def test_oom(self):
+        proc, report = run_traced([sys.executable, os.path.join(HERE, "jax_leak.py"), "3", "oom"], "--leak-mode")
+        self.assertNotEqual(proc.returncode, 0)
+        self.check_oom(proc, report)
+
+
+class CuPy(GpuCase):
+    @classmethod
+    def setUpClass(cls):
+        need_module("cupy")
+
+    def test_leak(self):
+        proc, report = run_traced([sys.executable, os.path.join(HERE, "cupy_leak.py"), str(STEPS), "leak"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.check_leak(report, 0.0)
+
+    def test_oom(self):
+        proc, report = run_traced([sys.executable, os.path.join(HERE, "cupy_leak.py"), "3", "oom"])
+        self.assertNotEqual(proc.returncode, 0)
+        self.check_oom(proc, report)
+
+
+if __name__ == "__main__":
+    ok, why = gpu_present()
+    if not ok:
+        print(f"GPU suite skipped: no NVIDIA GPU on this machine ({why})")
+        sys.exit(77)
+    print(f"GPU suite on: {why}")
+    unittest.main(verbosity=2)

@@ -1,0 +1,38 @@
+"""A PyTorch training loop on the GPU with a planted leak: every step keeps the
+step's output (with its autograd graph) in a list. Mode "oom" ends by asking
+for more memory than the GPU has, as a too-large batch would."""
+import ctypes
+import sys
+
+import torch
+
+steps = int(sys.argv[1]) if len(sys.argv) > 1 else 20
+mode = sys.argv[2] if len(sys.argv) > 2 else "leak"
+
+try:
+    _step = ctypes.CDLL(None).memledger_step
+    _step.argtypes = [ctypes.c_char_p]
+except AttributeError:
+    _step = None
+
+model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+kept = []
+for s in range(steps):
+    x = torch.randn(256, 1024, device="cuda")
+    out = model(x)
+    loss = out.square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if mode in ("leak", "oom"):
+        kept.append(torch.empty(1024 * 1024, device="cuda"))  # LEAK_LINE: 4 MiB per step
+    torch.cuda.synchronize()
+    if _step:
+        _step(b"train")
+    print(f"STEP_DONE {s}", flush=True)
+
+if mode == "oom":
+    total = torch.cuda.get_device_properties(0).total_memory
+    print(f"OOM_REQUESTED={total * 2}", flush=True)
+    torch.empty(total * 2 // 4, device="cuda")  # raises torch.OutOfMemoryError: exit code 1
