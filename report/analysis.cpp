@@ -3,6 +3,7 @@
 #include <absl/container/flat_hash_map.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -91,11 +92,16 @@ namespace {
 bool is_allocator_frame(const Frame& f) {
   static const char* const kPrefixes[] = {"operator new", "operator delete", "malloc", "calloc", "realloc",
                                           "__libc_", "std::", "__gnu_cxx::", "void std::", "__cxa_",
-                                          "aligned_alloc", "posix_memalign", "memalign", "strdup", "strndup"};
+                                          "aligned_alloc", "posix_memalign", "memalign", "strdup", "strndup",
+                                          // CUDA runtime and driver entry points (a statically linked
+                                          // runtime puts them inside the program itself).
+                                          "cudaMalloc", "cudaHostAlloc", "cudaHostRegister", "cuMemAlloc",
+                                          "cuMemCreate", "cuMemHostAlloc", "cuMemHostRegister"};
   for (const char* p : kPrefixes) {
     if (f.function.rfind(p, 0) == 0) return true;
   }
   if (f.file.rfind("/usr/include/", 0) == 0) return true;
+  if (f.module.find("libcudart") != std::string::npos || f.module.find("libcuda.so") != std::string::npos) return true;
   return false;
 }
 
@@ -680,12 +686,27 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
   return r;
 }
 
-// Index of the first frame that is the user's code rather than allocator plumbing.
+// A CUDA runtime or driver API entry point (cudaMallocAsync, cuMemAlloc_v2):
+// what lies inside it is the library's business, even when a statically
+// linked runtime puts it inside the program with symbols.
+bool is_cuda_api(const std::string& function) {
+  if (function.size() > 4 && function.compare(0, 4, "cuda") == 0 && std::isupper(static_cast<unsigned char>(function[4]))) {
+    return true;
+  }
+  return function.size() > 2 && function.compare(0, 2, "cu") == 0 && std::isupper(static_cast<unsigned char>(function[2]));
+}
+
+// Index of the first frame that is the user's code rather than allocator
+// plumbing: past the outermost CUDA API frame, then past allocator frames.
 size_t user_frame_index(const std::vector<Frame>& frames) {
+  size_t start = 0;
   for (size_t i = 0; i < frames.size(); ++i) {
+    if (is_cuda_api(frames[i].function)) start = i + 1;
+  }
+  for (size_t i = start; i < frames.size(); ++i) {
     if (!is_allocator_frame(frames[i]) && !frames[i].function.empty()) return i;
   }
-  return 0;
+  return start < frames.size() ? start : 0;
 }
 
 }  // namespace memledger::report

@@ -1,0 +1,182 @@
+"""The CUDA hooks against the simulated driver and runtime (tests/sim_cuda):
+every way a program reaches the driver, each with a planted per-step device
+leak and a planted out-of-memory.
+
+    cuda_runtime_dynamic   runtime API through the shared runtime (runtime hooks)
+    cuda_runtime_static    runtime linked statically: only cuGetProcAddress shows the driver calls
+    cuda_driver_dlopen     dlopen(libcuda) + dlsym of each function (TensorFlow/XLA style), pools, VMM
+    cuda_driver_linked     linked against libcuda (exported symbols)
+"""
+import ctypes  # noqa: F401  (used by the child script below)
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+from mltest import BUILD_DIR, MEMLEDGER, LIBRARY, TIMEOUT, clean_env, parse_kv
+
+SIM_DIR = BUILD_DIR / "tests" / "sim_cuda"
+DRIVER_DIR = SIM_DIR / "driver"
+STEPS = 12
+LEAK = 3 << 20  # not a multiple of the 2 MiB granularity: rounding shows as fragmentation
+
+
+def sim_program(name):
+    return str(SIM_DIR / "programs" / name)
+
+
+def sim_env(**extra):
+    return clean_env(LD_LIBRARY_PATH=str(DRIVER_DIR), SIMCUDA_DEVICES="2", SIMCUDA_MEMORY_MB="512", **extra)
+
+
+@unittest.skipUnless((DRIVER_DIR / "libcuda.so.1").exists(), "the simulated CUDA is not built (no CUDA 13 headers)")
+class CudaHooks(unittest.TestCase):
+    def trace(self, program, mode, steps=STEPS, leak=LEAK, *extra):
+        run_dir = tempfile.mkdtemp(prefix="memledger-cuda-")
+        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
+        proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, *extra, "--",
+                               sim_program(program), str(steps), str(leak), mode],
+                              capture_output=True, text=True, timeout=TIMEOUT, env=sim_env())
+        with open(os.path.join(run_dir, "report.json")) as f:
+            report = json.load(f)
+        return proc, parse_kv(proc.stdout), report
+
+    def check_leak(self, program, mode, kind="device", allocations_per_step=1.0):
+        proc, out, report = self.trace(program, mode)
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        self.assertEqual(out.get("SIM_DRIVER"), "1")
+        per_step = int(out["LEAK_PER_STEP"])
+        self.assertEqual(len(report["steps"]), STEPS)
+        suspects = [s for s in report["leak_suspects"] if s["kind"] == kind]
+        self.assertTrue(suspects, f"no {kind} suspect; notes: {report['notes']}")
+        top = suspects[0]
+        self.assertEqual(top["bytes_per_step"], per_step)
+        self.assertEqual(top["allocations_per_step"], allocations_per_step)
+        self.assertIn("plant_device_leak", top["site"])
+        self.assertTrue(top["site"].endswith(f"{out['LEAK_FILE']}:{out['LEAK_LINE']}"), top["site"])
+        # One user call is one event: live device bytes grow by exactly the leak.
+        lives = [s["live"].get(kind, 0) for s in report["steps"]]
+        for a, b in zip(lives[1:], lives[2:]):
+            self.assertEqual(b - a, per_step, lives)
+        return report, out
+
+    # -- every path to the driver, each with its planted leak -----------------
+    def test_runtime_dynamic(self):
+        report, _ = self.check_leak("cuda_runtime_dynamic", "normal")
+        self.assertEqual(report["verdict"]["kind"], "exit")
+
+    def test_runtime_dynamic_async(self):
+        self.check_leak("cuda_runtime_dynamic", "async")
+
+    def test_runtime_dynamic_pool(self):
+        report, _ = self.check_leak("cuda_runtime_dynamic", "pool")
+        holders = [h for s in report["steps"] for h in s["fragmentation"]["device"]["holders"]]
+        self.assertTrue(any(h["name"].startswith("memory pool") for h in holders), holders)
+
+    def test_runtime_dynamic_managed(self):
+        self.check_leak("cuda_runtime_dynamic", "managed", kind="managed")
+
+    def test_runtime_static_through_cuGetProcAddress(self):
+        self.check_leak("cuda_runtime_static", "normal")
+
+    def test_runtime_static_async(self):
+        self.check_leak("cuda_runtime_static", "async")
+
+    def test_driver_dlopen_dlsym(self):
+        self.check_leak("cuda_driver_dlopen", "normal")
+
+    def test_driver_dlopen_pool(self):
+        report, _ = self.check_leak("cuda_driver_dlopen", "pool")
+        last = report["steps"][-1]
+        frag = last["fragmentation"]["device"]
+        self.assertGreaterEqual(last["held"]["device"], last["live"]["device"])
+        self.assertGreaterEqual(frag["bytes"], 0)
+
+    def test_driver_dlopen_vmm(self):
+        # Whole 2 MiB physical chunks: the 3 MiB leak takes two per step.
+        report, out = self.check_leak("cuda_driver_dlopen", "vmm", allocations_per_step=2.0)
+        # Reserved address space is shown apart and never counted as memory.
+        last = report["steps"][-1]
+        self.assertGreater(last.get("reserved_address_space", 0), 0)
+        self.assertLess(last["held"]["device"], last["reserved_address_space"])
+
+    def test_driver_linked(self):
+        self.check_leak("cuda_driver_linked", "normal")
+
+    def test_driver_linked_async(self):
+        self.check_leak("cuda_driver_linked", "async")
+
+    def test_device_memory_sampled_at_every_step(self):
+        proc, out, report = self.trace("cuda_runtime_dynamic", "normal")
+        total = int(out["TOTAL"])
+        for s in report["steps"]:
+            self.assertEqual(s["device_memory"]["total"], total)
+        frees = [s["device_memory"]["free"] for s in report["steps"]]
+        self.assertLess(frees[-1], frees[0])
+
+    # -- out of memory ---------------------------------------------------------
+    def check_oom(self, program):
+        proc, out, report = self.trace(program, "oom", 4)
+        self.assertEqual(proc.returncode, 3, proc.stdout + proc.stderr)
+        verdict = report["verdict"]
+        self.assertEqual(verdict["kind"], "cuda_oom", verdict["summary"])
+        oom = report["ooms"][-1]
+        self.assertEqual(oom["requested"], int(out["OOM_REQUESTED"]))
+        self.assertEqual(oom["error"], 2)
+        self.assertEqual(oom["device_total"], int(out["TOTAL"]))
+        self.assertTrue(oom["live_by_site"])
+        self.assertTrue(any("plant_device_leak" in s["site"] for s in oom["live_by_site"]), oom["live_by_site"])
+        self.assertIn("CUDA out of memory", verdict["summary"])
+
+    def test_oom_runtime(self):
+        self.check_oom("cuda_runtime_dynamic")
+
+    def test_oom_static_runtime(self):
+        self.check_oom("cuda_runtime_static")
+
+    def test_oom_driver_dlopen(self):
+        self.check_oom("cuda_driver_dlopen")
+
+    def test_oom_driver_linked(self):
+        self.check_oom("cuda_driver_linked")
+
+    # -- untouched behaviour ---------------------------------------------------
+    def test_invalid_arguments_return_what_the_driver_returns(self):
+        script = textwrap.dedent(f"""
+            import ctypes
+            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
+            out = []
+            out.append(cuda.cuInit(0))
+            p = ctypes.c_ulonglong(0)
+            out.append(cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(0)))
+            out.append(cuda.cuMemAlloc_v2(None, ctypes.c_size_t(16)))
+            out.append(cuda.cuMemFree_v2(ctypes.c_ulonglong(0x1234)))
+            dev = ctypes.c_int(0)
+            ctx = ctypes.c_void_p()
+            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+            cuda.cuCtxSetCurrent(ctx)
+            out.append(cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(1 << 40)))
+            out.append(cuda.cuMemFree_v2(ctypes.c_ulonglong(0x1234)))
+            print(out)
+        """)
+        plain = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=sim_env(),
+                               timeout=TIMEOUT)
+        run_dir = tempfile.mkdtemp(prefix="memledger-inv-")
+        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
+        traced = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT,
+                                env=sim_env(LD_PRELOAD=LIBRARY, MEMLEDGER_DIR=run_dir))
+        self.assertEqual(plain.returncode, 0, plain.stderr)
+        self.assertEqual(traced.stdout, plain.stdout, traced.stderr)
+
+    def test_unknown_free_is_counted_not_fatal(self):
+        proc, out, report = self.trace("cuda_driver_linked", "normal")
+        self.assertEqual(proc.returncode, 0)
+        self.assertIn("unknown_frees", report["stats"])
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
