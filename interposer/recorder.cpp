@@ -217,7 +217,6 @@ void Recorder::start() {
   if (config_.sample_interval == 0) config_.sample_interval = 1;
   config_.stack_depth = static_cast<uint32_t>(parse_u64_env("MEMLEDGER_STACK_DEPTH", config_.stack_depth));
   if (config_.stack_depth > StackTable::kMaxDepth) config_.stack_depth = StackTable::kMaxDepth;
-  if (config_.stack_depth == 0) config_.stack_depth = 1;
   if (const char* interval = getenv("MEMLEDGER_STEP_INTERVAL")) config_.step_interval_s = atof(interval);
   if (config_.step_interval_s < 0.001) config_.step_interval_s = 0;
 
@@ -356,6 +355,7 @@ bool Recorder::push(ThreadState& t, Event& event) {
 }
 
 uint32_t Recorder::capture_stack(size_t skip_extra) {
+  if (config_.stack_depth == 0) return 0;  // stacks off (benchmarks, or by choice)
   void* frames[StackTable::kMaxDepth + 16];
   int want = static_cast<int>(config_.stack_depth + 16 + skip_extra);
   if (want > static_cast<int>(StackTable::kMaxDepth + 16)) want = StackTable::kMaxDepth + 16;

@@ -82,17 +82,11 @@ bool IsPseudoModule(std::string_view path) {
          path.starts_with("linux-gate");
 }
 
-bool IsRegularFile(const std::string& path, int* error) {
+// "" when path names a regular file, else why not.
+std::string NotARegularFile(const std::string& path) {
   struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    *error = errno;
-    return false;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    *error = EISDIR;
-    return false;
-  }
-  return true;
+  if (stat(path.c_str(), &st) != 0) return std::strerror(errno);
+  return S_ISREG(st.st_mode) ? std::string() : std::string("not a regular file");
 }
 
 bool IsFunctionScope(Dwarf_Die* die) {
@@ -101,9 +95,12 @@ bool IsFunctionScope(Dwarf_Die* die) {
          tag == DW_TAG_entry_point;
 }
 
-// DIEs that can hold, or lead to, code addresses (as heaptrack's dwarfdiecache.cpp has it).
-bool MayHoldCode(int tag) {
+// DIEs that can hold, or lead to, function definitions.
+bool MayHoldFunctions(int tag) {
   switch (tag) {
+    case DW_TAG_subprogram:
+    case DW_TAG_lexical_block:
+    case DW_TAG_inlined_subroutine:
     case DW_TAG_compile_unit:
     case DW_TAG_partial_unit:
     case DW_TAG_skeleton_unit:
@@ -133,18 +130,134 @@ bool IsInnerScope(int tag) {
   }
 }
 
-// The blocks and inlined instances of one function with their pc ranges, in DIE-tree
-// order, so that a pc is placed by comparing integers instead of decoding DIEs (a
-// function can hold thousands of inlined instances).
-struct FunctionIndex {
+// Calls f(low, high) for each address range of die.
+template <typename F>
+void ForEachRange(Dwarf_Die* die, F&& f) {
+  Dwarf_Addr base = 0, low = 0, high = 0;
+  ptrdiff_t offset = 0;
+  while ((offset = dwarf_ranges(die, offset, &base, &low, &high)) > 0)
+    if (high > low) f(low, high);
+}
+
+// Values by address interval [low, high). Intervals may overlap (nested functions, a
+// library unloaded and another loaded at its place): the one starting last holds an
+// address, and on equal starts the one added last.
+template <typename T>
+class IntervalMap {
+ public:
+  void Add(uint64_t low, uint64_t high, T value) {
+    if (high > low) entries_.push_back({low, high, std::move(value)});
+  }
+
+  // Call once after the last Add, before the first Find.
+  void Finish() {
+    std::stable_sort(entries_.begin(), entries_.end(),
+                     [](const Entry& a, const Entry& b) { return a.low < b.low; });
+    max_high_.resize(entries_.size());
+    uint64_t m = 0;
+    for (size_t i = 0; i < entries_.size(); ++i) max_high_[i] = m = std::max(m, entries_[i].high);
+  }
+
+  const T* Find(uint64_t addr) const {
+    auto it = std::upper_bound(entries_.begin(), entries_.end(), addr,
+                               [](uint64_t a, const Entry& e) { return a < e.low; });
+    for (auto i = it - entries_.begin() - 1; i >= 0 && max_high_[i] > addr; --i)
+      if (addr < entries_[i].high) return &entries_[i].value;
+    return nullptr;
+  }
+
+ private:
+  struct Entry {
+    uint64_t low;
+    uint64_t high;
+    T value;
+  };
+  std::vector<Entry> entries_;      // sorted by low after Finish
+  std::vector<uint64_t> max_high_;  // max_high_[i] = max(entries_[0..i].high)
+};
+
+// The concrete functions of one compilation unit by address. dwarf_getscopes walks the
+// whole unit on every call (each declaration in namespace std included: milliseconds
+// per address in a C++ unit); this index is built once per unit.
+class UnitIndex {
+ public:
+  explicit UnitIndex(Dwarf_Die* cudie) {
+    Dwarf_Die root = *cudie;
+    uint8_t unit_type = 0;
+    Dwarf_Die subdie;
+    // Split DWARF: the functions are in the split unit, not in the skeleton.
+    if (dwarf_cu_info(cudie->cu, nullptr, &unit_type, nullptr, &subdie, nullptr, nullptr,
+                      nullptr) == 0 &&
+        unit_type == DW_UT_skeleton && dwarf_tag(&subdie) != DW_TAG_invalid)
+      root = subdie;
+    Add(&root, 0);
+    functions_.Finish();
+  }
+
+  const Dwarf_Die* Find(Dwarf_Addr pc) const { return functions_.Find(pc); }
+
+  // The namespace, class, function or block that holds a function or one of those, as
+  // libdw has no parent links; nullptr at the top of the unit.
+  const Dwarf_Die* Parent(const Dwarf_Die& die) const {
+    auto it = parents_.find(die.addr);
+    return it != parents_.end() ? &it->second : nullptr;
+  }
+
+ private:
+  void Add(Dwarf_Die* parent, int depth) {
+    if (depth > 64) return;  // hostile input
+    Dwarf_Die child;
+    if (dwarf_child(parent, &child) != 0) return;
+    for (;;) {
+      int tag = dwarf_tag(&child);
+      if (tag == DW_TAG_subprogram)
+        ForEachRange(&child, [&](Dwarf_Addr low, Dwarf_Addr high) {
+          functions_.Add(low, high, child);
+        });
+      bool descend = MayHoldFunctions(tag);
+      if (depth > 0 && (tag == DW_TAG_subprogram || descend) &&
+          tag != DW_TAG_inlined_subroutine)
+        parents_.emplace(child.addr, *parent);
+      // Into functions too: gcc nests the definition of a lambda's operator() in the
+      // function that holds the lambda.
+      if (descend) Add(&child, depth + 1);
+      Dwarf_Die next;
+      if (dwarf_siblingof(&child, &next) != 0) break;
+      child = next;
+    }
+  }
+
+  IntervalMap<Dwarf_Die> functions_;
+  absl::flat_hash_map<const void*, Dwarf_Die> parents_;  // key: the DIE's data
+};
+
+// The blocks and inlined instances of one function with their ranges, in DIE-tree
+// order, so that a pc is placed by comparing integers instead of decoding DIEs again
+// (one function can hold thousands of inlined instances).
+class FunctionIndex {
+ public:
+  explicit FunctionIndex(Dwarf_Die subprogram) { Add(&subprogram, 1); }
+
+  // Appends the scopes holding pc, outermost first: at each level the first child that
+  // holds it, then that child's children.
+  void Path(Dwarf_Addr pc, std::vector<Dwarf_Die>& out) const {
+    uint32_t want = 1;
+    for (const Scope& scope : scopes_) {
+      if (scope.depth < want) break;  // left the subtree of the last scope taken
+      if (scope.depth == want && Contains(scope, pc)) {
+        out.push_back(scope.die);
+        ++want;
+      }
+    }
+  }
+
+ private:
   struct Scope {
     Dwarf_Die die;
-    uint32_t depth;  // 1 = direct child of the function
+    uint32_t depth;  // 1: a child of the function
     uint32_t first_range;
     uint32_t range_count;
   };
-  std::vector<Scope> scopes;
-  std::vector<std::pair<Dwarf_Addr, Dwarf_Addr>> ranges;  // [low, high)
 
   void Add(Dwarf_Die* parent, uint32_t depth) {
     if (depth > 256) return;  // hostile input
@@ -152,17 +265,14 @@ struct FunctionIndex {
     if (dwarf_child(parent, &child) != 0) return;
     for (;;) {
       if (IsInnerScope(dwarf_tag(&child))) {
-        Scope scope{child, depth, static_cast<uint32_t>(ranges.size()), 0};
-        Dwarf_Addr base = 0, low = 0, high = 0;
-        ptrdiff_t offset = 0;
-        while ((offset = dwarf_ranges(&child, offset, &base, &low, &high)) > 0) {
-          if (high <= low) continue;
-          ranges.emplace_back(low, high);
+        Scope scope{child, depth, static_cast<uint32_t>(ranges_.size()), 0};
+        ForEachRange(&child, [&](Dwarf_Addr low, Dwarf_Addr high) {
+          ranges_.emplace_back(low, high);
           ++scope.range_count;
-        }
-        // A scope without code holds none below it either (same as dwarf_getscopes).
+        });
+        // A scope without code holds none below it either (as in dwarf_getscopes).
         if (scope.range_count > 0) {
-          scopes.push_back(scope);
+          scopes_.push_back(scope);
           Add(&child, depth + 1);
         }
       }
@@ -174,138 +284,88 @@ struct FunctionIndex {
 
   bool Contains(const Scope& scope, Dwarf_Addr pc) const {
     for (uint32_t i = 0; i < scope.range_count; ++i) {
-      const auto& [low, high] = ranges[scope.first_range + i];
+      const auto& [low, high] = ranges_[scope.first_range + i];
       if (pc >= low && pc < high) return true;
     }
     return false;
   }
 
-  // Appends the scopes holding pc, outermost first: at each level the first child that
-  // holds pc, then its children.
-  void Path(Dwarf_Addr pc, std::vector<Dwarf_Die>& out) const {
-    uint32_t want = 1;
-    for (const Scope& scope : scopes) {
-      if (scope.depth < want) break;  // left the subtree of the last scope taken
-      if (scope.depth == want && Contains(scope, pc)) {
-        out.push_back(scope.die);
-        ++want;
-      }
-    }
-  }
+  std::vector<Scope> scopes_;
+  std::vector<std::pair<Dwarf_Addr, Dwarf_Addr>> ranges_;
 };
 
 // The function symbols of one module by address. dwfl_module_addrinfo scans the whole
 // symbol table on each call, far too slow for modules without DWARF (libc, vendor
-// libraries), where every frame is named from here.
-struct SymbolIndex {
-  struct Symbol {
-    GElf_Addr start;
-    GElf_Addr end;  // == start for a symbol without size
-    int rank;       // among equal starts the highest wins: global > weak > local
-    const char* name;
-  };
-  std::vector<Symbol> symbols;  // sorted by (start, rank)
-  std::vector<GElf_Addr> max_end;
-
-  void Build(Dwfl_Module* mod) {
+// libraries) where every frame is named from here. Same choice as libdwfl: a sized
+// symbol holding the address, global before weak before local; else a sizeless symbol in
+// the same section if it is the closest symbol below the address.
+class SymbolIndex {
+ public:
+  explicit SymbolIndex(Dwfl_Module* mod) : mod_(mod) {
+    struct Symbol {
+      GElf_Addr addr;
+      GElf_Xword size;
+      int rank;
+      GElf_Word section;
+      const char* name;
+    };
+    std::vector<Symbol> symbols;
     int n = dwfl_module_getsymtab(mod);
     for (int i = 1; i < n; ++i) {
       GElf_Sym sym;
       GElf_Addr addr = 0;
-      GElf_Word shndx = 0;
-      const char* name = dwfl_module_getsym_info(mod, i, &sym, &addr, &shndx, nullptr, nullptr);
-      if (name == nullptr || name[0] == '\0' || sym.st_shndx == SHN_UNDEF ||
-          shndx == static_cast<GElf_Word>(-1))
-        continue;
+      GElf_Word section = 0;
+      const char* name = dwfl_module_getsym_info(mod, i, &sym, &addr, &section, nullptr, nullptr);
       int type = GELF_ST_TYPE(sym.st_info);
-      if (type != STT_FUNC && type != STT_GNU_IFUNC) continue;
+      if (name == nullptr || name[0] == '\0' || sym.st_shndx == SHN_UNDEF ||
+          section == static_cast<GElf_Word>(-1) || (type != STT_FUNC && type != STT_GNU_IFUNC))
+        continue;
       int bind = GELF_ST_BIND(sym.st_info);
-      int rank = bind == STB_GLOBAL ? 2 : bind == STB_WEAK ? 1 : 0;
-      symbols.push_back({addr, addr + sym.st_size, rank, name});
+      symbols.push_back({addr, sym.st_size, bind == STB_GLOBAL ? 2 : bind == STB_WEAK ? 1 : 0,
+                         section, name});
     }
-    std::sort(symbols.begin(), symbols.end(), [](const Symbol& a, const Symbol& b) {
-      return a.start != b.start ? a.start < b.start : a.rank < b.rank;
-    });
-    max_end.resize(symbols.size());
-    GElf_Addr m = 0;
-    for (size_t i = 0; i < symbols.size(); ++i) max_end[i] = m = std::max(m, symbols[i].end);
-  }
-
-  // The latest starting symbol that covers addr; else a sizeless symbol right before it.
-  const char* Find(GElf_Addr addr) const {
-    auto it = std::upper_bound(symbols.begin(), symbols.end(), addr,
-                               [](GElf_Addr a, const Symbol& s) { return a < s.start; });
-    if (it == symbols.begin()) return nullptr;
-    auto last = it - symbols.begin() - 1;
-    for (auto i = last; i >= 0 && max_end[i] > addr; --i)
-      if (addr < symbols[i].end) return symbols[i].name;
-    return symbols[last].start == symbols[last].end ? symbols[last].name : nullptr;
-  }
-};
-
-struct Range {
-  uint64_t start;
-  uint64_t end;  // exclusive
-  uint32_t module;
-};
-
-// The concrete functions of one compilation unit by address. dwarf_getscopes walks the
-// whole unit on every call (every declaration of namespace std included: milliseconds
-// per address in a C++ unit); this index is built once per unit and searched.
-struct CuIndex {
-  struct Entry {
-    Dwarf_Addr low;
-    Dwarf_Addr high;  // exclusive
-    Dwarf_Die die;
-  };
-  std::vector<Entry> entries;  // sorted by low
-  std::vector<Dwarf_Addr> max_high;
-
-  void Add(Dwarf_Die* die, int depth) {
-    if (depth > 64) return;  // hostile input
-    Dwarf_Die child;
-    if (dwarf_child(die, &child) != 0) return;
-    for (;;) {
-      int tag = dwarf_tag(&child);
-      if (tag == DW_TAG_subprogram) {
-        Dwarf_Addr base = 0, low = 0, high = 0;
-        ptrdiff_t offset = 0;
-        while ((offset = dwarf_ranges(&child, offset, &base, &low, &high)) > 0)
-          if (high > low) entries.push_back({low, high, child});
-      } else if (MayHoldCode(tag)) {
-        Add(&child, depth + 1);
+    // Added lowest rank first: on equal starts the map returns the one added last.
+    std::stable_sort(symbols.begin(), symbols.end(),
+                     [](const Symbol& a, const Symbol& b) { return a.rank < b.rank; });
+    for (const Symbol& s : symbols) {
+      if (s.size > 0) {
+        sized_.Add(s.addr, s.addr + s.size, s.name);
+        sized_starts_.push_back(s.addr);
+      } else {
+        sizeless_.push_back({s.addr, s.section, s.name});
       }
-      Dwarf_Die next;
-      if (dwarf_siblingof(&child, &next) != 0) break;
-      child = next;
     }
+    sized_.Finish();
+    std::sort(sized_starts_.begin(), sized_starts_.end());
+    std::stable_sort(sizeless_.begin(), sizeless_.end(),
+                     [](const Sizeless& a, const Sizeless& b) { return a.addr < b.addr; });
   }
 
-  void Build(Dwarf_Die* cudie) {
-    Dwarf_Die root = *cudie;
-    uint8_t unit_type = 0;
-    Dwarf_Die subdie;
-    // Split DWARF: the functions are in the split unit, not the skeleton.
-    if (dwarf_cu_info(cudie->cu, nullptr, &unit_type, nullptr, &subdie, nullptr, nullptr,
-                      nullptr) == 0 &&
-        unit_type == DW_UT_skeleton && dwarf_tag(&subdie) != DW_TAG_invalid)
-      root = subdie;
-    Add(&root, 0);
-    std::sort(entries.begin(), entries.end(),
-              [](const Entry& a, const Entry& b) { return a.low < b.low; });
-    max_high.resize(entries.size());
-    Dwarf_Addr m = 0;
-    for (size_t i = 0; i < entries.size(); ++i) max_high[i] = m = std::max(m, entries[i].high);
+  const char* Find(GElf_Addr addr) const {
+    if (const char* const* name = sized_.Find(addr)) return *name;
+    auto it = std::upper_bound(sizeless_.begin(), sizeless_.end(), addr,
+                               [](GElf_Addr a, const Sizeless& s) { return a < s.addr; });
+    if (it == sizeless_.begin()) return nullptr;
+    --it;
+    auto sized = std::upper_bound(sized_starts_.begin(), sized_starts_.end(), addr);
+    if (sized != sized_starts_.begin() && *(sized - 1) > it->addr) return nullptr;
+    Dwarf_Addr relative = addr;
+    Dwarf_Addr bias = 0;
+    Elf_Scn* scn = dwfl_module_address_section(mod_, &relative, &bias);
+    if (scn == nullptr || elf_ndxscn(scn) != it->section) return nullptr;
+    return it->name;
   }
 
-  // The innermost (latest starting) function containing pc.
-  const Dwarf_Die* Find(Dwarf_Addr pc) const {
-    auto it = std::upper_bound(entries.begin(), entries.end(), pc,
-                               [](Dwarf_Addr a, const Entry& e) { return a < e.low; });
-    for (auto i = it - entries.begin() - 1; i >= 0 && max_high[i] > pc; --i)
-      if (pc < entries[i].high) return &entries[i].die;
-    return nullptr;
-  }
+ private:
+  struct Sizeless {
+    GElf_Addr addr;
+    GElf_Word section;
+    const char* name;
+  };
+  Dwfl_Module* mod_;
+  IntervalMap<const char*> sized_;
+  std::vector<GElf_Addr> sized_starts_;  // sorted
+  std::vector<Sizeless> sizeless_;       // sorted by addr
 };
 
 }  // namespace
@@ -316,9 +376,15 @@ struct Symbolizer::Impl {
   struct Module {
     ModuleInfo info;
     State state = State::kUnopened;
-    Dwfl* dwfl = nullptr;
+    Dwfl* dwfl = nullptr;  // one per module: recorded modules may overlap
     Dwfl_Module* mod = nullptr;
-    std::unique_ptr<SymbolIndex> symbols;  // built on the first frame DWARF cannot name
+    std::unique_ptr<SymbolIndex> symbols;  // on the first frame DWARF does not name
+    // Compilation units by their DW_AT_ranges/low_pc, built on the first DWARF lookup.
+    // dwfl_module_addrdie goes by .debug_aranges, which clang does not emit by default,
+    // and gives an address past a unit's last arange to that unit: in a program mixing
+    // gcc and clang objects it names the wrong unit.
+    std::unique_ptr<IntervalMap<Dwarf_Die*>> units;
+    Dwarf_Addr dwarf_bias = 0;
   };
 
   struct Key {
@@ -332,38 +398,44 @@ struct Symbolizer::Impl {
   };
 
   std::vector<Module> modules;
-  std::vector<std::string> debug_dirs;  // absolute, user folders first, then kSystemDebugDir
+  IntervalMap<uint32_t> module_ranges;  // run-time addresses -> index in modules
+  std::vector<std::string> debug_dirs;  // absolute; the user's first, then kSystemDebugDir
   size_t user_debug_dirs = 0;
   std::string debuginfo_path;
   char* debuginfo_path_ptr = nullptr;
   Dwfl_Callbacks callbacks{};
 
-  std::vector<Range> ranges;         // sorted by start
-  std::vector<uint64_t> max_end;     // max_end[i] = max(ranges[0..i].end)
-  absl::flat_hash_map<Key, uint32_t> index;
-  std::deque<std::vector<Frame>> results;  // deque: references stay valid on growth
-  absl::flat_hash_map<const void*, CuIndex> cu_index;  // key: the unit DIE's data
-  absl::flat_hash_map<const void*, FunctionIndex> function_index;  // key: the DIE's data
-  absl::flat_hash_map<const void*, std::string> die_names;         // key: the DIE's data
-  absl::flat_hash_map<const char*, std::string> names;  // libdw strings -> demangled
-  absl::flat_hash_map<const char*, std::string> files;  // libdw strings -> normalized
+  absl::flat_hash_map<Key, uint32_t> index;  // -> results
+  std::deque<std::vector<Frame>> results;    // a deque: references stay valid on growth
+  // Keyed by addresses inside libdw's mapped data, stable while the Dwfl lives.
+  // unique_ptr: a UnitIndex stays in place while others are added.
+  absl::flat_hash_map<const void*, std::unique_ptr<UnitIndex>> unit_index;  // unit DIE data
+  absl::flat_hash_map<const void*, FunctionIndex> function_index;  // function DIE data
+  struct DieNameEntry {
+    std::string name;
+    bool from_linkage_name;  // else built from DW_AT_name and the parents
+  };
+  absl::flat_hash_map<const void*, DieNameEntry> die_names;        // DIE data
+  absl::flat_hash_map<const char*, std::string> names;  // raw name -> demangled
+  absl::flat_hash_map<const char*, std::string> files;  // raw file name -> normalized
   std::vector<std::string> warnings;
 
   Impl(std::vector<ModuleInfo> infos, SymbolizerOptions options);
   ~Impl();
 
   void Warn(std::string message);
-  void AddRanges(uint32_t i);
-  int FindModule(uint64_t addr) const;
-  bool Open(Module& m);
-  bool TryOpen(Module& m, const std::string& file, std::string* problem);
   std::vector<std::string> Candidates(const ModuleInfo& info) const;
+  bool TryOpen(Module& m, const std::string& file, std::string* problem);
+  bool Open(Module& m);
   std::vector<Frame> Compute(uint64_t ip, bool return_address);
   void Symbolize(Module& m, uint64_t addr, const Frame& base, std::vector<Frame>& out);
+  Dwarf_Die* UnitDie(Module& m, uint64_t addr, Dwarf_Addr* bias);
   void FunctionScopes(Dwarf_Die* cudie, Dwarf_Addr pc, std::vector<Dwarf_Die>& funcs);
   const std::string& Name(const char* raw);
   const std::string& File(const char* raw);
-  const std::string& DieName(Dwarf_Die* die);
+  UnitIndex& Unit(Dwarf_Die* cudie);
+  const DieNameEntry& DieName(Dwarf_Die* die, int depth = 0);
+  std::string QualifiedName(Dwarf_Die* decl, const char* name, int depth);
   std::string SymbolName(Module& m, uint64_t addr);
 };
 
@@ -387,7 +459,7 @@ Symbolizer::Impl::Impl(std::vector<ModuleInfo> infos, SymbolizerOptions options)
   if (std::find(debug_dirs.begin(), debug_dirs.end(), kSystemDebugDir) == debug_dirs.end())
     debug_dirs.emplace_back(kSystemDebugDir);
 
-  // "" = the file's own folder, ".debug" = its .debug subfolder, absolute folders get both
+  // "" = the file's own folder, ".debug" = its .debug subfolder; absolute folders get both
   // the .build-id/xx/yyyy.debug lookup and the mirrored-path lookup (libdwfl semantics).
   debuginfo_path = ":.debug";
   for (const std::string& dir : debug_dirs) debuginfo_path += ":" + dir;
@@ -403,16 +475,19 @@ Symbolizer::Impl::Impl(std::vector<ModuleInfo> infos, SymbolizerOptions options)
     modules.back().info = std::move(info);
   }
   for (uint32_t i = 0; i < modules.size(); ++i) {
+    Module& m = modules[i];
+    for (const auto& [vaddr, memsz] : m.info.segments) {
+      uint64_t start = m.info.base + vaddr;
+      if (start + memsz > start) module_ranges.Add(start, start + memsz, i);  // not wrapping
+    }
     // Without recorded segments the extent is only known from the file.
-    if (modules[i].info.segments.empty()) Open(modules[i]);
-    AddRanges(i);
+    if (m.info.segments.empty() && Open(m)) {
+      Dwarf_Addr low = 0, high = 0;
+      dwfl_module_info(m.mod, nullptr, &low, &high, nullptr, nullptr, nullptr, nullptr);
+      module_ranges.Add(low, high, i);
+    }
   }
-  std::sort(ranges.begin(), ranges.end(), [](const Range& a, const Range& b) {
-    return a.start != b.start ? a.start < b.start : a.module < b.module;
-  });
-  max_end.resize(ranges.size());
-  uint64_t m = 0;
-  for (size_t i = 0; i < ranges.size(); ++i) max_end[i] = m = std::max(m, ranges[i].end);
+  module_ranges.Finish();
 }
 
 Symbolizer::Impl::~Impl() {
@@ -425,34 +500,8 @@ void Symbolizer::Impl::Warn(std::string message) {
     warnings.push_back(std::move(message));
 }
 
-void Symbolizer::Impl::AddRanges(uint32_t i) {
-  const Module& m = modules[i];
-  for (const auto& [vaddr, memsz] : m.info.segments) {
-    uint64_t start = m.info.base + vaddr;
-    uint64_t end = start + memsz;
-    if (memsz == 0 || end < start) continue;  // empty or wrapping: bogus input
-    ranges.push_back({start, end, i});
-  }
-  if (m.info.segments.empty() && m.state == State::kReady) {
-    Dwarf_Addr low = 0, high = 0;
-    dwfl_module_info(m.mod, nullptr, &low, &high, nullptr, nullptr, nullptr, nullptr);
-    if (high > low) ranges.push_back({low, high, i});
-  }
-}
-
-// Ranges may overlap when the recorded map is odd (a library unloaded and another
-// loaded at its address); the module recorded last wins.
-int Symbolizer::Impl::FindModule(uint64_t addr) const {
-  auto it = std::upper_bound(ranges.begin(), ranges.end(), addr,
-                             [](uint64_t a, const Range& r) { return a < r.start; });
-  int best = -1;
-  for (auto i = it - ranges.begin() - 1; i >= 0 && max_end[i] > addr; --i) {
-    const Range& r = ranges[i];
-    if (addr < r.end && static_cast<int>(r.module) > best) best = static_cast<int>(r.module);
-  }
-  return best;
-}
-
+// Files that may hold the module, best first. Any of them must carry the recorded build
+// id, when there is one.
 std::vector<std::string> Symbolizer::Impl::Candidates(const ModuleInfo& info) const {
   std::vector<std::string> out;
   if (!info.path.empty()) out.push_back(info.path);
@@ -460,8 +509,10 @@ std::vector<std::string> Symbolizer::Impl::Candidates(const ModuleInfo& info) co
   std::string base_name = std::filesystem::path(info.path).filename().string();
   for (size_t d = 0; d < debug_dirs.size(); ++d) {
     const std::string& dir = debug_dirs[d];
-    // Files found by name alone are taken on trust only from folders the user named.
-    if (id.empty() && d >= user_debug_dirs) continue;
+    bool user_dir = d < user_debug_dirs;
+    // Without a build id to check, files found by name are taken only from folders the
+    // user named.
+    if (id.empty() && !user_dir) continue;
     if (id.size() > 2) {
       std::string by_id = dir + "/.build-id/" + id.substr(0, 2) + "/" + id.substr(2);
       out.push_back(by_id + ".debug");
@@ -471,16 +522,14 @@ std::vector<std::string> Symbolizer::Impl::Candidates(const ModuleInfo& info) co
       out.push_back(dir + info.path);
       if (!id.empty()) out.push_back(dir + info.path + ".debug");
     }
-    if (!base_name.empty() && d < user_debug_dirs) out.push_back(dir + "/" + base_name);
+    if (!base_name.empty() && user_dir) out.push_back(dir + "/" + base_name);
   }
   return out;
 }
 
 bool Symbolizer::Impl::TryOpen(Module& m, const std::string& file, std::string* problem) {
-  int error = 0;
-  if (!IsRegularFile(file, &error)) {
-    if (problem->empty())
-      *problem = "cannot open " + file + ": " + std::strerror(error);
+  if (std::string why = NotARegularFile(file); !why.empty()) {
+    if (problem->empty()) *problem = "cannot open " + file + ": " + why;
     return false;
   }
   Dwfl* dwfl = dwfl_begin(&callbacks);
@@ -490,8 +539,8 @@ bool Symbolizer::Impl::TryOpen(Module& m, const std::string& file, std::string* 
   }
   dwfl_report_begin(dwfl);
   const char* name = m.info.path.empty() ? "[unnamed]" : m.info.path.c_str();
-  // add_p_vaddr = true: the module's bias is exactly `base`, as dlpi_addr is (libdwfl
-  // otherwise places the first PT_LOAD at `base`).
+  // add_p_vaddr = true makes the module's bias exactly `base`, as dlpi_addr is; with
+  // false libdwfl would place the first PT_LOAD's aligned p_vaddr at `base` instead.
   Dwfl_Module* mod = dwfl_report_elf(dwfl, name, file.c_str(), -1, m.info.base, true);
   dwfl_report_end(dwfl, nullptr, nullptr);
   if (mod == nullptr) {
@@ -526,9 +575,9 @@ bool Symbolizer::Impl::Open(Module& m) {
     }
   }
   if (m.info.path.empty()) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%llx", static_cast<unsigned long long>(m.info.base));
-    problem = std::string("module loaded at 0x") + buf + " has no path" +
+    char base[32];
+    std::snprintf(base, sizeof base, "%llx", static_cast<unsigned long long>(m.info.base));
+    problem = std::string("module loaded at 0x") + base + " has no path" +
               (m.info.build_id.empty() ? "" : " and no file with build id " + m.info.build_id);
   }
   Warn(problem + "; frames unsymbolized");
@@ -561,81 +610,126 @@ const std::string& Symbolizer::Impl::File(const char* raw) {
   return it->second;
 }
 
-const std::string& Symbolizer::Impl::DieName(Dwarf_Die* die) {
-  auto [it, inserted] = die_names.try_emplace(die->addr);
-  if (!inserted) return it->second;
+UnitIndex& Symbolizer::Impl::Unit(Dwarf_Die* cudie) {
+  std::unique_ptr<UnitIndex>& unit = unit_index[cudie->addr];
+  if (unit == nullptr) unit = std::make_unique<UnitIndex>(cudie);
+  return *unit;
+}
+
+// The demangled linkage name; else (gcc gives none to functions of internal linkage or
+// only ever inlined) DW_AT_name qualified with the namespaces, classes and functions
+// that hold the declaration.
+const Symbolizer::Impl::DieNameEntry& Symbolizer::Impl::DieName(Dwarf_Die* die, int depth) {
+  if (auto it = die_names.find(die->addr); it != die_names.end()) return it->second;
+  DieNameEntry entry{{}, true};
   Dwarf_Attribute attr;
   // dwarf_attr_integrate follows DW_AT_abstract_origin and DW_AT_specification, which is
   // where inlined instances and member function definitions keep their names.
   const char* name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_linkage_name, &attr));
   if (name == nullptr)
     name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_MIPS_linkage_name, &attr));
-  if (name == nullptr) name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_name, &attr));
-  if (name != nullptr) it->second = Name(name);
-  return it->second;
+  if (name != nullptr) {
+    entry.name = Name(name);
+  } else {
+    entry.from_linkage_name = false;
+    Dwarf_Die decl = *die;
+    for (int i = 0; i < 8; ++i) {
+      Dwarf_Die target;
+      if ((dwarf_attr(&decl, DW_AT_abstract_origin, &attr) == nullptr &&
+           dwarf_attr(&decl, DW_AT_specification, &attr) == nullptr) ||
+          dwarf_formref_die(&attr, &target) == nullptr)
+        break;
+      decl = target;
+    }
+    if (const char* short_name = dwarf_diename(&decl))
+      entry.name = QualifiedName(&decl, short_name, depth);
+  }
+  // Not try_emplace up front: QualifiedName may have added entries (for enclosing
+  // functions) and moved the table.
+  return die_names.insert_or_assign(die->addr, std::move(entry)).first->second;
+}
+
+std::string Symbolizer::Impl::QualifiedName(Dwarf_Die* decl, const char* name, int depth) {
+  Dwarf_Die cu;
+  if (depth > 8 || dwarf_diecu(decl, &cu, nullptr, nullptr) == nullptr) return name;
+  const UnitIndex& unit = Unit(&cu);
+  std::vector<std::string> scopes;  // innermost first
+  const Dwarf_Die* parent = unit.Parent(*decl);
+  for (int i = 0; parent != nullptr && i < 32; ++i, parent = unit.Parent(*parent)) {
+    Dwarf_Die p = *parent;
+    int tag = dwarf_tag(&p);
+    if (tag == DW_TAG_lexical_block) continue;
+    if (tag == DW_TAG_subprogram) {  // a local class or lambda: the function's own name
+      scopes.push_back(DieName(&p, depth + 1).name);
+      break;
+    }
+    if (const char* n = dwarf_diename(&p)) {
+      scopes.emplace_back(n);
+    } else if (tag == DW_TAG_namespace) {
+      scopes.emplace_back("(anonymous namespace)");
+    } else {
+      // An unnamed class with member functions inside a function is a lambda's closure.
+      Dwarf_Die outer;
+      int outer_tag = 0;
+      if (const Dwarf_Die* o = unit.Parent(p)) outer = *o, outer_tag = dwarf_tag(&outer);
+      bool in_function = outer_tag == DW_TAG_subprogram || outer_tag == DW_TAG_lexical_block;
+      scopes.emplace_back(in_function ? "{lambda}" : "{unnamed type}");
+    }
+  }
+  std::string out;
+  for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) out += *it + "::";
+  return out + name;
 }
 
 std::string Symbolizer::Impl::SymbolName(Module& m, uint64_t addr) {
-  if (m.symbols == nullptr) {
-    m.symbols = std::make_unique<SymbolIndex>();
-    m.symbols->Build(m.mod);
-  }
+  if (m.symbols == nullptr) m.symbols = std::make_unique<SymbolIndex>(m.mod);
   const char* name = m.symbols->Find(addr);
   return name != nullptr ? Name(name) : std::string();
 }
 
-// Fills funcs with the function scopes containing pc, innermost first, ending with the
+Dwarf_Die* Symbolizer::Impl::UnitDie(Module& m, uint64_t addr, Dwarf_Addr* bias) {
+  if (m.units == nullptr) {
+    m.units = std::make_unique<IntervalMap<Dwarf_Die*>>();
+    if (dwfl_module_getdwarf(m.mod, &m.dwarf_bias) != nullptr) {
+      Dwarf_Addr unit_bias = 0;
+      for (Dwarf_Die* cu = nullptr; (cu = dwfl_module_nextcu(m.mod, cu, &unit_bias));)
+        ForEachRange(cu, [&](Dwarf_Addr low, Dwarf_Addr high) { m.units->Add(low, high, cu); });
+    }
+    m.units->Finish();
+  }
+  *bias = m.dwarf_bias;
+  if (Dwarf_Die* const* cudie = m.units->Find(addr - m.dwarf_bias)) return *cudie;
+  // A unit without address attributes is only known from .debug_aranges.
+  Dwarf_Die* cudie = dwfl_module_addrdie(m.mod, addr, bias);
+  if (cudie != nullptr && !dwarf_hasattr(cudie, DW_AT_low_pc) && !dwarf_hasattr(cudie, DW_AT_ranges))
+    return cudie;
+  return nullptr;
+}
+
+// Fills funcs with the function scopes holding pc, innermost first, ending with the
 // containing DW_TAG_subprogram.
 void Symbolizer::Impl::FunctionScopes(Dwarf_Die* cudie, Dwarf_Addr pc,
                                       std::vector<Dwarf_Die>& funcs) {
-  auto [it, inserted] = cu_index.try_emplace(cudie->addr);
-  if (inserted) it->second.Build(cudie);
-  if (const Dwarf_Die* subprogram = it->second.Find(pc)) {
-    auto [fn, fn_inserted] = function_index.try_emplace(subprogram->addr);
-    if (fn_inserted) {
-      Dwarf_Die die = *subprogram;
-      fn->second.Add(&die, 1);
-    }
-    std::vector<Dwarf_Die> path{*subprogram};
-    fn->second.Path(pc, path);
-    for (auto d = path.rbegin(); d != path.rend(); ++d)
-      if (IsFunctionScope(&*d)) funcs.push_back(*d);
-    return;
-  }
-
-  // Not in the index (code outside any DW_TAG_subprogram we know): ask libdw.
-  Dwarf_Die* scopes = nullptr;
-  int n = dwarf_getscopes(cudie, pc, &scopes);
-  if (n > 0) {
-    bool inlined = false;
-    for (int i = 0; i < n && !inlined; ++i)
-      inlined = dwarf_tag(&scopes[i]) == DW_TAG_inlined_subroutine;
-    if (inlined) {
-      // dwarf_getscopes continues past the innermost inlined instance with the scopes of
-      // its abstract definition; the concrete chain of callers (what eu-addr2line -i
-      // prints) comes from the DIE tree above that instance.
-      Dwarf_Die innermost = scopes[0];
-      std::free(scopes);
-      scopes = nullptr;
-      n = dwarf_getscopes_die(&innermost, &scopes);
-    }
-    for (int i = 0; i < n; ++i) {
-      if (!IsFunctionScope(&scopes[i])) continue;
-      funcs.push_back(scopes[i]);
-      if (dwarf_tag(&scopes[i]) == DW_TAG_subprogram) break;
-    }
-  }
-  std::free(scopes);
+  // No function of the unit holds pc (padding, hand-written assembly): the caller names it
+  // from the symbol table. No dwarf_getscopes fallback, as it walks the whole unit.
+  const Dwarf_Die* subprogram = Unit(cudie).Find(pc);
+  if (subprogram == nullptr) return;
+  auto fn = function_index.find(subprogram->addr);
+  if (fn == function_index.end())
+    fn = function_index.try_emplace(subprogram->addr, *subprogram).first;
+  std::vector<Dwarf_Die> path{*subprogram};
+  fn->second.Path(pc, path);
+  for (auto d = path.rbegin(); d != path.rend(); ++d)
+    if (IsFunctionScope(&*d)) funcs.push_back(*d);
 }
 
 void Symbolizer::Impl::Symbolize(Module& m, uint64_t addr, const Frame& base,
                                  std::vector<Frame>& out) {
   Dwarf_Addr bias = 0;
-  Dwarf_Die* cudie = dwfl_module_addrdie(m.mod, addr, &bias);
   std::vector<Dwarf_Die> funcs;  // innermost first, up to the containing subprogram
   const char* file = nullptr;
   int line = 0;
-  if (cudie != nullptr) {
+  if (Dwarf_Die* cudie = UnitDie(m, addr, &bias)) {
     Dwarf_Addr pc = addr - bias;
     FunctionScopes(cudie, pc, funcs);
     if (Dwarf_Line* l = dwarf_getsrc_die(cudie, pc)) {
@@ -671,8 +765,11 @@ void Symbolizer::Impl::Symbolize(Module& m, uint64_t addr, const Frame& base,
       if (dwarf_formudata(dwarf_attr(callee, DW_AT_call_line, &attr), &value) == 0)
         f.line = static_cast<int>(value);
     }
-    f.function = DieName(&funcs[i]);
-    if (f.function.empty() && i + 1 == funcs.size()) f.function = SymbolName(m, addr);
+    const DieNameEntry& name = DieName(&funcs[i]);
+    f.function = name.name;
+    // The containing function's symbol has the parameters that DW_AT_name lacks.
+    if (i + 1 == funcs.size() && !name.from_linkage_name)
+      if (std::string symbol = SymbolName(m, addr); !symbol.empty()) f.function = symbol;
     f.inlined = i + 1 < funcs.size();
     out.push_back(std::move(f));
   }
@@ -682,9 +779,9 @@ std::vector<Frame> Symbolizer::Impl::Compute(uint64_t ip, bool return_address) {
   uint64_t addr = (return_address && ip > 0) ? ip - 1 : ip;
   Frame base;
   base.address = ip;
-  int i = FindModule(addr);
-  if (i < 0) return {base};
-  Module& m = modules[static_cast<size_t>(i)];
+  const uint32_t* i = module_ranges.Find(addr);
+  if (i == nullptr) return {base};
+  Module& m = modules[*i];
   base.module = m.info.path;
   if (!Open(m)) return {base};
   std::vector<Frame> frames;

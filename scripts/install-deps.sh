@@ -6,7 +6,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=(g++ make meson ninja-build pkg-config dpkg-dev libabsl-dev catch2 libdw-dev libelf-dev
-          libzstd-dev zlib1g-dev liblzma-dev libbz2-dev nlohmann-json3-dev python3 valgrind)
+          libzstd-dev zlib1g-dev liblzma-dev libbz2-dev nlohmann-json3-dev libtomlplusplus-dev python3 valgrind)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

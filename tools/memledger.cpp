@@ -1,4 +1,4 @@
-// The memledger command line: run, report, dump.
+// The memledger command line: run, report, check, diff, dump.
 
 #include <fcntl.h>
 #include <getopt.h>
@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "check_command.h"
 #include "run_report.h"
 #include "trace_format.h"
 #include "trace_reader.h"
@@ -43,6 +44,9 @@ const char* const kUsage =
     "commands:\n"
     "  run [options] [--] CMD [ARGS...]   trace CMD and its children, then report\n"
     "  report RUN_DIR|TRACE [options]     the report of a run (text or JSON)\n"
+    "  check RUN [limits] [options]       CI gate: exit 1 when memory grows, peaks or leaks past a limit\n"
+    "                                     or against a baseline run\n"
+    "  diff A B [options]                 two runs side by side: series, figures, sites that changed\n"
     "  dump TRACE                         every record of a trace file, as text\n"
     "\n"
     "run options:\n"
@@ -50,7 +54,7 @@ const char* const kUsage =
     "      --host MODE           host heap tracking: sampled (default), full, off\n"
     "      --sample-interval N   mean bytes between host samples in sampled mode (default 131072)\n"
     "      --step-interval SEC   also end a step every SEC seconds (time-based steps)\n"
-    "      --stack-depth N       native frames kept per stack (default 64, at most 128)\n"
+    "      --stack-depth N       native frames kept per stack (default 64, at most 128; 0: no stacks)\n"
     "      --leak-mode           make every tensor allocation visible to the driver: sets\n"
     "                            PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,\n"
     "                            TF_GPU_ALLOCATOR=cuda_malloc_async, XLA_PYTHON_CLIENT_ALLOCATOR=platform\n"
@@ -62,6 +66,7 @@ const char* const kUsage =
     "  -o, --output FILE         write the report to FILE instead of standard output\n"
     "      --warmup-steps N      steps ignored before judging growth (default: a tenth, 1 to 10)\n"
     "      --debug-dir DIR       also look for binaries and debug info in DIR (repeatable)\n"
+    "\n" MEMLEDGER_CHECK_USAGE
     "\n"
     "  memledger --help | --version\n";
 
@@ -298,8 +303,8 @@ int cmd_run(int argc, char** argv) {
         break;
       }
       case 'D':
-        if (!parse_count(optarg) || *parse_count(optarg) == 0 || *parse_count(optarg) > 128) {
-          return usage_error(std::string("--stack-depth needs a number from 1 to 128, not '") + optarg + "'");
+        if (!parse_count(optarg) || *parse_count(optarg) > 128) {
+          return usage_error(std::string("--stack-depth needs a number from 0 to 128, not '") + optarg + "'");
         }
         opts.stack_depth = optarg;
         break;
@@ -535,6 +540,8 @@ int main(int argc, char** argv) {
   try {
     if (command == "run") return cmd_run(argc - 1, argv + 1);
     if (command == "report") return cmd_report(argc - 1, argv + 1);
+    if (command == "check") return memledger::tools::cmd_check(argc - 1, argv + 1);
+    if (command == "diff") return memledger::tools::cmd_diff(argc - 1, argv + 1);
     if (command == "dump") return cmd_dump(argc - 1, argv + 1);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memledger: internal error: %s\n", e.what());

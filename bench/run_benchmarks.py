@@ -1,0 +1,563 @@
+#!/usr/bin/env python3
+"""Host-heap benchmark: untraced vs memledger (full, sampled) vs heaptrack.
+
+One command, one table:
+
+    python3 bench/run_benchmarks.py [--build build] [--repeat 3] [--quick]
+
+Every configuration runs the same allocation storm (build/bench/storm), in
+the same invocation, interleaved round by round (the order rotates each round
+so that no configuration always runs first), and the median of --repeat runs
+is reported. Then the report builders are timed on the traces just written:
+`memledger report RUN --format json` against `heaptrack_print`.
+
+This is a benchmark, not a test: it exits 0 when a target is missed and
+prints MISSED next to it. It exits non-zero only when it cannot run at all
+(no storm binary, bad arguments).
+
+Python standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Targets, as ratios traced / untraced (or memledger / heaptrack).
+TARGET_FULL = 3.0
+TARGET_SAMPLED = 1.2
+TARGET_REPORT = 1.0
+
+# Benchmark defaults: about 20 M allocations, 1-2 s untraced on a small VM.
+DEFAULT_STEPS = 200
+QUICK_STEPS = 10
+DEFAULT_ALLOCS_PER_STEP = 100000
+
+STORM_LINE = re.compile(r"storm:.*\bmaxrss_kib=(\d+)\s+elapsed_s=([0-9.]+)")
+
+
+@dataclass
+class Sample:
+    """One run of one configuration."""
+
+    ok: bool
+    rc: int
+    wall_s: float  # the whole command, as seen from here
+    program_s: float | None = None  # storm's own elapsed time
+    program_rss_kib: int | None = None  # storm's own peak RSS
+    tree_rss_kib: int = 0  # largest process in the command's tree
+    trace_bytes: int | None = None
+    note: str = ""
+
+
+@dataclass
+class Config:
+    """A way to run the storm (or a report builder)."""
+
+    name: str
+    skipped: str = ""  # why it cannot run here, empty if it can
+    samples: list[Sample] = field(default_factory=list)
+
+    def good(self) -> list[Sample]:
+        return [s for s in self.samples if s.ok]
+
+    def median(self, attr: str) -> float | None:
+        values = [getattr(s, attr) for s in self.good()]
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    def failure(self) -> str:
+        bad = [s for s in self.samples if not s.ok]
+        return bad[-1].note if bad else ""
+
+
+GNU_TIME = "/usr/bin/time"
+
+
+def run_timed(argv: list[str], stdout_path: Path, stderr_path: Path,
+              stdout_devnull: bool = False) -> tuple[int, float, int]:
+    """Run argv; return (exit code, wall seconds, max RSS KiB of the tree).
+
+    The max RSS is that of the largest single process in the command's tree
+    (for heaptrack: the program or heaptrack_interpret, whichever is bigger).
+    It comes from GNU time, which forks the command from a small process:
+    a child forked straight from this Python process would inherit Python's
+    high-water mark in ru_maxrss, which survives exec.
+    """
+    rss_path = stderr_path.with_name(stderr_path.stem + ".rss")
+    use_time = os.access(GNU_TIME, os.X_OK)
+    if use_time:
+        argv = [GNU_TIME, "-f", "%M", "-o", str(rss_path), "--", *argv]
+    with open(stderr_path, "wb") as err:
+        out = open(os.devnull, "wb") if stdout_devnull else open(stdout_path, "wb")
+        with out:
+            start = time.perf_counter()
+            proc = subprocess.Popen(argv, stdout=out, stderr=err,
+                                    stdin=subprocess.DEVNULL)
+            _, status, usage = os.wait4(proc.pid, 0)
+            wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    rss = usage.ru_maxrss  # fallback: includes Python's own high-water mark
+    if use_time:
+        try:
+            # GNU time writes "Command exited with non-zero status N" first
+            # when the command fails; the figure is the last line.
+            rss = int(rss_path.read_text().split()[-1])
+        except (OSError, ValueError, IndexError):
+            pass
+    return proc.returncode, wall, rss
+
+
+def tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return " | ".join(text[-lines:])
+
+
+def tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += (Path(root) / f).stat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def heaptrack_file(prefix: Path) -> Path | None:
+    """heaptrack -o PREFIX writes PREFIX.zst (or .gz, or PREFIX itself)."""
+    for cand in (prefix.with_name(prefix.name + ".zst"),
+                 prefix.with_name(prefix.name + ".gz"), prefix):
+        if cand.is_file():
+            return cand
+    found = sorted(prefix.parent.glob(prefix.name + "*"))
+    return found[0] if found else None
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.build = self._find_build(args.build)
+        self.storm = self.build / "bench" / "storm"
+        self.memledger = self.build / "tools" / "memledger"
+        self.heaptrack = shutil.which("heaptrack")
+        self.heaptrack_print = shutil.which("heaptrack_print")
+        self.tmp = Path()  # made in main(), once there is something to run
+        self.storm_args = ["--steps", str(args.steps),
+                           "--allocs-per-step", str(args.allocs_per_step),
+                           "--threads", str(args.threads)]
+        self.run_flags: list[str] = []
+        self.has_no_report = False
+        self.counter = 0
+        # The newest trace of each kind, kept for the report timing.
+        self.last_full_run: Path | None = None
+        self.last_heaptrack: Path | None = None
+
+    @staticmethod
+    def _find_build(build: str) -> Path:
+        p = Path(build)
+        if p.is_absolute() or p.exists():
+            return p.resolve()
+        return (REPO_ROOT / p).resolve()
+
+    def fresh(self, name: str) -> Path:
+        self.counter += 1
+        return self.tmp / f"{self.counter:03d}-{name}"
+
+    # -- discovery --------------------------------------------------------
+
+    def memledger_skip_reason(self) -> str:
+        if not os.access(self.memledger, os.X_OK):
+            return f"{self.memledger} not built"
+        try:
+            res = subprocess.run([str(self.memledger), "run", "--help"],
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"memledger run --help failed: {e}"
+        helptext = res.stdout + res.stderr
+        if "--host" not in helptext:
+            return "memledger run has no --host option yet"
+        self.has_no_report = "--no-report" in helptext
+        if self.has_no_report:
+            self.run_flags.append("--no-report")
+        if "--quiet" in helptext:
+            self.run_flags.append("--quiet")
+        return ""
+
+    # -- one run of each configuration -----------------------------------
+
+    def run_untraced(self) -> Sample:
+        d = self.fresh("untraced")
+        d.mkdir()
+        return self._finish([str(self.storm), *self.storm_args], d)
+
+    def run_memledger(self, mode: str) -> Sample:
+        d = self.fresh(f"memledger-{mode}")
+        d.mkdir()
+        run_dir = d / "run"
+        argv = [str(self.memledger), "run", "-o", str(run_dir), "--host", mode,
+                *self.run_flags, "--", str(self.storm), *self.storm_args]
+        s = self._finish(argv, d)
+        if not s.ok:
+            return s  # its folder stays, for a look at stderr.txt with --keep
+        s.trace_bytes = tree_size(run_dir) if run_dir.exists() else 0
+        if mode == "full":
+            self._replace("last_full_run", run_dir)
+        elif not self.args.keep:
+            shutil.rmtree(d, ignore_errors=True)
+        return s
+
+    def run_heaptrack(self) -> Sample:
+        d = self.fresh("heaptrack")
+        d.mkdir()
+        prefix = d / "heaptrack.storm"
+        argv = [self.heaptrack, "-o", str(prefix), str(self.storm), *self.storm_args]
+        s = self._finish(argv, d)
+        if s.ok:
+            f = heaptrack_file(prefix)
+            if f is None:
+                s.ok, s.note = False, "heaptrack wrote no file"
+            else:
+                s.trace_bytes = f.stat().st_size
+                self._replace("last_heaptrack", f)
+        return s
+
+    def _replace(self, attr: str, path: Path) -> None:
+        """Keep only the newest trace of a kind (traces are big)."""
+        old = getattr(self, attr)
+        if old is not None and not self.args.keep:
+            # The numbered folder holding the run folder or the .zst file.
+            shutil.rmtree(old.parent, ignore_errors=True)
+        setattr(self, attr, path)
+
+    def _finish(self, argv: list[str], d: Path) -> Sample:
+        out, err = d / "stdout.txt", d / "stderr.txt"
+        rc, wall, rss = run_timed(argv, out, err)
+        s = Sample(ok=rc == 0, rc=rc, wall_s=wall, tree_rss_kib=rss)
+        try:
+            text = out.read_text(errors="replace")
+        except OSError:
+            text = ""
+        m = None
+        for m in STORM_LINE.finditer(text):
+            pass
+        if m is not None:
+            s.program_rss_kib = int(m.group(1))
+            s.program_s = float(m.group(2))
+        if rc != 0:
+            s.note = f"exit {rc}: {tail(err)}"
+        elif m is None:
+            s.ok = False
+            s.note = f"no 'storm:' line on stdout: {tail(err)}"
+        if self.args.verbose:
+            print(f"  {' '.join(argv[:3])}... rc={rc} wall={wall:.3f}s "
+                  f"program={s.program_s}s rss={rss}KiB {s.note}", flush=True)
+        return s
+
+    # -- report builders ----------------------------------------------------
+
+    def time_memledger_report(self) -> Sample:
+        assert self.last_full_run is not None
+        d = self.fresh("report")
+        d.mkdir()
+        argv = [str(self.memledger), "report", str(self.last_full_run),
+                "--format", "json", "-o", os.devnull]
+        rc, wall, rss = run_timed(argv, d / "stdout.txt", d / "stderr.txt")
+        note = "" if rc == 0 else f"exit {rc}: {tail(d / 'stderr.txt')}"
+        return Sample(ok=rc == 0, rc=rc, wall_s=wall, tree_rss_kib=rss, note=note)
+
+    def time_heaptrack_print(self) -> Sample:
+        assert self.last_heaptrack is not None
+        d = self.fresh("heaptrack_print")
+        d.mkdir()
+        argv = [self.heaptrack_print, str(self.last_heaptrack)]
+        rc, wall, rss = run_timed(argv, d / "stdout.txt", d / "stderr.txt",
+                                  stdout_devnull=True)
+        note = "" if rc == 0 else f"exit {rc}: {tail(d / 'stderr.txt')}"
+        return Sample(ok=rc == 0, rc=rc, wall_s=wall, tree_rss_kib=rss, note=note)
+
+    # -- the whole benchmark ------------------------------------------------
+
+    def main(self) -> int:
+        if not os.access(self.storm, os.X_OK):
+            print(f"error: {self.storm} not found; build it first:\n"
+                  f"  meson compile -C {self.build} bench/storm", file=sys.stderr)
+            return 2
+        self.tmp = Path(tempfile.mkdtemp(prefix="memledger-bench-"))
+        try:
+            return self.benchmark()
+        finally:
+            if self.args.keep:
+                print(f"\ntraces kept in {self.tmp}")
+            else:
+                shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def benchmark(self) -> int:
+        a = self.args
+        untraced = Config("untraced")
+        full = Config("memledger --host full")
+        sampled = Config("memledger --host sampled")
+        heaptrack = Config("heaptrack")
+        reason = self.memledger_skip_reason()
+        full.skipped = sampled.skipped = reason
+        if self.heaptrack is None:
+            heaptrack.skipped = "heaptrack not installed"
+
+        runners = [(untraced, self.run_untraced),
+                   (full, lambda: self.run_memledger("full")),
+                   (sampled, lambda: self.run_memledger("sampled")),
+                   (heaptrack, self.run_heaptrack)]
+        runners = [(c, f) for c, f in runners if not c.skipped]
+
+        print(self.header(), flush=True)
+        for r in range(a.repeat):
+            order = runners[r % len(runners):] + runners[:r % len(runners)]
+            names = ", ".join(c.name for c, _ in order)
+            print(f"round {r + 1}/{a.repeat}: {names}", flush=True)
+            for config, fn in order:
+                config.samples.append(fn())
+
+        ml_report = Config("memledger report --format json")
+        ht_print = Config("heaptrack_print")
+        if self.last_full_run is None:
+            ml_report.skipped = reason or "no successful full-mode run"
+        if self.last_heaptrack is None or self.heaptrack_print is None:
+            ht_print.skipped = heaptrack.skipped or "no heaptrack trace"
+        report_runners = [(c, f) for c, f in ((ml_report, self.time_memledger_report),
+                                              (ht_print, self.time_heaptrack_print))
+                          if not c.skipped]
+        if report_runners:
+            print(f"report builders, {a.repeat} rounds: "
+                  + ", ".join(c.name for c, _ in report_runners), flush=True)
+        for r in range(a.repeat):
+            order = report_runners if r % 2 == 0 else report_runners[::-1]
+            for config, fn in order:
+                config.samples.append(fn())
+
+        print()
+        print(self.table(untraced, full, sampled, heaptrack, ml_report, ht_print))
+        if a.json:
+            self.write_json(Path(a.json), [untraced, full, sampled, heaptrack,
+                                           ml_report, ht_print])
+        return 0
+
+    # -- output -------------------------------------------------------------
+
+    def header(self) -> str:
+        a = self.args
+        storm = " ".join([str(self.storm.relative_to(self.build.parent))
+                          if self.storm.is_relative_to(self.build.parent)
+                          else str(self.storm), *self.storm_args])
+        lines = [
+            "memledger host-heap benchmark",
+            f"  machine : {machine_description()}",
+            f"  program : {storm}",
+            f"  runs    : {a.repeat} per configuration, interleaved, median shown",
+        ]
+        if self.run_flags:
+            lines.append(f"  memledger run flags: {' '.join(self.run_flags)}")
+        lines.append(f"  load    : {load_note()}")
+        return "\n".join(lines)
+
+    def table(self, untraced: Config, full: Config, sampled: Config,
+              heaptrack: Config, ml_report: Config, ht_print: Config) -> str:
+        base_prog = untraced.median("program_s")
+        base_wall = untraced.median("wall_s")
+        base_rss = untraced.median("program_rss_kib")
+        base_tree = untraced.median("tree_rss_kib")
+
+        head = (f"{'configuration':<26} {'program s':>10} {'ratio':>7} "
+                f"{'command s':>10} {'ratio':>7} {'prog RSS MiB':>12} {'ratio':>7} "
+                f"{'tree RSS MiB':>12} {'trace MiB':>10}  target")
+        rows = [head, "-" * len(head)]
+        targets = {full.name: TARGET_FULL, sampled.name: TARGET_SAMPLED}
+        for c in (untraced, full, sampled, heaptrack):
+            if c.skipped:
+                rows.append(f"{c.name:<26} skipped: {c.skipped}")
+                continue
+            if not c.good():
+                rows.append(f"{c.name:<26} FAILED: {c.failure()}")
+                continue
+            prog, wall = c.median("program_s"), c.median("wall_s")
+            rss, tree = c.median("program_rss_kib"), c.median("tree_rss_kib")
+            trace = c.median("trace_bytes")
+            r_prog = ratio(prog, base_prog)
+            target = ""
+            if c.name in targets:
+                t = targets[c.name]
+                verdict = "ok" if r_prog is not None and r_prog <= t else "MISSED"
+                target = f"program <= {t:g}x: {verdict}"
+            failed = len(c.samples) - len(c.good())
+            if failed:
+                target += f" ({failed} run(s) failed: {c.failure()})"
+            rows.append(
+                f"{c.name:<26} {fmt(prog, 3):>10} {fmt_ratio(r_prog):>7} "
+                f"{fmt(wall, 3):>10} {fmt_ratio(ratio(wall, base_wall)):>7} "
+                f"{fmt(kib_to_mib(rss), 1):>12} {fmt_ratio(ratio(rss, base_rss)):>7} "
+                f"{fmt(kib_to_mib(tree), 1):>12} {fmt(bytes_to_mib(trace), 1):>10}  "
+                f"{target}")
+        notes = [
+            "",
+            "program s: the storm's own elapsed time (its last stdout line);",
+            "command s: the whole command, start to exit"
+            + (" (memledger run --no-report: no report building)."
+               if self.has_no_report else
+               " (memledger: includes writing the report, no --no-report option)."),
+            "prog RSS: the storm process's own peak RSS (in-process tracer included);",
+            "tree RSS: the largest single process of the command (e.g. heaptrack_interpret).",
+            "trace: memledger run folder / heaptrack .zst file.",
+        ]
+        rows.extend(notes)
+
+        rows.append("")
+        head2 = (f"{'report builder':<32} {'wall s':>8} {'peak RSS MiB':>12}  "
+                 f"ratio to heaptrack_print")
+        rows += [head2, "-" * len(head2)]
+        ht_wall = ht_print.median("wall_s")
+        for c in (ml_report, ht_print):
+            if c.skipped:
+                rows.append(f"{c.name:<32} skipped: {c.skipped}")
+                continue
+            if not c.good():
+                rows.append(f"{c.name:<32} FAILED: {c.failure()}")
+                continue
+            wall = c.median("wall_s")
+            line = (f"{c.name:<32} {fmt(wall, 3):>8} "
+                    f"{fmt(kib_to_mib(c.median('tree_rss_kib')), 1):>12}  ")
+            if c is ml_report and ht_wall is not None:
+                r = ratio(wall, ht_wall)
+                verdict = "ok" if r is not None and r <= TARGET_REPORT else "MISSED"
+                line += f"{fmt_ratio(r)}  target <= {TARGET_REPORT:g}x: {verdict}"
+            rows.append(line)
+        rows.append("(memledger report on the full-mode trace, heaptrack_print on "
+                    "heaptrack's trace of the same storm)")
+        return "\n".join(rows)
+
+    def write_json(self, path: Path, configs: list[Config]) -> None:
+        data = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+            "machine": machine_description(),
+            "storm_args": self.storm_args,
+            "memledger_run_flags": self.run_flags,
+            "configs": {
+                c.name: {"skipped": c.skipped,
+                         "samples": [s.__dict__ for s in c.samples]}
+                for c in configs},
+        }
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        print(f"\nraw results written to {path}")
+
+
+def ratio(x: float | None, base: float | None) -> float | None:
+    if x is None or base is None or base <= 0:
+        return None
+    return x / base
+
+
+def fmt(x: float | None, digits: int) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def fmt_ratio(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def kib_to_mib(x: float | None) -> float | None:
+    return None if x is None else x / 1024
+
+
+def bytes_to_mib(x: float | None) -> float | None:
+    return None if x is None else x / (1024 * 1024)
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs, from /proc/stat."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return None
+    values = [int(v) for v in fields[:8]]
+    idle = values[3] + values[4]  # idle + iowait
+    return sum(values) - idle, sum(values)
+
+
+def load_note() -> str:
+    """How busy the machine is right now (over one second), before we start:
+    anything else running makes the timings noisy."""
+    first = cpu_times()
+    time.sleep(1.0)
+    second = cpu_times()
+    if first is None or second is None or second[1] == first[1]:
+        return "unknown"
+    busy = (second[0] - first[0]) / (second[1] - first[1]) * (os.cpu_count() or 1)
+    note = f"{busy:.2f} CPUs busy before the start"
+    if busy > 0.25:
+        note += "  WARNING: something else is running, timings will be noisy"
+    return note
+
+
+def machine_description() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{os.cpu_count()} CPUs ({cpu}), Linux {platform.release()}, "
+            f"Python {platform.python_version()}")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Host-heap benchmark: untraced vs memledger vs heaptrack.")
+    p.add_argument("--build", default="build",
+                   help="meson build folder (default: build, relative to the "
+                        "current folder or else to the repository root)")
+    p.add_argument("--repeat", type=int, default=None,
+                   help="runs per configuration, median reported (default 3; "
+                        "1 with --quick)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"smoke run: --steps {QUICK_STEPS}, one round")
+    p.add_argument("--steps", type=int, default=None,
+                   help=f"storm steps (default {DEFAULT_STEPS})")
+    p.add_argument("--allocs-per-step", type=int, default=DEFAULT_ALLOCS_PER_STEP,
+                   help=f"storm allocations per step (default {DEFAULT_ALLOCS_PER_STEP})")
+    p.add_argument("--threads", type=int, default=1,
+                   help="storm threads (default 1)")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the traces and logs (their folder is printed)")
+    p.add_argument("--json", metavar="FILE", help="also write raw results as JSON")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every run")
+    a = p.parse_args(argv)
+    if a.steps is None:
+        a.steps = QUICK_STEPS if a.quick else DEFAULT_STEPS
+    if a.repeat is None:
+        a.repeat = 1 if a.quick else 3
+    if a.repeat < 1 or a.steps < 1 or a.allocs_per_step < 1 or a.threads < 1:
+        p.error("--repeat, --steps, --allocs-per-step and --threads must be >= 1")
+    return a
+
+
+if __name__ == "__main__":
+    sys.exit(Bench(parse_args(sys.argv[1:])).main())

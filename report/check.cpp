@@ -1,0 +1,1090 @@
+#include "check.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+#include "analysis.h"
+#include "run_report.h"
+#include "trace_reader.h"
+
+namespace memledger::report {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kKindNames[4] = {"host", "device", "managed", "pinned_host"};
+
+// Each check or diff loads the run itself, so it can list more than the
+// report's usual top 20: per-kind exit leaks are sums over every site.
+constexpr size_t kLoadSuspects = 1000;
+constexpr size_t kLoadExitSites = 100000;
+
+int kind_index(const std::string& name) {
+  for (int k = 0; k < 4; ++k) {
+    if (name == kKindNames[k]) return k;
+  }
+  return -1;
+}
+
+int scope_kind(Scope scope) { return static_cast<int>(scope) - 1; }  // -1 for kTotal
+
+double number(const json& j, const char* key, double fallback = 0) {
+  if (!j.is_object()) return fallback;
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return fallback;
+  return it->get<double>();
+}
+
+std::string text(const json& j, const char* key) {
+  if (!j.is_object()) return {};
+  auto it = j.find(key);
+  if (it == j.end() || !it->is_string()) return {};
+  return it->get<std::string>();
+}
+
+const json& member(const json& j, const char* key) {
+  static const json kNull;
+  if (!j.is_object()) return kNull;
+  auto it = j.find(key);
+  return it == j.end() ? kNull : *it;
+}
+
+const json& process_json(const RunData& run, size_t i) { return run.report.at("processes").at(i); }
+
+// A site named as the report names it, from a stack in JSON (OOM stacks carry
+// no site name).
+std::string site_of_stack(const json& stack) {
+  if (!stack.is_array() || stack.empty()) return {};
+  std::vector<Frame> frames;
+  for (const json& f : stack) {
+    Frame frame;
+    frame.function = text(f, "function");
+    frame.file = text(f, "file");
+    frame.line = static_cast<int>(number(f, "line"));
+    frame.module = text(f, "module");
+    frames.push_back(std::move(frame));
+  }
+  const Frame& f = frames[user_frame_index(frames)];
+  std::string out = f.function.empty() ? "??" : f.function;
+  if (!f.file.empty()) {
+    out += " at " + fs::path(f.file).filename().string();
+    if (f.line > 0) out += ":" + std::to_string(f.line);
+  } else if (!f.module.empty()) {
+    out += " in " + fs::path(f.module).filename().string();
+  }
+  return out;
+}
+
+std::vector<double> series_of(const ProcessData& p, Scope scope) {
+  std::vector<double> out;
+  out.reserve(p.live.size());
+  const int k = scope_kind(scope);
+  for (const auto& live : p.live) out.push_back(k < 0 ? live[0] + live[1] + live[2] + live[3] : live[k]);
+  return out;
+}
+
+bool kind_ever_live(const ProcessData& p, int k) {
+  return std::any_of(p.live.begin(), p.live.end(), [k](const auto& l) { return l[k] != 0; });
+}
+
+// The kinds with live bytes at some step end of some process.
+std::vector<Scope> kinds_present(const RunData& run) {
+  std::vector<Scope> out;
+  for (int k = 0; k < 4; ++k) {
+    bool any = false;
+    for (const ProcessData& p : run.processes) any = any || kind_ever_live(p, k);
+    if (any) out.push_back(static_cast<Scope>(k + 1));
+  }
+  return out;
+}
+
+bool in_scope(const json& site, Scope scope) {
+  return scope == Scope::kTotal || text(site, "kind") == scope_name(scope);
+}
+
+// The largest growth suspect of the scope (suspects are sorted by growth).
+std::string top_suspect(const json& process, Scope scope) {
+  for (const json& s : member(process, "leak_suspects")) {
+    if (in_scope(s, scope)) return text(s, "site");
+  }
+  return {};
+}
+
+int process_warmup(const ProcessData& p, int warmup_steps) { return warmup_steps >= 0 ? warmup_steps : p.report_warmup; }
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// The holder with the most bytes at a step ("memory pool 0x... on device 0").
+std::string largest_holder(const json& step, bool by_unused) {
+  const json& holders = member(member(member(step, "fragmentation"), "device"), "holders");
+  std::string best;
+  double most = 0;
+  for (const json& h : holders) {
+    const double v = number(h, by_unused ? "unused" : "held");
+    if (v > most) {
+      most = v;
+      best = text(h, "name") + " (" + format_size(v) + (by_unused ? " unused)" : " held)");
+    }
+  }
+  return best;
+}
+
+// One process's value of a metric; judged=false when it has none.
+Figure process_figure(const RunData& run, size_t index, Metric metric, Scope scope, int warmup_steps) {
+  const ProcessData& p = run.processes[index];
+  const json& pj = process_json(run, index);
+  const json& steps = member(pj, "steps");
+  Figure f;
+  f.pid = p.pid;
+  f.rank = p.rank;
+  const int k = scope_kind(scope);
+  switch (metric) {
+    case Metric::kGrowthPerStep: {
+      const int warmup = process_warmup(p, warmup_steps);
+      const GrowthFit fit = fit_growth(series_of(p, scope), warmup);
+      if (!fit.judged) {
+        f.judged = false;
+        const size_t n = p.live.size();
+        f.why_not = n == 0 ? "no steps were recorded (mark steps with memledger_step(), or run with --step-interval)"
+                           : "only " + std::to_string(n) + " step" + (n == 1 ? "" : "s") + " with " +
+                                 std::to_string(warmup) + " warm-up step" + (warmup == 1 ? "" : "s") +
+                                 " (at least 3 steps after the warm-up are needed)";
+        return f;
+      }
+      f.value = fit.slope;
+      f.r_squared = fit.r_squared;
+      f.first_step = fit.first_step;
+      f.last_step = fit.last_step;
+      f.plateau = fit.plateau;
+      f.site = top_suspect(pj, scope);
+      f.site_role = "top suspect";
+      return f;
+    }
+    case Metric::kPeak: {
+      const std::vector<double> series = series_of(p, scope);
+      f.value = series.empty() ? 0 : *std::max_element(series.begin(), series.end());
+      // The report's peak is the highest live total between step ends; it
+      // counts for one kind too when that kind is the only one in use.
+      bool only_kind = k < 0;
+      if (k >= 0) {
+        only_kind = true;
+        for (int other = 0; other < 4; ++other) only_kind = only_kind && (other == k || !kind_ever_live(p, other));
+      }
+      if (only_kind) f.value = std::max(f.value, p.peak);
+      f.site = top_suspect(pj, scope);
+      f.site_role = "top suspect";
+      return f;
+    }
+    case Metric::kHeld: {
+      size_t at = 0;
+      for (size_t i = 0; i < p.live.size(); ++i) {
+        const double v = k < 0 ? p.held_host[i] + p.held_device[i] : k == 0 ? p.held_host[i] : p.held_device[i];
+        if (v > f.value) {
+          f.value = v;
+          at = i;
+        }
+      }
+      if (k != 0 && f.value > 0 && steps.is_array() && at < steps.size()) {
+        f.site = largest_holder(steps[at], false);
+        f.site_role = "largest holder";
+      }
+      return f;
+    }
+    case Metric::kFragmentationShare: {
+      const int warmup = process_warmup(p, warmup_steps);
+      std::vector<double> all, after;
+      for (size_t i = 0; i < p.live.size(); ++i) {
+        const auto& live = p.live[i];
+        double held = 0, used = 0, share = -1;
+        if (k <= 0) {
+          held += p.held_host[i];
+          used += live[0];
+        }
+        if (k == 1 || k < 0) {
+          held += p.held_device[i];
+          used += live[1] + live[2];
+        }
+        if (k == 1 && p.device_share[i] >= 0) {
+          share = p.device_share[i];
+        } else if (held > 0) {
+          share = std::max(0.0, held - used) / held;
+        }
+        if (share < 0) continue;
+        all.push_back(share);
+        if (static_cast<int>(i) >= warmup) after.push_back(share);
+      }
+      if (all.empty()) {
+        f.judged = false;
+        f.why_not = std::string("no held bytes were recorded") + (k >= 0 ? std::string(" for ") + kKindNames[k] : "");
+        return f;
+      }
+      f.value = median(after.empty() ? all : after);
+      if (k != 0 && steps.is_array() && !steps.empty()) {
+        f.site = largest_holder(steps.back(), true);
+        f.site_role = "largest holder";
+      }
+      return f;
+    }
+    case Metric::kExitLeak: {
+      const json& leaks = member(pj, "exit_leaks");
+      double largest = 0;
+      double sum = 0;
+      for (const json& s : member(leaks, "sites")) {
+        if (!in_scope(s, scope)) continue;
+        const double b = number(s, "bytes");
+        sum += b;
+        if (b > largest) {
+          largest = b;
+          f.site = text(s, "site") + " (" + format_size(b) + ")";
+        }
+      }
+      f.value = k < 0 ? number(leaks, "bytes") : sum;
+      f.site_role = "largest exit leak";
+      return f;
+    }
+    case Metric::kSuspects: {
+      for (const json& s : member(pj, "leak_suspects")) f.value += in_scope(s, scope) ? 1 : 0;
+      f.site = top_suspect(pj, scope);
+      f.site_role = "top suspect";
+      return f;
+    }
+    case Metric::kOoms: {
+      const json& ooms = member(pj, "ooms");
+      f.value = ooms.is_array() ? static_cast<double>(ooms.size()) : 0;
+      if (f.value > 0) {
+        const json& first = ooms[0];
+        f.site = format_size(number(first, "requested")) + " requested on device " +
+                 std::to_string(static_cast<int>(number(first, "device")));
+        const std::string where = site_of_stack(member(first, "stack"));
+        if (!where.empty()) f.site += " by " + where;
+        f.site_role = "first OOM";
+      }
+      if (text(member(pj, "verdict"), "kind") == "host_oom_kill") {
+        f.value += 1;
+        if (f.site.empty()) {
+          f.site = text(member(pj, "verdict"), "summary");
+          f.site_role = "verdict";
+        }
+      }
+      return f;
+    }
+    case Metric::kMinSteps: f.value = static_cast<double>(p.live.size()); return f;
+  }
+  return f;
+}
+
+std::string plural(size_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); }
+
+RunSummary summarize(const RunData& run, int warmup_steps) {
+  RunSummary s;
+  s.path = run.path;
+  s.source = run.source;
+  s.command = run.command;
+  s.processes = run.processes.size();
+  if (!run.processes.empty()) {
+    const ProcessData& p = run.processes[run.main];
+    s.steps = p.live.size();
+    s.warmup_steps = process_warmup(p, warmup_steps);
+    s.verdict = text(member(process_json(run, run.main), "verdict"), "summary");
+    if (run.main != run.root) s.verdict = text(member(process_json(run, run.root), "verdict"), "summary");
+  }
+  return s;
+}
+
+json summary_json(const RunSummary& s) {
+  return {{"path", s.path},       {"source", s.source},   {"command", s.command},        {"steps", s.steps},
+          {"warmup_steps", s.warmup_steps}, {"processes", s.processes}, {"verdict", s.verdict}};
+}
+
+std::string summary_line(const RunSummary& s) {
+  std::string out = s.path + ": " + plural(s.steps, "step") + " (warm-up " + std::to_string(s.warmup_steps) + ")";
+  if (s.processes > 1) out += ", " + std::to_string(s.processes) + " processes";
+  if (!s.command.empty()) out += "; " + command_text(s.command);
+  return out;
+}
+
+const char* unit_name(Unit unit) {
+  switch (unit) {
+    case Unit::kBytesPerStep: return "bytes_per_step";
+    case Unit::kBytes: return "bytes";
+    case Unit::kShare: return "share";
+    case Unit::kCount: return "count";
+  }
+  return "";
+}
+
+std::string percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g%%", std::round(fraction * 1000) / 10);
+  return buf;
+}
+
+std::string signed_change(double delta, Unit unit) {
+  return (delta > 0 ? "+" : "") + format_value(delta, unit);
+}
+
+std::string ratio_text(double a, double b) {
+  if (a <= 0) return "";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%+.1f%%", (b - a) / a * 100);
+  return buf;
+}
+
+}  // namespace
+
+// --- Loading --------------------------------------------------------------------
+
+std::string command_text(const std::vector<std::string>& command) {
+  std::string out;
+  for (const std::string& a : command) {
+    if (!out.empty()) out += ' ';
+    out += a;
+  }
+  return out;
+}
+
+bool same_command(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (i == 0 ? fs::path(a[i]).filename() != fs::path(b[i]).filename() : a[i] != b[i]) return false;
+  }
+  return true;
+}
+
+RunData run_data_from_json(json report, const std::string& path, const std::string& source) {
+  if (!report.is_object()) throw InputError(path + ": not a memledger report (not a JSON object)");
+  const std::string schema = text(report, "schema");
+  if (schema != "memledger-report") {
+    throw InputError(path + ": not a memledger report (schema " +
+                     (schema.empty() ? std::string("missing") : "'" + schema + "'") +
+                     ", expected 'memledger-report' from memledger report --format json)");
+  }
+  const double version = number(report, "schema_version", -1);
+  if (version < 1) throw InputError(path + ": report without a schema_version");
+  if (version > kReportSchemaVersion) {
+    throw InputError(path + ": report schema_version " + std::to_string(static_cast<int>(version)) +
+                     " is newer than this memledger reads (" + std::to_string(kReportSchemaVersion) + ")");
+  }
+  RunData run;
+  run.path = path;
+  run.source = source;
+  try {
+    if (!report.contains("processes") || !report["processes"].is_array() || report["processes"].empty()) {
+      json self = report;
+      self.erase("processes");
+      report["processes"] = json::array({self});
+    }
+    const int root_pid = static_cast<int>(number(report, "root_pid", number(report, "pid")));
+    size_t i = 0;
+    for (const json& pj : report["processes"]) {
+      ProcessData p;
+      p.pid = static_cast<int>(number(pj, "pid"));
+      p.rank = text(pj, "rank");
+      p.command = text(pj, "command");
+      p.report_warmup = static_cast<int>(number(pj, "warmup_steps"));
+      for (const json& s : member(pj, "steps")) {
+        std::array<double, 4> live{};
+        for (auto it = member(s, "live").begin(); member(s, "live").is_object() && it != member(s, "live").end(); ++it) {
+          const int k = kind_index(it.key());
+          if (k >= 0 && it->is_number()) live[k] = it->get<double>();
+        }
+        p.live.push_back(live);
+        p.held_host.push_back(number(member(s, "held"), "host"));
+        p.held_device.push_back(number(member(s, "held"), "device"));
+        const json& frag = member(member(s, "fragmentation"), "device");
+        p.device_share.push_back(frag.is_object() ? number(frag, "share", -1) : -1);
+      }
+      p.peak = number(member(pj, "peak"), "bytes");
+      p.peak_kind = text(member(pj, "peak"), "kind");
+      if (p.pid == root_pid) run.root = i;
+      run.processes.push_back(std::move(p));
+      ++i;
+    }
+    run.main = run.root;
+    if (run.processes[run.root].live.empty()) {
+      for (size_t j = 0; j < run.processes.size(); ++j) {
+        if (run.processes[j].live.size() > run.processes[run.main].live.size()) run.main = j;
+      }
+    }
+    if (report.contains("run_command") && report["run_command"].is_array()) {
+      for (const json& a : report["run_command"]) {
+        if (a.is_string()) run.command.push_back(a.get<std::string>());
+      }
+    }
+    if (run.command.empty()) {
+      std::istringstream words(run.processes[run.root].command);
+      for (std::string w; words >> w;) run.command.push_back(w);
+    }
+  } catch (const json::exception& e) {
+    throw InputError(path + ": damaged report: " + e.what());
+  }
+  run.report = std::move(report);
+  return run;
+}
+
+RunData load_run_data(const std::string& path, const LoadOptions& options) {
+  std::error_code ec;
+  const fs::path p(path);
+  if (!fs::exists(p, ec)) throw InputError(path + ": no such file or folder");
+  auto from_json_file = [&](const fs::path& file) {
+    std::ifstream in(file);
+    if (!in) throw InputError(file.string() + ": cannot be read");
+    json j;
+    try {
+      j = json::parse(in);
+    } catch (const json::exception& e) {
+      throw InputError(file.string() + ": not valid JSON (" + e.what() + ")");
+    }
+    return run_data_from_json(std::move(j), path, "report JSON");
+  };
+  auto from_traces = [&]() {
+    AnalysisOptions analysis;
+    analysis.warmup_steps = options.warmup_steps;
+    analysis.max_suspects = kLoadSuspects;
+    analysis.max_exit_sites = kLoadExitSites;
+    analysis.symbolizer = options.symbolizer;
+    try {
+      return run_data_from_json(render_json(load_run(path, analysis)), path, "traces");
+    } catch (const TraceError& e) {
+      throw InputError(e.what());
+    }
+  };
+  if (fs::is_directory(p, ec)) {
+    bool traces = false;
+    for (const auto& entry : fs::directory_iterator(p, ec)) {
+      const std::string name = entry.path().filename().string();
+      traces = traces || (name.rfind("trace.", 0) == 0 && entry.path().extension() == ".mlt");
+    }
+    if (traces) return from_traces();
+    if (fs::exists(p / "report.json", ec)) return from_json_file(p / "report.json");
+    throw InputError(path + ": no traces (trace.*.mlt) and no report.json in this folder");
+  }
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw InputError(path + ": cannot be read");
+  char c = 0;
+  while (in.get(c) && std::isspace(static_cast<unsigned char>(c))) {
+  }
+  if (in && c == '{') return from_json_file(p);
+  return from_traces();
+}
+
+// --- Figures --------------------------------------------------------------------
+
+GrowthFit fit_growth(const std::vector<double>& series, int warmup_steps) {
+  GrowthFit fit;
+  const size_t warmup = static_cast<size_t>(std::max(0, warmup_steps));
+  if (series.size() < warmup + 3) return fit;
+  const std::vector<double> window(series.begin() + static_cast<long>(warmup), series.end());
+  const LinearFit all = fit_line(window);
+  fit.judged = true;
+  fit.slope = all.slope;
+  fit.r_squared = all.r_squared;
+  fit.first_step = warmup + 1;
+  fit.last_step = series.size();
+  // A warm-up that outlasts the warm-up steps shows as a rise that levels
+  // off: the last half of the window then grows less than the whole, and its
+  // slope is the one that says whether memory still grows.
+  if (window.size() >= 6) {
+    const size_t half = window.size() / 2;
+    const std::vector<double> tail(window.end() - static_cast<long>(half), window.end());
+    const LinearFit last = fit_line(tail);
+    if (last.slope < all.slope) {
+      fit.slope = last.slope;
+      fit.r_squared = last.r_squared;
+      fit.first_step = series.size() - half + 1;
+      fit.plateau = true;
+    }
+  }
+  return fit;
+}
+
+Figure compute_figure(const RunData& run, Metric metric, Scope scope, int warmup_steps) {
+  Figure worst;
+  bool any = false;
+  size_t judged = 0;
+  Figure first_unjudged;
+  for (size_t i = 0; i < run.processes.size(); ++i) {
+    Figure f = process_figure(run, i, metric, scope, warmup_steps);
+    if (!f.judged) {
+      if (i == run.main || first_unjudged.why_not.empty()) first_unjudged = f;
+      continue;
+    }
+    ++judged;
+    // The worst process: the highest value (the fewest steps for min_steps is
+    // not wanted: at least one process must have run the steps).
+    if (!any || f.value > worst.value) worst = f;
+    any = true;
+  }
+  if (!any) {
+    Figure none = first_unjudged;
+    none.judged = false;
+    return none;
+  }
+  worst.several_processes = judged > 1;
+  return worst;
+}
+
+// --- Checking -------------------------------------------------------------------
+
+size_t CheckOutcome::failures() const {
+  return static_cast<size_t>(std::count_if(items.begin(), items.end(), [](const CheckItem& i) { return !i.passed; }));
+}
+
+std::string CheckItem::id() const {
+  return std::string(metric_info(metric).key).substr(metric == Metric::kMinSteps ? 0 : 4) + "." + scope_name(scope) +
+         (vs_baseline ? ".baseline" : "");
+}
+
+std::string CheckItem::name() const {
+  std::string out = metric_info(metric).label;
+  if (metric != Metric::kOoms && metric != Metric::kMinSteps) out += std::string(" (") + scope_name(scope) + ")";
+  if (vs_baseline) out += " vs baseline";
+  return out;
+}
+
+std::string CheckItem::message() const {
+  const MetricInfo& info = metric_info(metric);
+  if (!figure.judged) return "not judged: " + figure.why_not;
+  if (vs_baseline && !base.judged) return "not judged: the baseline has " + base.why_not;
+  std::string out = format_value(figure.value, info.unit);
+  if (figure.several_processes) {
+    out += " in pid " + std::to_string(figure.pid);
+    if (!figure.rank.empty()) out += " (rank " + figure.rank + ")";
+  }
+  const bool minimum = metric == Metric::kMinSteps;
+  if (passed) {
+    out += minimum ? " >= " : " <= ";
+  } else {
+    out += minimum ? " < " : " > ";
+  }
+  out += "limit " + format_value(limit, info.unit);
+  std::vector<std::string> details;
+  if (vs_baseline) {
+    std::string d = "baseline " + format_value(base.value, info.unit);
+    const std::string r = ratio_text(base.value, figure.value);
+    if (!r.empty()) d += ", " + r;
+    if (metric != Metric::kOoms) {
+      d += "; tolerance " + percent(tolerance);
+      if (floor > 0) d += " + " + format_value(floor, info.unit);
+    }
+    details.push_back(d);
+  }
+  if (metric == Metric::kGrowthPerStep) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "fit over steps %llu-%llu, R\u00b2 %.2f%s",
+                  static_cast<unsigned long long>(figure.first_step), static_cast<unsigned long long>(figure.last_step),
+                  figure.r_squared, figure.plateau ? ", last half of the window" : "");
+    details.push_back(buf);
+  }
+  if (!details.empty()) {
+    out += " (";
+    for (size_t i = 0; i < details.size(); ++i) out += (i ? "; " : "") + details[i];
+    out += ")";
+  }
+  if (!passed && !figure.site.empty()) out += "; " + figure.site_role + ": " + figure.site;
+  return out;
+}
+
+CheckOutcome run_check(const RunData& run, const RunData* baseline, const Policy& policy) {
+  CheckOutcome outcome;
+  const int warmup = policy.warmup_steps.value_or(-1);
+  outcome.run = summarize(run, warmup);
+  for (const std::string& p : member(run.report, "problems")) outcome.notes.push_back(p);
+
+  for (const Limit& limit : policy.sorted_limits()) {
+    CheckItem item;
+    item.metric = limit.metric;
+    item.scope = limit.scope;
+    item.figure = compute_figure(run, limit.metric, limit.scope, warmup);
+    item.limit = limit.value;
+    item.limit_origin = limit.origin;
+    if (!item.figure.judged) {
+      item.passed = false;
+    } else if (limit.metric == Metric::kMinSteps) {
+      item.passed = item.figure.value >= limit.value;
+    } else {
+      item.passed = item.figure.value <= limit.value;
+    }
+    outcome.items.push_back(std::move(item));
+  }
+
+  if (baseline != nullptr) {
+    outcome.baseline = summarize(*baseline, warmup);
+    outcome.tolerance = policy.tolerance.value_or(kDefaultTolerance);
+    std::vector<Scope> kinds = kinds_present(run);
+    for (Scope s : kinds_present(*baseline)) {
+      if (std::find(kinds.begin(), kinds.end(), s) == kinds.end()) kinds.push_back(s);
+    }
+    std::sort(kinds.begin(), kinds.end());
+    std::vector<Scope> scopes = {Scope::kTotal};
+    if (kinds.size() > 1) scopes.insert(scopes.end(), kinds.begin(), kinds.end());
+    for (int m = 0; m < kMetricCount; ++m) {
+      const MetricInfo& info = metric_info(static_cast<Metric>(m));
+      if (!info.baseline) continue;
+      for (Scope scope : scopes) {
+        if (!(info.scopes & (1u << static_cast<unsigned>(scope)))) continue;
+        CheckItem item;
+        item.metric = info.metric;
+        item.scope = scope;
+        item.vs_baseline = true;
+        item.figure = compute_figure(run, info.metric, scope, warmup);
+        item.base = compute_figure(*baseline, info.metric, scope, warmup);
+        item.limit_origin = policy.baseline_origin;
+        if (info.metric == Metric::kOoms) {
+          item.limit = item.base.value;  // no more out-of-memory events than the baseline had
+        } else {
+          item.tolerance = *outcome.tolerance;
+          item.floor = info.floor;
+          item.limit = std::max(0.0, item.base.value) * (1 + item.tolerance) + item.floor;
+        }
+        item.passed = item.figure.judged && item.base.judged && item.figure.value <= item.limit;
+        outcome.items.push_back(std::move(item));
+      }
+    }
+    if (outcome.baseline->steps != outcome.run.steps) {
+      outcome.notes.push_back("the baseline recorded " + plural(outcome.baseline->steps, "step") + ", this run " +
+                              plural(outcome.run.steps, "step") + ": peaks and exit leaks may not compare");
+    }
+  }
+  if (warmup >= 0 && !run.processes.empty() && run.source == "report JSON" &&
+      run.processes[run.main].report_warmup != warmup) {
+    outcome.notes.push_back("growth suspects were judged by the report with " +
+                            plural(static_cast<size_t>(run.processes[run.main].report_warmup), "warm-up step") +
+                            "; the growth fits use " + std::to_string(warmup));
+  }
+  return outcome;
+}
+
+// --- Outputs --------------------------------------------------------------------
+
+std::string render_check_text(const CheckOutcome& outcome, bool failures_only) {
+  std::ostringstream out;
+  if (!failures_only) {
+    out << "memledger check: " << summary_line(outcome.run) << "\n";
+    if (outcome.baseline) {
+      out << "baseline: " << summary_line(*outcome.baseline) << "; tolerance " << percent(*outcome.tolerance)
+          << "\n";
+    }
+  }
+  for (const CheckItem& item : outcome.items) {
+    if (failures_only && item.passed) continue;
+    out << (item.passed ? "ok   " : "FAIL ") << item.name() << ": " << item.message() << "\n";
+  }
+  for (const std::string& n : outcome.notes) out << "note: " << n << "\n";
+  const size_t failed = outcome.failures();
+  const size_t total = outcome.items.size();
+  if (failed) {
+    out << "memledger check: FAILED: " << failed << " of " << plural(total, "limit") << " broken\n";
+  } else if (!failures_only) {
+    out << "memledger check: passed: " << (total == 1 ? "the limit holds" : "all " + plural(total, "limit") + " hold")
+        << "\n";
+  }
+  return out.str();
+}
+
+std::string xml_escape(const std::string& s) {
+  std::string out;
+  out.reserve(s.size());
+  for (size_t i = 0; i < s.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&apos;"; break;
+      case '\n': out += "&#10;"; break;
+      case '\t': out += "&#9;"; break;
+      case '\r': out += "&#13;"; break;
+      default:
+        // XML 1.0 forbids other control characters even as references.
+        if (c < 0x20) {
+          out += '?';
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out;
+}
+
+std::string render_check_junit(const CheckOutcome& outcome, const std::string& timestamp,
+                               const std::string& hostname, double seconds) {
+  const size_t tests = outcome.items.size();
+  const size_t failures = outcome.failures();
+  char time_text[32];
+  std::snprintf(time_text, sizeof time_text, "%.3f", seconds);
+  std::ostringstream out;
+  out << "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n";
+  out << "<testsuites name=\"memledger check\" tests=\"" << tests << "\" failures=\"" << failures
+      << "\" errors=\"0\" time=\"" << time_text << "\">\n";
+  out << "  <testsuite name=\"memledger\" package=\"memledger\" id=\"0\" tests=\"" << tests << "\" failures=\""
+      << failures << "\" errors=\"0\" skipped=\"0\" time=\"" << time_text << "\" timestamp=\"" << xml_escape(timestamp)
+      << "\" hostname=\"" << xml_escape(hostname.empty() ? "localhost" : hostname) << "\">\n";
+  out << "    <properties>\n";
+  auto property = [&](const std::string& name, const std::string& value) {
+    out << "      <property name=\"" << xml_escape(name) << "\" value=\"" << xml_escape(value) << "\"/>\n";
+  };
+  property("run", outcome.run.path);
+  property("command", command_text(outcome.run.command));
+  property("steps", std::to_string(outcome.run.steps));
+  property("warmup_steps", std::to_string(outcome.run.warmup_steps));
+  if (outcome.baseline) {
+    property("baseline", outcome.baseline->path);
+    property("tolerance", percent(*outcome.tolerance));
+  }
+  out << "    </properties>\n";
+  for (const CheckItem& item : outcome.items) {
+    out << "    <testcase name=\"" << xml_escape(item.name()) << "\" classname=\"memledger."
+        << metric_info(item.metric).key << "\" time=\"0\"";
+    if (item.passed) {
+      out << "/>\n";
+      continue;
+    }
+    out << ">\n      <failure type=\"" << xml_escape(item.id()) << "\" message=\"" << xml_escape(item.message())
+        << "\">" << xml_escape(item.name() + ": " + item.message());
+    if (!item.limit_origin.empty()) out << xml_escape("\nlimit from " + item.limit_origin);
+    out << "</failure>\n    </testcase>\n";
+  }
+  out << "    <system-out>" << xml_escape(render_check_text(outcome, false)) << "</system-out>\n";
+  out << "    <system-err></system-err>\n";
+  out << "  </testsuite>\n</testsuites>\n";
+  return out.str();
+}
+
+json render_check_json(const CheckOutcome& outcome) {
+  json checks = json::array();
+  for (const CheckItem& item : outcome.items) {
+    const MetricInfo& info = metric_info(item.metric);
+    json c = {{"id", item.id()},
+              {"name", item.name()},
+              {"metric", std::string(info.key).substr(item.metric == Metric::kMinSteps ? 0 : 4)},
+              {"scope", scope_name(item.scope)},
+              {"against", item.vs_baseline ? "baseline" : "limit"},
+              {"passed", item.passed},
+              {"judged", item.figure.judged && (!item.vs_baseline || item.base.judged)},
+              {"unit", unit_name(info.unit)},
+              {"figure", item.figure.judged ? json(item.figure.value) : json(nullptr)},
+              {"limit", item.limit},
+              {"limit_origin", item.limit_origin},
+              {"message", item.message()}};
+    if (item.vs_baseline) {
+      c["baseline"] = item.base.judged ? json(item.base.value) : json(nullptr);
+      c["tolerance"] = item.tolerance;
+      c["floor"] = item.floor;
+    }
+    if (item.figure.judged) {
+      c["pid"] = item.figure.pid;
+      if (!item.figure.rank.empty()) c["rank"] = item.figure.rank;
+      if (!item.figure.site.empty()) c["site"] = {{"role", item.figure.site_role}, {"name", item.figure.site}};
+      if (item.metric == Metric::kGrowthPerStep) {
+        c["fit"] = {{"r_squared", item.figure.r_squared},
+                    {"first_step", item.figure.first_step},
+                    {"last_step", item.figure.last_step},
+                    {"last_half", item.figure.plateau}};
+      }
+    }
+    checks.push_back(std::move(c));
+  }
+  json out = {{"schema", "memledger-check"},
+              {"schema_version", kCheckSchemaVersion},
+              {"passed", outcome.passed()},
+              {"exit_code", outcome.passed() ? 0 : 1},
+              {"failures", outcome.failures()},
+              {"run", summary_json(outcome.run)},
+              {"baseline", outcome.baseline ? summary_json(*outcome.baseline) : json(nullptr)},
+              {"tolerance", outcome.tolerance ? json(*outcome.tolerance) : json(nullptr)},
+              {"checks", checks},
+              {"notes", outcome.notes}};
+  return out;
+}
+
+namespace {
+
+// Markdown table cells: no line breaks, no column separators; text from the
+// traced program goes in code spans.
+std::string md_cell(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') {
+      out += "\\|";
+    } else if (c == '\n' || c == '\r') {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string md_code(const std::string& s) {
+  std::string inner = md_cell(s);
+  std::replace(inner.begin(), inner.end(), '`', '\'');
+  return "`" + inner + "`";
+}
+
+}  // namespace
+
+std::string render_check_markdown(const CheckOutcome& outcome) {
+  std::ostringstream out;
+  const size_t failed = outcome.failures();
+  const size_t total = outcome.items.size();
+  out << "### memledger check: " << (failed ? "failed" : "passed") << "\n\n";
+  out << (failed ? std::to_string(failed) + " of " + plural(total, "limit") + " broken"
+                 : (total == 1 ? std::string("The limit holds") : "All " + plural(total, "limit") + " hold"))
+      << ". Run " << md_code(outcome.run.path);
+  if (!outcome.run.command.empty()) out << " (" << md_code(command_text(outcome.run.command)) << ")";
+  out << ": " << plural(outcome.run.steps, "step") << ", warm-up " << outcome.run.warmup_steps << ".";
+  if (outcome.baseline) {
+    out << " Baseline " << md_code(outcome.baseline->path) << ", tolerance " << percent(*outcome.tolerance) << ".";
+  }
+  out << "\n\n| | check | figure | limit | where to look |\n|---|---|---|---|---|\n";
+  for (const CheckItem& item : outcome.items) {
+    const Unit unit = metric_info(item.metric).unit;
+    std::string figure = item.figure.judged ? format_value(item.figure.value, unit) : "not judged";
+    std::string limit = format_value(item.limit, unit);
+    if (item.vs_baseline && item.base.judged) limit += " (baseline " + format_value(item.base.value, unit) + ")";
+    std::string where;
+    if (!item.figure.judged) {
+      where = md_cell(item.figure.why_not);
+    } else if (item.vs_baseline && !item.base.judged) {
+      where = "baseline: " + md_cell(item.base.why_not);
+    } else if (!item.figure.site.empty()) {
+      where = md_cell(item.figure.site_role) + " " + md_code(item.figure.site);
+    }
+    out << "| " << (item.passed ? "pass" : "**FAIL**") << " | " << md_cell(item.name()) << " | " << md_cell(figure)
+        << " | " << md_cell(limit) << " | " << where << " |\n";
+  }
+  for (const std::string& n : outcome.notes) out << "\n> " << md_cell(n) << "\n";
+  return out.str();
+}
+
+// --- Diff -----------------------------------------------------------------------
+
+namespace {
+
+struct SiteKey {
+  std::string kind;
+  std::string site;
+  bool operator<(const SiteKey& o) const { return std::tie(kind, site) < std::tie(o.kind, o.site); }
+};
+
+// Sums a per-site figure over every process, by site name: stack ids differ
+// between traces, the named site does not.
+std::map<SiteKey, double> sites_by_name(const RunData& run, const char* list, const char* inner, const char* field) {
+  std::map<SiteKey, double> out;
+  for (size_t i = 0; i < run.processes.size(); ++i) {
+    const json& pj = process_json(run, i);
+    const json& sites = inner ? member(member(pj, list), inner) : member(pj, list);
+    for (const json& s : sites) out[{text(s, "kind"), text(s, "site")}] += number(s, field);
+  }
+  return out;
+}
+
+json site_changes(const std::map<SiteKey, double>& a, const std::map<SiteKey, double>& b, size_t max_sites) {
+  std::map<SiteKey, std::pair<double, double>> both;
+  for (const auto& [k, v] : a) both[k].first = v;
+  for (const auto& [k, v] : b) both[k].second = v;
+  std::vector<std::pair<SiteKey, std::pair<double, double>>> rows(both.begin(), both.end());
+  std::stable_sort(rows.begin(), rows.end(), [](const auto& x, const auto& y) {
+    return std::fabs(x.second.second - x.second.first) > std::fabs(y.second.second - y.second.first);
+  });
+  json out = json::array();
+  for (const auto& [k, v] : rows) {
+    if (out.size() >= max_sites) break;
+    if (v.first == v.second) continue;
+    out.push_back({{"kind", k.kind},
+                   {"site", k.site},
+                   {"a", v.first},
+                   {"b", v.second},
+                   {"change", v.second - v.first},
+                   {"in_a", a.count(k) > 0},
+                   {"in_b", b.count(k) > 0}});
+  }
+  return out;
+}
+
+json figure_value(const Figure& f) { return f.judged ? json(f.value) : json(nullptr); }
+
+}  // namespace
+
+json diff_runs(const RunData& a, const RunData& b, int warmup_steps, size_t max_sites) {
+  json out = {{"schema", "memledger-diff"}, {"schema_version", kDiffSchemaVersion}};
+  out["a"] = summary_json(summarize(a, warmup_steps));
+  out["b"] = summary_json(summarize(b, warmup_steps));
+  out["same_command"] = same_command(a.command, b.command);
+
+  std::vector<Scope> kinds = kinds_present(a);
+  for (Scope s : kinds_present(b)) {
+    if (std::find(kinds.begin(), kinds.end(), s) == kinds.end()) kinds.push_back(s);
+  }
+  std::sort(kinds.begin(), kinds.end());
+  std::vector<Scope> scopes = {Scope::kTotal};
+  if (kinds.size() > 1) scopes.insert(scopes.end(), kinds.begin(), kinds.end());
+
+  json figures = json::array();
+  const Metric metrics[] = {Metric::kMinSteps,          Metric::kGrowthPerStep, Metric::kPeak,     Metric::kHeld,
+                            Metric::kFragmentationShare, Metric::kExitLeak,      Metric::kSuspects, Metric::kOoms};
+  for (Metric m : metrics) {
+    const MetricInfo& info = metric_info(m);
+    for (Scope scope : scopes) {
+      if (!(info.scopes & (1u << static_cast<unsigned>(scope)))) continue;
+      const Figure fa = compute_figure(a, m, scope, warmup_steps);
+      const Figure fb = compute_figure(b, m, scope, warmup_steps);
+      std::string name = m == Metric::kMinSteps ? std::string("steps") : std::string(info.label);
+      if (scope != Scope::kTotal || (m != Metric::kOoms && m != Metric::kMinSteps)) {
+        name += std::string(" (") + scope_name(scope) + ")";
+      }
+      json row = {{"name", name},
+                  {"metric", std::string(info.key).substr(m == Metric::kMinSteps ? 0 : 4)},
+                  {"scope", scope_name(scope)},
+                  {"unit", unit_name(info.unit)},
+                  {"a", figure_value(fa)},
+                  {"b", figure_value(fb)}};
+      if (m == Metric::kMinSteps) row["metric"] = "steps";
+      if (fa.judged && fb.judged) {
+        row["change"] = fb.value - fa.value;
+        row["change_ratio"] = fa.value > 0 ? json((fb.value - fa.value) / fa.value) : json(nullptr);
+      } else {
+        row["change"] = nullptr;
+        row["change_ratio"] = nullptr;
+      }
+      figures.push_back(std::move(row));
+    }
+  }
+  out["figures"] = figures;
+
+  json series = json::object();
+  const ProcessData* pa = a.processes.empty() ? nullptr : &a.processes[a.main];
+  const ProcessData* pb = b.processes.empty() ? nullptr : &b.processes[b.main];
+  const size_t na = pa ? pa->live.size() : 0;
+  const size_t nb = pb ? pb->live.size() : 0;
+  for (Scope kind : kinds.empty() ? std::vector<Scope>{Scope::kHost} : kinds) {
+    const int k = scope_kind(kind);
+    json rows = json::array();
+    for (size_t i = 0; i < std::max(na, nb); ++i) {
+      rows.push_back({{"step", i + 1},
+                      {"a", i < na ? json(pa->live[i][k]) : json(nullptr)},
+                      {"b", i < nb ? json(pb->live[i][k]) : json(nullptr)}});
+    }
+    series[scope_name(kind)] = rows;
+  }
+  out["series"] = series;
+  out["growth_sites"] = site_changes(sites_by_name(a, "leak_suspects", nullptr, "bytes_per_step_exact"),
+                                     sites_by_name(b, "leak_suspects", nullptr, "bytes_per_step_exact"), max_sites);
+  out["exit_leak_sites"] = site_changes(sites_by_name(a, "exit_leaks", "sites", "bytes"),
+                                        sites_by_name(b, "exit_leaks", "sites", "bytes"), max_sites);
+  return out;
+}
+
+namespace {
+
+Unit unit_from_name(const std::string& name) {
+  if (name == "bytes_per_step") return Unit::kBytesPerStep;
+  if (name == "bytes") return Unit::kBytes;
+  if (name == "share") return Unit::kShare;
+  return Unit::kCount;
+}
+
+std::string pad(const std::string& s, size_t width, bool right) {
+  // Widths count characters, not bytes (R², µ): count UTF-8 lead bytes only.
+  size_t chars = 0;
+  for (unsigned char c : s) chars += (c & 0xC0) != 0x80;
+  if (chars >= width) return s;
+  return right ? std::string(width - chars, ' ') + s : s + std::string(width - chars, ' ');
+}
+
+std::string value_or_dash(const json& v, Unit unit) {
+  return v.is_number() ? format_value(v.get<double>(), unit) : std::string("-");
+}
+
+std::string run_line(const json& s) {
+  std::string out = s.value("path", std::string()) + ": " + plural(s.value("steps", size_t{0}), "step") +
+                    " (warm-up " + std::to_string(s.value("warmup_steps", 0)) + ")";
+  const std::vector<std::string> command = s.value("command", std::vector<std::string>{});
+  if (!command.empty()) out += "; " + command_text(command);
+  const std::string verdict = s.value("verdict", std::string());
+  if (!verdict.empty()) out += "; " + verdict;
+  return out;
+}
+
+void render_sites(std::ostringstream& out, const json& sites, Unit unit, const char* title) {
+  out << "\n" << title << "\n";
+  if (sites.empty()) {
+    out << "  (no change)\n";
+    return;
+  }
+  out << "  " << pad("change", 16, false) << pad("A", 16, false) << pad("B", 16, false) << pad("kind", 13, false)
+      << "site\n";
+  for (const json& s : sites) {
+    const double av = s.value("a", 0.0), bv = s.value("b", 0.0);
+    out << "  " << pad(signed_change(bv - av, unit), 16, false)
+        << pad(s.value("in_a", false) ? format_value(av, unit) : "-", 16, false)
+        << pad(s.value("in_b", false) ? format_value(bv, unit) : "-", 16, false)
+        << pad(s.value("kind", std::string()), 13, false) << s.value("site", std::string()) << "\n";
+  }
+}
+
+}  // namespace
+
+std::string render_diff_text(const json& diff, size_t max_rows) {
+  std::ostringstream out;
+  out << "memledger diff\n";
+  out << "  A: " << run_line(diff.at("a")) << "\n";
+  out << "  B: " << run_line(diff.at("b")) << "\n";
+  if (!diff.value("same_command", true)) out << "  (the two runs ran different commands)\n";
+
+  out << "\n" << pad("figure", 34, false) << pad("A", 16, true) << pad("B", 16, true) << "   change\n";
+  for (const json& f : diff.at("figures")) {
+    const Unit unit = unit_from_name(f.value("unit", std::string()));
+    std::string change;
+    if (f["change"].is_number()) {
+      const double d = f["change"].get<double>();
+      change = d == 0 ? "=" : signed_change(d, unit);
+      if (d != 0 && f["change_ratio"].is_number()) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, " (%+.1f%%)", f["change_ratio"].get<double>() * 100);
+        change += buf;
+      }
+    }
+    out << pad(f.value("name", std::string()), 34, false) << pad(value_or_dash(f["a"], unit), 16, true)
+        << pad(value_or_dash(f["b"], unit), 16, true) << "   " << change << "\n";
+  }
+
+  for (auto it = diff.at("series").begin(); it != diff.at("series").end(); ++it) {
+    const json& rows = it.value();
+    out << "\nlive bytes at step ends (" << it.key() << ")\n";
+    out << pad("step", 8, true) << pad("A", 14, true) << pad("B", 14, true) << pad("B - A", 14, true) << "\n";
+    const size_t n = rows.size();
+    const size_t every = max_rows == 0 || n <= max_rows ? 1 : (n + max_rows - 1) / max_rows;
+    for (size_t i = 0; i < n; ++i) {
+      if (i % every != 0 && i + 1 != n) continue;
+      const json& r = rows[i];
+      std::string delta;
+      if (r["a"].is_number() && r["b"].is_number()) {
+        const double d = r["b"].get<double>() - r["a"].get<double>();
+        delta = d == 0 ? "=" : signed_change(d, Unit::kBytes);
+      }
+      out << pad(std::to_string(r.value("step", size_t{0})), 8, true) << pad(value_or_dash(r["a"], Unit::kBytes), 14, true)
+          << pad(value_or_dash(r["b"], Unit::kBytes), 14, true) << pad(delta, 14, true) << "\n";
+    }
+    if (every > 1) out << "  (every " << every << " steps and the last; --all-steps or --format json for all)\n";
+  }
+  render_sites(out, diff.at("growth_sites"), Unit::kBytesPerStep, "sites whose growth per step changed most");
+  render_sites(out, diff.at("exit_leak_sites"), Unit::kBytes, "sites whose exit leak changed most");
+  return out.str();
+}
+
+}  // namespace memledger::report

@@ -1,0 +1,216 @@
+"""Shared helpers for memledger's integration tests (not a test itself).
+
+Paths come from the environment that tests/integration/meson.build sets
+(MLTEST_*; deliberately not MEMLEDGER_*, which the tracer and the command line
+read themselves). Run by hand, the defaults point into ./build of the source
+tree:
+
+    python3 tests/integration/test_cli.py -v
+"""
+
+import json
+import os
+import pathlib
+import re
+import resource
+import shutil
+import signal
+import struct
+import subprocess
+import tempfile
+import unittest
+
+SOURCE_DIR = pathlib.Path(os.environ.get("MLTEST_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[2]))
+BUILD_DIR = pathlib.Path(os.environ.get("MLTEST_BUILD_DIR", SOURCE_DIR / "build"))
+MEMLEDGER = os.environ.get("MLTEST_MEMLEDGER", str(BUILD_DIR / "tools" / "memledger"))
+LIBRARY = os.environ.get("MLTEST_LIBRARY", str(BUILD_DIR / "interposer" / "libmemledger.so"))
+
+# Upper bound for any one command; the meson timeout (120 s) is per file.
+TIMEOUT = 60
+
+
+def program(name):
+    """Path of one of the programs in tests/programs."""
+    return os.environ.get("MLTEST_PROGRAM_" + name, str(BUILD_DIR / "tests" / "programs" / name))
+
+
+def preload(name):
+    """Path of one of the preload libraries built in tests/programs."""
+    return os.environ.get("MLTEST_PRELOAD_" + name, str(BUILD_DIR / "tests" / "programs" / ("lib%s.so" % name)))
+
+
+def clean_env(**extra):
+    """The environment without any tracer settings inherited from whoever runs
+    the tests (the suite itself may run under memledger)."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD" and not k.startswith("MEMLEDGER_")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def no_core_dumps():
+    """preexec_fn: the crash tests must not leave core files behind."""
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+
+def kill_session(sid):
+    """SIGKILL to every process of a session (see TestCase.run_cmd)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry)) == sid:
+                os.kill(int(entry), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def parse_kv(text):
+    """KEY=VALUE lines of a test program's output, as a dict of strings."""
+    values = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"([A-Z_]+)=(.*)", line.strip())
+        if m:
+            values[m.group(1)] = m.group(2)
+    return values
+
+
+def function_base(name):
+    """The bare identifier of a function name as the report prints it,
+    whether plain or demangled and qualified:
+    "(anonymous namespace)::plant_leak(unsigned long, unsigned long)" and
+    "plant_leak" both give "plant_leak"."""
+    name = name.replace("(anonymous namespace)", "")
+    if "(" in name:
+        name = name[:name.index("(")]
+    while "<" in name:  # template arguments, innermost first
+        stripped = re.sub(r"<[^<>]*>", "", name)
+        if stripped == name:
+            break
+        name = stripped
+    return name.split("::")[-1].strip()
+
+
+def site_parts(site):
+    """(function, file, line) of a report site "FUNCTION at FILE:LINE"; the
+    function as function_base() gives it."""
+    m = re.fullmatch(r"(.*) at ([^ :]+):(\d+)", site)
+    if m is None:
+        return (site, None, None)
+    return (function_base(m.group(1)), m.group(2), int(m.group(3)))
+
+
+def memledger_lines(stderr):
+    """The lines memledger itself wrote on stderr."""
+    return [line for line in stderr.splitlines() if line.startswith("memledger:")]
+
+
+# --- Trace file layout (interposer/trace_format.h) ------------------------------
+
+FILE_HEADER = struct.Struct("<8sII")  # magic, version, header_len
+FRAME_HEADER = struct.Struct("<6I")  # magic, flags, stored_len, raw_len, crc32, index
+FRAME_MAGIC = 0x4D4C4652
+
+
+class Frame:
+    def __init__(self, offset, fields):
+        self.offset = offset
+        self.magic, self.flags, self.stored_len, self.raw_len, self.crc32, self.index = fields
+
+    @property
+    def payload_offset(self):
+        return self.offset + FRAME_HEADER.size
+
+    @property
+    def end(self):
+        return self.payload_offset + self.stored_len
+
+
+def split_frames(data):
+    """(end of the file header, [Frame...]) of an intact trace."""
+    magic, version, header_len = FILE_HEADER.unpack_from(data, 0)
+    assert magic == b"MLEDGER\n" and version == 1, (magic, version)
+    pos = FILE_HEADER.size + header_len
+    header_end = pos
+    frames = []
+    while pos + FRAME_HEADER.size <= len(data):
+        frame = Frame(pos, FRAME_HEADER.unpack_from(data, pos))
+        assert frame.magic == FRAME_MAGIC, "not an intact trace at byte %d" % pos
+        frames.append(frame)
+        pos = frame.end
+    assert pos == len(data), "trailing bytes after the last frame"
+    return header_end, frames
+
+
+# --- Test case base -------------------------------------------------------------
+
+
+class TestCase(unittest.TestCase):
+    maxDiff = 4000
+
+    @classmethod
+    def class_tmpdir(cls):
+        d = tempfile.mkdtemp(prefix="mltest-%s-" % cls.__name__)
+        cls.addClassCleanup(shutil.rmtree, d, True)
+        return d
+
+    def tmpdir(self):
+        d = tempfile.mkdtemp(prefix="mltest-%s-" % self._testMethodName)
+        self.addCleanup(shutil.rmtree, d, True)
+        return d
+
+    @staticmethod
+    def run_cmd(args, timeout=TIMEOUT, env=None, cwd=None, crash_ok=False, stdin=subprocess.DEVNULL):
+        """Runs a command to completion, capturing text output. It runs in a
+        session of its own: on a timeout the whole process tree is killed
+        (a hung traced child must not outlive the test), then
+        subprocess.TimeoutExpired is raised."""
+        proc = subprocess.Popen(
+            [str(a) for a in args],
+            env=clean_env() if env is None else env,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            errors="replace",
+            start_new_session=True,
+            preexec_fn=no_core_dumps if crash_ok else None,
+        )
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_session(proc.pid)
+            proc.communicate()
+            raise
+        return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+    @classmethod
+    def memledger(cls, *args, **kwargs):
+        return cls.run_cmd([MEMLEDGER, *args], **kwargs)
+
+    @classmethod
+    def traced(cls, run_dir, command, options=("--host", "full"), **kwargs):
+        """`memledger run -q -o RUN_DIR OPTIONS -- COMMAND`; returns the
+        completed process (the report is in RUN_DIR)."""
+        return cls.memledger("run", "-q", "-o", run_dir, *options, "--", *command, **kwargs)
+
+    @staticmethod
+    def load_report(run_dir):
+        with open(os.path.join(run_dir, "report.json")) as f:
+            return json.load(f)
+
+    @staticmethod
+    def describe(proc):
+        return "exit %s\n--- stdout\n%s\n--- stderr\n%s" % (proc.returncode, proc.stdout[-3000:], proc.stderr[-3000:])
+
+    def assertExit(self, proc, code):
+        self.assertEqual(proc.returncode, code, self.describe(proc))
+
+    def assertNoCrash(self, proc):
+        """memledger itself must never die of a signal or an internal error."""
+        self.assertTrue(0 <= proc.returncode < 128, self.describe(proc))
+        self.assertNotIn("internal error", proc.stderr)
+
+
+def main():
+    unittest.main(verbosity=2)

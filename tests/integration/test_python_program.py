@@ -1,0 +1,104 @@
+"""A Python program with threads, subprocess and os.fork runs unchanged under
+memledger (same output, exit 0) and each of its processes gets a trace."""
+
+import os
+import sys
+import textwrap
+
+import mltest
+
+PROGRAM = textwrap.dedent('''
+    import hashlib, os, subprocess, sys, threading
+
+    def work(n):
+        blocks = [bytes([n % 256]) * (64 * (i % 50 + 1)) for i in range(3000)]
+        table = {i: str(i) * 3 for i in range(5000)}
+        return hashlib.sha256(b"".join(blocks) + repr(sorted(table.items())[:10]).encode()).hexdigest()[:16]
+
+    results = {}
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, work(i))) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print("threads", [results[i] for i in range(4)], flush=True)
+
+    sub = subprocess.run([sys.executable, "-c", "print(sum(range(100000)))"],
+                         capture_output=True, text=True, check=True)
+    print("subprocess", sub.stdout.strip(), flush=True)
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        os.write(w, work(9).encode())
+        os._exit(0)
+    os.close(w)
+    data = os.read(r, 100).decode()
+    _, status = os.waitpid(pid, 0)
+    print("fork", data, os.waitstatus_to_exitcode(status), flush=True)
+    print("FORK_PID=%d" % pid, file=sys.stderr)
+    print("SELF_PID=%d" % os.getpid(), file=sys.stderr)
+''')
+
+
+class PythonProgram(mltest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = cls.class_tmpdir()
+        cls.script = os.path.join(cls.tmp, "program.py")
+        with open(cls.script, "w") as f:
+            f.write(PROGRAM)
+        cls.direct = cls.run_cmd([sys.executable, cls.script])
+
+    def setUp(self):
+        self.assertExit(self.direct, 0)
+
+    def check_mode(self, host):
+        run_dir = os.path.join(self.tmpdir(), "py-" + host)
+        proc = self.traced(run_dir, [sys.executable, self.script], options=("--host", host))
+        self.assertExit(proc, 0)
+        self.assertEqual(proc.stdout, self.direct.stdout)
+        # Only the program's own stderr lines (pids), nothing from Python or memledger.
+        self.assertEqual([l.split("=")[0] for l in proc.stderr.splitlines()], ["FORK_PID", "SELF_PID"], proc.stderr)
+        pids = mltest.parse_kv(proc.stderr)
+        r = self.load_report(run_dir)
+        self.assertEqual(r["problems"], [])
+        self.assertEqual(r["pid"], int(pids["SELF_PID"]))
+        self.assertEqual(r["verdict"]["kind"], "exit")
+        self.assertEqual(r["verdict"]["exit_code"], 0)
+        by_pid = {p["pid"]: p for p in r["processes"]}
+        fork = by_pid.get(int(pids["FORK_PID"]))
+        self.assertIsNotNone(fork, "no trace for the forked child")
+        self.assertEqual(fork["ppid"], r["pid"])
+        subs = [p for p in r["processes"] if "print(sum(range(100000)))" in p["command"]]
+        self.assertEqual(len(subs), 1, [p["command"] for p in r["processes"]])
+        self.assertEqual(subs[0]["ppid"], r["pid"])
+        self.assertEqual(subs[0]["verdict"]["kind"], "exit")
+        for p in r["processes"]:
+            self.assertEqual(p["stats"]["dropped"], 0, p["command"])
+            self.assertEqual(p["stats"]["frames_damaged"], 0, p["command"])
+            self.assertEqual(p["host_mode"], host)
+        if host == "full":
+            # Every free matches an allocation of the same process.
+            self.assertEqual(r["stats"]["unknown_frees"], 0)
+            self.assertEqual(r["stats"]["double_allocations"], 0)
+
+    def test_sampled_mode(self):
+        self.check_mode("sampled")
+
+    def test_full_mode(self):
+        self.check_mode("full")
+
+    def test_raw_preload(self):
+        run_dir = os.path.join(self.tmpdir(), "raw")
+        proc = self.run_cmd([sys.executable, self.script],
+                            env=mltest.clean_env(LD_PRELOAD=mltest.LIBRARY, MEMLEDGER_DIR=run_dir))
+        self.assertExit(proc, 0)
+        self.assertEqual(proc.stdout, self.direct.stdout)
+        traces = [f for f in os.listdir(run_dir) if f.startswith("trace.")]
+        self.assertGreaterEqual(len(traces), 3, traces)
+
+
+if __name__ == "__main__":
+    mltest.main()

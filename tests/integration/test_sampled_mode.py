@@ -1,0 +1,141 @@
+"""Sampled host mode (the default): a leak of 1 MiB per step made of 1 KiB
+pieces is estimated within 10%, and the exact totals follow the leak.
+
+Why --sample-interval 16384 for the 10% check: a site's estimate counts
+Poisson samples, about LEAK / interval of them per step. The report fits a
+line to the cumulative series over the 45 steps after warm-up; for a random
+walk with Poisson(m) increments that slope has a standard deviation of about
+sqrt(6 m / (5 n)) samples per step, so a relative error of sqrt(6 / (5 n m)):
+  - default 128 KiB: m = 8,  n = 45 -> 5.8%: 10% is only 1.7 sigma (~9% of
+    runs would fail; measured spread over 15 runs: -9% .. +11%);
+  - 32 KiB:          m = 32         -> 2.9%: 10% is 3.4 sigma (~1 in 1500);
+  - 16 KiB:          m = 64         -> 2.0%: 10% is 4.9 sigma (~1 in 10^6).
+The default interval is still checked, with a 35% bound (6 sigma).
+"""
+
+import os
+import unittest
+
+import mltest
+
+STEPS = 50
+LEAK = 1 << 20  # 1 MiB per step, in 1 KiB pieces
+PIECE = 1024
+
+
+def fit_slope(values):
+    n = len(values)
+    mx = (n - 1) / 2
+    my = sum(values) / n
+    sxy = sum((i - mx) * (v - my) for i, v in enumerate(values))
+    sxx = sum((i - mx) ** 2 for i in range(n))
+    return sxy / sxx
+
+
+class SampledLeak(mltest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        tmp = cls.class_tmpdir()
+        # --sleep-ms 3: the writer's sample after each marker is taken while
+        # the program sleeps, so step totals are exact (see FastSteps below).
+        command = [mltest.program("leak_steps"), STEPS, LEAK, "--many-small", "--sleep-ms", "3"]
+        cls.runs = {}
+        for name, options in (("fine", ["--sample-interval", "16384"]), ("default", [])):
+            run_dir = os.path.join(tmp, name)
+            proc = cls.traced(run_dir, command, options=options)
+            report = cls.load_report(run_dir) if proc.returncode == 0 else None
+            cls.runs[name] = (proc, report)
+
+    def check_run(self, name, interval, tolerance):
+        proc, r = self.runs[name]
+        self.assertExit(proc, 0)
+        line = int(mltest.parse_kv(proc.stdout)["LEAK_LINE"])
+        self.assertEqual(r["host_mode"], "sampled")
+        self.assertEqual(r["sample_interval"], interval)
+        self.assertEqual(r["step_source"], "marker")
+        self.assertEqual(len(r["steps"]), STEPS)
+        self.assertTrue(any("sampled" in n for n in r["notes"]), r["notes"])
+        self.assertEqual(r["stats"]["dropped"], 0)
+        self.assertEqual(r["verdict"]["kind"], "exit")
+        self.assertGreaterEqual(len(r["leak_suspects"]), 1)
+        top = r["leak_suspects"][0]
+        self.assertEqual(mltest.site_parts(top["site"]), ("plant_leak", "leak_steps.cpp", line), top["site"])
+        error = abs(top["bytes_per_step_exact"] - LEAK) / LEAK
+        self.assertLess(error, tolerance, "estimated %.0f B/step for %d" % (top["bytes_per_step_exact"], LEAK))
+        # No other site may look like a leak of comparable size.
+        for other in r["leak_suspects"][1:]:
+            self.assertLess(other["bytes_per_step_exact"], LEAK / 10, other["site"])
+        return r
+
+    def test_estimate_within_10_percent(self):
+        self.check_run("fine", 16384, 0.10)
+
+    def test_estimate_at_the_default_interval(self):
+        self.check_run("default", 131072, 0.35)
+
+    def test_totals_follow_the_leak(self):
+        # Totals are exact malloc_usable_size bytes: a 1 KiB block has 1032
+        # usable bytes with glibc (1040-byte chunk). They come from the sample
+        # the writer takes just after each marker; a late sample may already
+        # see the next step's first allocations: fit a line rather than
+        # compare two steps.
+        for name in ("fine", "default"):
+            proc, r = self.runs[name]
+            self.assertExit(proc, 0)
+            live = [s["live"]["host"] for s in r["steps"]]
+            slope = fit_slope(live[5:])
+            usable = LEAK // PIECE * 1032
+            self.assertLess(abs(slope - usable) / usable, 0.01, "%s: %.0f B/step of usable bytes" % (name, slope))
+            self.assertGreater(live[-1], STEPS * LEAK)
+            rss = [s["rss"] for s in r["steps"]]
+            self.assertGreater(rss[-1] - rss[0], (STEPS - 10) * LEAK)
+
+    # Known bug (reported): in sampled mode the per-step `allocations` and
+    # `frees` count the sampled records (about 120 and 60 here), although the
+    # samples carry the tracer's exact counters; and a suspect's
+    # `allocations_per_step` counts sampled records too (about 64 for 1024
+    # allocations of 1 KiB at a 16 KiB interval) instead of estimating
+    # allocations (weight / size per record).
+    @unittest.expectedFailure
+    def test_allocation_counts_are_exact_totals_and_estimates(self):
+        proc, r = self.runs["fine"]
+        self.assertExit(proc, 0)
+        top = r["leak_suspects"][0]
+        self.assertLess(abs(top["allocations_per_step"] - LEAK // PIECE) / (LEAK // PIECE), 0.10,
+                        "allocations_per_step %.1f for %d allocations" % (top["allocations_per_step"], LEAK // PIECE))
+        # 1001 short-lived or bookkeeping allocations and 1024 pieces per step.
+        counts = {(s["allocations"], s["frees"]) for s in r["steps"][1:]}
+        self.assertEqual(counts, {(1001 + LEAK // PIECE, 1001)})
+
+
+class FastSteps(mltest.TestCase):
+    """1000 steps microseconds apart, each leaking 4 KiB."""
+
+    COMMAND = [mltest.program("leak_steps"), 1000, 4096, "--no-work"]
+
+    def test_full_mode_totals_are_exact_at_every_marker(self):
+        run_dir = os.path.join(self.tmpdir(), "full")
+        proc = self.traced(run_dir, self.COMMAND)
+        self.assertExit(proc, 0)
+        live = [s["live"]["host"] for s in self.load_report(run_dir)["steps"]]
+        self.assertEqual(len(live), 1000)
+        self.assertEqual({b - a for a, b in zip(live, live[1:])}, {4096})
+
+    # Known bug (reported): in sampled mode a step's live.host is the first
+    # writer sample taken at or after its marker. When several markers reach
+    # the writer in one cycle there is one sample for all of them, so earlier
+    # steps show the live bytes of a later step (hundreds of the 999 step
+    # deltas are 0, followed by jumps of several steps' worth).
+    @unittest.expectedFailure
+    def test_sampled_mode_totals_belong_to_their_own_step(self):
+        run_dir = os.path.join(self.tmpdir(), "sampled")
+        proc = self.traced(run_dir, self.COMMAND, options=())
+        self.assertExit(proc, 0)
+        live = [s["live"]["host"] for s in self.load_report(run_dir)["steps"]]
+        self.assertEqual(len(live), 1000)
+        flat = sum(1 for a, b in zip(live, live[1:]) if b <= a)
+        self.assertEqual(flat, 0, "%d of 999 steps show no growth although each leaks 4 KiB" % flat)
+
+
+if __name__ == "__main__":
+    mltest.main()
