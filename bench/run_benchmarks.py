@@ -355,10 +355,134 @@ class Bench:
 
         print()
         print(self.table(untraced, full, sampled, heaptrack, ml_report, ht_print))
+        memory = self.memory_benchmark()
+        device = [] if a.no_device else self.device_benchmark()
         if a.json:
             self.write_json(Path(a.json), [untraced, full, sampled, heaptrack,
-                                           ml_report, ht_print])
+                                           ml_report, ht_print, *memory, *device])
         return 0
+
+    # -- tracer memory against live allocations -------------------------------
+
+    def memory_benchmark(self) -> list[Config]:
+        exe = self.build / "bench" / "live_hold"
+        print()
+        if not os.access(exe, os.X_OK):
+            print("memory benchmark skipped: build/bench/live_hold not built")
+            return []
+        counts = [100000, 2000000]
+        configs = []
+        for n in counts:
+            for mode in (None, "full", "sampled"):
+                name = f"{n} live, " + ("untraced" if mode is None else f"--host {mode}")
+                c = Config(name)
+                d = self.fresh("memory")
+                d.mkdir()
+                argv = [str(exe), str(n)]
+                if mode is not None:
+                    argv = [str(self.memledger), "run", "-o", str(d / "run"), "--host", mode,
+                            *self.run_flags, "--", *argv]
+                rc, wall, rss = run_timed(argv, d / "stdout.txt", d / "stderr.txt")
+                m = re.search(r"maxrss_kib=(\d+)", (d / "stdout.txt").read_text(errors="replace"))
+                s = Sample(ok=rc == 0 and m is not None, rc=rc, wall_s=wall, tree_rss_kib=rss)
+                if m:
+                    s.program_rss_kib = int(m.group(1))
+                c.samples.append(s)
+                configs.append(c)
+                if not self.args.keep:
+                    shutil.rmtree(d, ignore_errors=True)
+        head = f"{'live allocations, mode':<30} {'prog RSS MiB':>12} {'tracer MiB':>11}  target"
+        rows = [head, "-" * len(head)]
+        for i in range(0, len(configs), 3):
+            base = configs[i].median("program_rss_kib")
+            n = counts[i // 3]
+            for c in configs[i:i + 3]:
+                rss = c.median("program_rss_kib")
+                if rss is None or base is None:
+                    rows.append(f"{c.name:<30} FAILED: {c.failure()}")
+                    continue
+                extra = (rss - base) / 1024
+                target = ""
+                if c is not configs[i]:
+                    limit = 64 + 48 * n / 2**20
+                    target = f"<= {limit:.0f} MiB (64 MiB + 48 B/live): {'ok' if extra <= limit else 'MISSED'}"
+                rows.append(f"{c.name:<30} {rss / 1024:>12.1f} "
+                            f"{'' if c is configs[i] else f'{extra:+.1f}':>11}  {target}")
+        print("tracer memory: peak RSS of a program holding N live 32-byte allocations")
+        print("\n".join(rows))
+        return configs
+
+    # -- device allocations (CUDA hooks, simulated driver) ---------------------
+
+    def device_run(self, argv: list[str], key: str, traced: list[str] | None) -> Sample:
+        """One device_bench run; `traced` = memledger run flags, None = untraced."""
+        d = self.fresh("device")
+        d.mkdir()
+        if traced is not None:
+            argv = [str(self.memledger), "run", "-o", str(d / "run"), *traced,
+                    *self.run_flags, "--", *argv]
+        out, err = d / "stdout.txt", d / "stderr.txt"
+        rc, wall, rss = run_timed(argv, out, err)
+        s = Sample(ok=rc == 0, rc=rc, wall_s=wall, tree_rss_kib=rss)
+        m = re.search(key + r"=([0-9.]+)", out.read_text(errors="replace"))
+        if m is None:
+            s.ok = False
+            s.note = f"exit {rc}, no {key}= line: {tail(err)}"
+        else:
+            s.program_s = float(m.group(1))
+        if not self.args.keep:
+            shutil.rmtree(d, ignore_errors=True)
+        return s
+
+    def device_benchmark(self) -> list[Config]:
+        a = self.args
+        exe = self.build / "bench" / "device_bench"
+        print()
+        if not os.access(exe, os.X_OK):
+            print("device benchmark skipped: build/bench/device_bench not built "
+                  "(it needs the CUDA headers for the simulated driver)")
+            return []
+        pairs = "20000" if a.quick else "400000"
+        steps = "20" if a.quick else "300"
+        pair_argv = [str(exe), "pairs", pairs]
+        train_argv = [str(exe), "train", steps]
+        configs = [
+            (Config("pairs untraced"), pair_argv, "ns_per_pair", None),
+            (Config("pairs traced, stacks"), pair_argv, "ns_per_pair", ["--host", "off"]),
+            (Config("pairs traced, no stacks"), pair_argv, "ns_per_pair",
+             ["--host", "off", "--stack-depth", "0"]),
+            (Config("train untraced"), train_argv, "ms_per_step", None),
+            (Config("train traced"), train_argv, "ms_per_step", []),
+        ]
+        print(f"device benchmark (simulated driver): {pairs} cuMemAllocAsync/cuMemFreeAsync "
+              f"pairs 20 frames deep; a {steps}-step loop with 64 device allocations and "
+              f"~2 ms of host work per step; {a.repeat} interleaved rounds", flush=True)
+        for r in range(a.repeat):
+            order = configs[r % len(configs):] + configs[:r % len(configs)]
+            for config, argv, key, traced in order:
+                config.samples.append(self.device_run(argv, key, traced))
+        base_pair = configs[0][0].median("program_s")
+        base_step = configs[3][0].median("program_s")
+        head = f"{'configuration':<26} {'per pair / step':>16} {'added':>12}  target"
+        rows = [head, "-" * len(head)]
+        for config, _, key, traced in configs:
+            if not config.good():
+                rows.append(f"{config.name:<26} FAILED: {config.failure()}")
+                continue
+            v = config.median("program_s")
+            unit = "ns" if key == "ns_per_pair" else "ms"
+            base = base_pair if key == "ns_per_pair" else base_step
+            added = "" if traced is None or base is None else f"{v - base:+.1f} {unit}"
+            target = ""
+            if config.name == "pairs traced, stacks" and base is not None:
+                target = f"added <= 1000 ns: {'ok' if v - base <= 1000 else 'MISSED'}"
+            if config.name == "train traced" and base is not None:
+                target = f"step time {fmt_ratio(ratio(v, base))}"
+            rows.append(f"{config.name:<26} {v:>13.1f} {unit} {added:>12}  {target}")
+        rows.append("traced pairs run with --host off (device hooks only); the training loop "
+                    "with memledger's defaults (host heap sampled).")
+        print("\n".join(rows))
+        return [c for c, _, _, _ in configs]
 
     # -- output -------------------------------------------------------------
 
@@ -548,6 +672,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true",
                    help="keep the traces and logs (their folder is printed)")
     p.add_argument("--json", metavar="FILE", help="also write raw results as JSON")
+    p.add_argument("--no-device", action="store_true",
+                   help="skip the device allocation benchmark")
     p.add_argument("-v", "--verbose", action="store_true", help="print every run")
     a = p.parse_args(argv)
     if a.steps is None:

@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "cuda_abi.h"
+#include "cupti_bridge.h"
 #include "recorder.h"
 #include "spin_lock.h"
 
@@ -62,6 +63,7 @@ namespace fmt = memledger::format;
 // Driver hooks: X(exported name, base name for cuGetProcAddress, first CUDA
 // version with this ABI, per-thread default stream variant).
 #define MEMLEDGER_CUDA_DRIVER_HOOKS(X)                                   \
+  X(cuInit, "cuInit", 2000, false)                                       \
   X(cuMemAlloc_v2, "cuMemAlloc", 3020, false)                            \
   X(cuMemFree_v2, "cuMemFree", 3020, false)                              \
   X(cuMemAllocPitch_v2, "cuMemAllocPitch", 3020, false)                  \
@@ -137,6 +139,7 @@ struct HookEntry {
 
 // Forward declarations of every wrapper, so the tables can name them.
 extern "C" {
+CUresult cuInit(unsigned int);
 CUresult cuMemAlloc_v2(CUdeviceptr*, size_t);
 CUresult cuMemFree_v2(CUdeviceptr);
 CUresult cuMemAllocPitch_v2(CUdeviceptr*, size_t*, size_t, size_t, unsigned int);
@@ -465,6 +468,16 @@ __attribute__((constructor(102))) void install_step_hook() { recorder().set_step
 
 // ---------------------------------------------------------------------------
 // Driver API
+
+// The CUPTI module starts here: after the driver is up, before the program
+// can have allocated anything through it.
+MEMLEDGER_EXPORT CUresult cuInit(unsigned int flags) {
+  auto real = REAL_DRIVER(cuInit);
+  if (real == nullptr) return 3;
+  CUresult r = real(flags);
+  if (r == CUDA_SUCCESS) memledger::interposer::cupti_on_cuda_init();
+  return r;
+}
 
 MEMLEDGER_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
   DriverScope s;

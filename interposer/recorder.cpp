@@ -20,6 +20,7 @@
 #include <libunwind.h>
 
 #include "internal_alloc.h"
+#include "python_frames.h"
 #include "signals.h"
 #include "spin_lock.h"
 #include "trace_writer.h"
@@ -32,6 +33,16 @@ namespace {
 
 SpinLock g_shared_lock;
 pthread_key_t g_ring_key;
+
+// Loader sections in flight, counted in shards (by thread) so that threads
+// do not contend on one cache line; g_forking turns new sections away.
+struct alignas(64) LoaderShard {
+  std::atomic<int64_t> inside{0};
+};
+constexpr int kLoaderShards = 32;
+LoaderShard g_loader[kLoaderShards];
+std::atomic<bool> g_forking{false};
+__thread uint8_t tls_loader_shard __attribute__((tls_model("initial-exec")));
 
 // Sampled host mode: which live addresses were sampled, so that their frees
 // are recorded. A counting filter answers "certainly not sampled" for almost
@@ -216,7 +227,7 @@ void Recorder::start() {
   config_.sample_interval = parse_u64_env("MEMLEDGER_SAMPLE_INTERVAL", config_.sample_interval);
   if (config_.sample_interval == 0) config_.sample_interval = 1;
   config_.stack_depth = static_cast<uint32_t>(parse_u64_env("MEMLEDGER_STACK_DEPTH", config_.stack_depth));
-  if (config_.stack_depth > StackTable::kMaxDepth) config_.stack_depth = StackTable::kMaxDepth;
+  if (config_.stack_depth > StackTable::kMaxNativeDepth) config_.stack_depth = StackTable::kMaxNativeDepth;
   if (const char* interval = getenv("MEMLEDGER_STEP_INTERVAL")) config_.step_interval_s = atof(interval);
   if (config_.step_interval_s < 0.001) config_.step_interval_s = 0;
 
@@ -242,7 +253,7 @@ void Recorder::start() {
 
   pthread_key_create(&g_ring_key, ring_key_destructor);
   shared_ring_ = map_ring();
-  if (shared_ring_ == nullptr || !stacks_.init()) {
+  if (shared_ring_ == nullptr || !stacks_.init() || !python_frames().init()) {
     disable("cannot map memory for the recorder; tracing is off");
     return;
   }
@@ -252,6 +263,14 @@ void Recorder::start() {
   if (filter != MAP_FAILED) g_filter = static_cast<std::atomic<uint8_t>*>(filter);
 
   unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
+  // A Python executable (or its libpython) is loaded by now; an embedded
+  // interpreter loaded later is found by the writer when modules change.
+  const char* python = getenv("MEMLEDGER_PYTHON_FRAMES");
+  if (python != nullptr && strcmp(python, "0") == 0) {
+    python_frames().turn_off();
+  } else if (config_.stack_depth != 0) {
+    python_frames().detect();
+  }
 
   char error[4400];
   if (!trace_writer().open(config_, 0, error, sizeof error)) {
@@ -345,21 +364,50 @@ bool Recorder::push(ThreadState& t, Event& event) {
   event.seq = next_seq();
   // Allocation times need no more than millisecond precision (the order is
   // the sequence number); the coarse clock costs a few nanoseconds.
-  event.ts = event.type == EventType::kStep ? monotonic_ns() : coarse_ns();
-  event.tid = static_cast<uint32_t>(ring->tid.load(std::memory_order_relaxed));
-  if (shared) event.tid = static_cast<uint32_t>(syscall(SYS_gettid));
+  // CUPTI's records bring their own time and fields (event_ring.h).
+  if (event.type < EventType::kCuptiStatus) {
+    event.ts = event.type == EventType::kStep ? monotonic_ns() : coarse_ns();
+    event.tid = static_cast<uint32_t>(ring->tid.load(std::memory_order_relaxed));
+    if (shared) event.tid = static_cast<uint32_t>(syscall(SYS_gettid));
+  }
   ring->events[head & ThreadRing::kMask] = event;
   ring->head.store(head + 1, std::memory_order_release);
   if (shared) g_shared_lock.unlock();
   return true;
 }
 
-uint32_t Recorder::capture_stack(size_t skip_extra) {
+bool Recorder::enter_loader_section() {
+  if (tls_loader_shard == 0) {
+    tls_loader_shard = static_cast<uint8_t>(1 + static_cast<unsigned>(syscall(SYS_gettid)) % kLoaderShards);
+  }
+  std::atomic<int64_t>& inside = g_loader[tls_loader_shard - 1].inside;
+  // seq_cst on both sides: either this thread sees the fork coming, or the
+  // forking thread sees this section.
+  inside.fetch_add(1, std::memory_order_seq_cst);
+  if (g_forking.load(std::memory_order_seq_cst)) {
+    inside.fetch_sub(1, std::memory_order_seq_cst);
+    return false;
+  }
+  return true;
+}
+
+void Recorder::leave_loader_section() {
+  g_loader[tls_loader_shard - 1].inside.fetch_sub(1, std::memory_order_release);
+}
+
+uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
   if (config_.stack_depth == 0) return 0;  // stacks off (benchmarks, or by choice)
-  void* frames[StackTable::kMaxDepth + 16];
+  // Python frames first (innermost first), then the native frames.
+  uintptr_t words[PythonFrames::kMaxFrames + StackTable::kMaxNativeDepth + 16];
+  const uint32_t python = with_python ? python_frames().capture(words, PythonFrames::kMaxFrames) : 0;
+  void** frames = reinterpret_cast<void**>(words + python);
   int want = static_cast<int>(config_.stack_depth + 16 + skip_extra);
-  if (want > static_cast<int>(StackTable::kMaxDepth + 16)) want = StackTable::kMaxDepth + 16;
-  int n = unw_backtrace(frames, want);
+  if (want > static_cast<int>(StackTable::kMaxNativeDepth + 16)) want = StackTable::kMaxNativeDepth + 16;
+  int n = 0;
+  if (enter_loader_section()) {
+    n = unw_backtrace(frames, want);
+    leave_loader_section();
+  }
   // Drop memledger's own frames (the hook, this function, libunwind).
   int first = 0;
   while (first < n) {
@@ -368,10 +416,11 @@ uint32_t Recorder::capture_stack(size_t skip_extra) {
     ++first;
   }
   first += static_cast<int>(skip_extra);
-  if (first >= n) return 0;
-  uint32_t depth = static_cast<uint32_t>(n - first);
+  uint32_t depth = first < n ? static_cast<uint32_t>(n - first) : 0;
   if (depth > config_.stack_depth) depth = config_.stack_depth;
-  return stacks_.intern(reinterpret_cast<const uintptr_t*>(frames + first), depth);
+  if (python + depth == 0) return 0;
+  if (first > 0) memmove(words + python, words + python + first, depth * sizeof(uintptr_t));
+  return stacks_.intern(words, python + depth);
 }
 
 bool Recorder::is_sampled(uintptr_t addr) {
@@ -499,7 +548,12 @@ void Recorder::on_device_event(ThreadState& t, EventType type, int device, uint6
 
 void Recorder::on_step(const char* label, format::StepSource source) {
   if (!active()) return;
-  if (step_hook_ != nullptr && source == format::StepSource::kMarker) step_hook_();
+  // Device samples from the program's own thread: markers and NVTX ranges
+  // (a kernel step is seen inside a CUPTI callback, the writer thread times
+  // interval steps).
+  if (step_hook_ != nullptr && (source == format::StepSource::kMarker || source == format::StepSource::kNvtx)) {
+    step_hook_();
+  }
   HookGuard guard;
   Event e{};
   e.type = EventType::kStep;
@@ -507,7 +561,7 @@ void Recorder::on_step(const char* label, format::StepSource source) {
   e.source = static_cast<uint8_t>(source);
   e.aux = intern_string(label);
   push(guard.thread(), e);
-  if (source == format::StepSource::kMarker) trace_writer().wake();
+  if (source != format::StepSource::kInterval) trace_writer().wake();
 }
 
 void Recorder::flush_and_wait(int timeout_ms) {
@@ -528,17 +582,35 @@ void Recorder::on_exec(const char* path) {
 }
 
 void Recorder::before_fork() {
+  // No thread may hold the loader lock at the fork: turn new loader
+  // sections away and wait (at most ~200 ms) for those in flight.
+  g_forking.store(true, std::memory_order_seq_cst);
+  for (int i = 0; i < 20000; ++i) {
+    int64_t inside = 0;
+    for (LoaderShard& shard : g_loader) inside += shard.inside.load(std::memory_order_seq_cst);
+    if (inside <= 0) break;
+    if (i < 100) {
+      sched_yield();
+    } else {
+      timespec pause = {0, 10000};
+      nanosleep(&pause, nullptr);
+    }
+  }
   // Keep the sampled-address shards consistent across the fork.
   for (SampledShard& shard : g_sampled) shard.lock.lock();
   g_shared_lock.lock();
 }
 
 void Recorder::after_fork_parent() {
+  g_forking.store(false, std::memory_order_seq_cst);
   g_shared_lock.unlock();
   for (SampledShard& shard : g_sampled) shard.lock.unlock();
 }
 
 void Recorder::after_fork_child() {
+  // Only this thread came along: no loader section is in flight here.
+  for (LoaderShard& shard : g_loader) shard.inside.store(0, std::memory_order_relaxed);
+  g_forking.store(false, std::memory_order_seq_cst);
   g_shared_lock.reset();
   for (SampledShard& shard : g_sampled) shard.lock.reset();
   const pid_t parent = pid_;

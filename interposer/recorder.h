@@ -69,6 +69,8 @@ class Recorder {
   void on_device_event(ThreadState& t, EventType type, int device, uint64_t addr, uint64_t size, uint64_t extra);
 
   void on_step(const char* label, format::StepSource source);
+  // Records an event built by the CUPTI module's bridge (cupti_bridge.cpp).
+  void on_external_event(ThreadState& t, Event& event) { push(t, event); }
   // Called at every step end, before the step is recorded: lets the CUDA
   // hooks sample device memory from the program's own thread.
   void set_step_hook(void (*hook)()) { step_hook_ = hook; }
@@ -89,9 +91,19 @@ class Recorder {
   uintptr_t self_begin() const { return self_begin_; }
   uintptr_t self_end() const { return self_end_; }
   pid_t pid() const { return pid_; }
-  // Captures the caller's stack (frames outside memledger) and interns it.
-  uint32_t capture_stack(size_t skip_extra = 0);
+  // Captures the caller's stack and interns it: the thread's Python frames
+  // (python_frames.h) when `with_python`, then the native frames outside
+  // memledger.
+  uint32_t capture_stack(size_t skip_extra = 0, bool with_python = true);
   uint32_t intern_string(const char* text);
+
+  // A thread about to take glibc's loader lock (dl_iterate_phdr: libunwind's
+  // unwinding, the writer's module scan) enters a loader section; false when
+  // a fork is under way: skip the work. fork() waits for the sections in
+  // flight, so that no thread holds that lock at the fork (the child would
+  // inherit it locked and deadlock on its first unwind).
+  bool enter_loader_section();
+  void leave_loader_section();
 
   // fork() handlers.
   void before_fork();

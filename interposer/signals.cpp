@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "python_frames.h"
 #include "recorder.h"
 #include "spin_lock.h"
 #include "trace_writer.h"
@@ -42,6 +43,8 @@ SigactionFn real_sigaction() {
 }
 
 void handler(int signo, siginfo_t* info, void* context) {
+  // A fault of the Python frame walk is not the program's: it resumes there.
+  if ((signo == SIGSEGV || signo == SIGBUS) && python_frames_recover(context)) return;
   const int saved_errno = errno;
   Recorder& rec = recorder();
   if (rec.active()) {
@@ -58,7 +61,8 @@ void handler(int signo, siginfo_t* info, void* context) {
       note.fault_addr = (info && is_crash(signo)) ? reinterpret_cast<uint64_t>(info->si_addr) : 0;
       note.tid = static_cast<pid_t>(syscall(SYS_gettid));
       note.ts = monotonic_ns();
-      note.stack = rec.capture_stack();
+      // No Python frames for a crash: the interpreter's memory may be what failed.
+      note.stack = rec.capture_stack(0, !is_crash(signo));
       note.pending.store(1, std::memory_order_release);
       rec.flush_and_wait(is_crash(signo) ? 1000 : 500);
     }

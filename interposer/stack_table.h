@@ -13,7 +13,9 @@ namespace memledger::interposer {
 class StackTable {
  public:
   static constexpr uint32_t kMaxStacks = 1u << 19;
-  static constexpr uint32_t kMaxDepth = 128;
+  // Native frames (--stack-depth at most 128) plus as many Python frames.
+  static constexpr uint32_t kMaxNativeDepth = 128;
+  static constexpr uint32_t kMaxDepth = 256;
 
   // Maps the memory. Returns false if the kernel refused it.
   bool init();

@@ -35,7 +35,10 @@
 namespace memledger::format {
 
 inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
-inline constexpr uint32_t kVersion = 1;
+// Version 2 added Python frames inside stacks and the kPythonCode and
+// kPython records, the CUPTI records (kCuptiStatus .. kCuptiDropped) and
+// the nvtx and kernel step sources. Readers accept every version up to their own.
+inline constexpr uint32_t kVersion = 2;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
 inline constexpr uint32_t kFrameCompressed = 1u << 0;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // sanity bound for readers
@@ -88,12 +91,16 @@ inline const char* kind_name(Kind kind) {
 enum class StepSource : uint8_t {
   kMarker = 0,    // memledger_step() C ABI or a helper built on it
   kInterval = 1,  // --step-interval
+  kNvtx = 2,      // an NVTX range matching --steps nvtx:PATTERN closed
+  kKernel = 3,    // a kernel matching --steps kernel:PATTERN was launched (CUPTI)
 };
 
 inline const char* step_source_name(StepSource source) {
   switch (source) {
     case StepSource::kMarker: return "marker";
     case StepSource::kInterval: return "interval";
+    case StepSource::kNvtx: return "nvtx";
+    case StepSource::kKernel: return "kernel";
   }
   return "unknown";
 }
@@ -156,6 +163,71 @@ enum class Tag : uint8_t {
   // A memory pool's reserved and used bytes (cuMemPoolGetAttribute).
   // seq (zz-delta), ts_ns (zz-delta), device, pool, reserved, used
   kPoolSample = 21,
+  // A Python code object, referred to by the Python frames of stacks (below).
+  // id, filename, qualname, first_line, line_table_format (LineTableFormat),
+  // line_table (string: the code object's own line table, bytes as stored)
+  kPythonCode = 22,
+  // The Python interpreter found in the process.
+  // status (PythonStatus), version (string, "3.11.2"; may be empty),
+  // module (string: the object holding the interpreter), note (string: why
+  // Python frames are not recorded, empty when they are)
+  kPython = 23,
+  // What became of CUPTI in the process (cupti_tracer/).
+  // seq (the global sequence number, as kAlloc's but not a delta: allocations
+  // before and after a status change are told apart by it), ts_ns,
+  // status (CuptiStatus), api_version (0 = none found), text string id,
+  // holder string id (0 = none: the tool holding the CUPTI subscriber slot)
+  kCuptiStatus = 24,
+  // A CUPTI memory activity record (CUPTI_ACTIVITY_KIND_MEMORY2).
+  // ts_ns, release (0 allocated, 1 released), kind, device, stream
+  // (0xffffffff = not stream-ordered), addr, bytes, pc, correlation,
+  // flags (bit 0: async; bits 1..2: CUPTI memory pool type)
+  kCuptiMemory = 25,
+  // A CUPTI memory pool record (CUPTI_ACTIVITY_KIND_MEMORY_POOL).
+  // ts_ns, operation (1 created, 2 destroyed, 3 trimmed), pool_type, device,
+  // addr, size, utilized, release_threshold
+  kCuptiPool = 26,
+  // count (activity records CUPTI reported lost)
+  kCuptiDropped = 27,
+};
+
+// kCuptiStatus values (cupti_tracer/cupti_host.h has the same numbers).
+enum class CuptiStatus : uint8_t {
+  kActive = 1,       // activity records are collected
+  kOff = 2,          // turned off by the user
+  kUnavailable = 3,  // no libcupti, wrong version, no driver or device
+  kHeld = 4,         // another tool holds the CUPTI subscriber slot
+  kFailed = 5,       // a CUPTI call failed; CUPTI was turned off
+  kStopped = 6,      // collection ended (exit flush, or handed to another tool)
+};
+
+// Python frames (version 2). A stack word with bit 63 set is not an
+// instruction pointer but a Python frame: bits 32..62 hold the id of a
+// kPythonCode record, bits 0..31 the byte offset of the instruction being
+// run in the code object's bytecode (kPythonOffsetUnknown before the first
+// instruction). A stack lists its Python frames first, innermost first, then
+// its native frames, innermost first.
+inline constexpr uint64_t kPythonFrameBit = uint64_t{1} << 63;
+inline constexpr uint32_t kPythonOffsetUnknown = UINT32_MAX;
+inline constexpr uint64_t python_frame_word(uint32_t code_id, uint32_t offset) {
+  return kPythonFrameBit | (static_cast<uint64_t>(code_id & 0x7fffffffu) << 32) | offset;
+}
+inline constexpr bool is_python_frame(uint64_t word) { return (word & kPythonFrameBit) != 0; }
+inline constexpr uint32_t python_code_id(uint64_t word) { return static_cast<uint32_t>(word >> 32) & 0x7fffffffu; }
+inline constexpr uint32_t python_offset(uint64_t word) { return static_cast<uint32_t>(word); }
+
+// How a kPythonCode record's line table maps byte offsets to lines; each is
+// the format of the CPython versions named (Objects/lnotab_notes.txt).
+enum class LineTableFormat : uint8_t {
+  kNone = 0,       // no table: every instruction is on first_line
+  kLnotab = 1,     // 3.9 co_lnotab: (byte delta, signed line delta) pairs
+  kLinetable = 2,  // 3.10 co_linetable: (byte delta, signed line delta; -128 = none) pairs
+  kLocations = 3,  // 3.11+ co_linetable: location entries of code units
+};
+
+enum class PythonStatus : uint8_t {
+  kActive = 1,       // Python frames are recorded
+  kUnsupported = 2,  // an interpreter memledger does not read: stacks are native only
 };
 
 // Sentinel stack id: no stack captured.

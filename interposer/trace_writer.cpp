@@ -24,6 +24,7 @@
 #include <zstd.h>
 
 #include "internal_alloc.h"
+#include "python_frames.h"
 #include "spin_lock.h"
 #include "recorder.h"
 #include "trace_encoding.h"
@@ -251,6 +252,9 @@ struct TraceWriter::State {
   Vector<Event> batch;
   Vector<uint8_t> stack_written;  // by id
   uint32_t stack_low = 1;         // every id below is written
+  Vector<uint8_t> code_written;   // Python code objects, by id
+  uint32_t code_low = 1;
+  uint32_t python_generation = 0;
   Vector<ModuleRecord> modules_written;
   unsigned long long dl_adds = ~0ull, dl_subs = ~0ull;
   uint32_t strings_written = 0;
@@ -592,8 +596,11 @@ void TraceWriter::cycle(bool final) {
   auto by_seq = [](const Event& a, const Event& b) { return a.seq < b.seq; };
   if (!std::is_sorted(st.batch.begin(), st.batch.end(), by_seq)) std::sort(st.batch.begin(), st.batch.end(), by_seq);
 
-  // 3. Modules, when the set of loaded objects changed.
-  {
+  // 3. Modules, when the set of loaded objects changed (skipped while a
+  // fork is under way: see Recorder::enter_loader_section).
+  const unsigned long long dl_adds_before = st.dl_adds;
+  const bool loader = rec.enter_loader_section();
+  if (loader) {
     struct Scan {
       State* st;
       Encoder* enc;
@@ -644,7 +651,41 @@ void TraceWriter::cycle(bool final) {
         &scan);
   }
 
-  // 4. Stacks published since the last cycle.
+  // 4. The Python interpreter (found at start-up, or in an object loaded
+  // since), then the Python code objects and stacks published since the
+  // last cycle.
+  PythonFrames& python = python_frames();
+  if (loader && python.status() == PythonFrames::Status::kNone && st.dl_adds != dl_adds_before &&
+      rec.config().stack_depth != 0) {
+    python.detect();
+  }
+  if (loader) rec.leave_loader_section();
+  if (python.generation() != st.python_generation) {
+    st.python_generation = python.generation();
+    enc.tag(format::Tag::kPython);
+    enc.u(static_cast<uint64_t>(python.status() == PythonFrames::Status::kActive ? format::PythonStatus::kActive
+                                                                               : format::PythonStatus::kUnsupported));
+    enc.str(python.version());
+    enc.str(python.module());
+    enc.str(python.note());
+  }
+  const uint32_t code_count = python.code_count() < PythonFrames::kMaxCodes ? python.code_count()
+                                                                            : PythonFrames::kMaxCodes;
+  if (st.code_written.size() < code_count + 1) st.code_written.resize(code_count + 1, 0);
+  for (uint32_t id = st.code_low; id <= code_count; ++id) {
+    PythonCodeView code;
+    if (st.code_written[id] || !python.code(id, &code)) continue;
+    enc.tag(format::Tag::kPythonCode);
+    enc.u(id);
+    enc.str(code.filename, code.filename_len);
+    enc.str(code.qualname, code.qualname_len);
+    enc.u(code.first_line);
+    enc.u(code.line_table_len != 0 ? python.line_table_format() : 0);
+    enc.str(reinterpret_cast<const char*>(code.line_table), code.line_table_len);
+    st.code_written[id] = 1;
+  }
+  while (st.code_low <= code_count && st.code_written[st.code_low]) ++st.code_low;
+
   StackTable& stacks = rec.stacks();
   const uint32_t count = stacks.count();
   if (st.stack_written.size() < count + 1) st.stack_written.resize(count + 1, 0);
@@ -741,6 +782,43 @@ void TraceWriter::cycle(bool final) {
         enc.u(e.addr);
         enc.u(e.size);
         enc.u(e.weight);
+        break;
+      case EventType::kCuptiStatus:
+        enc.tag(format::Tag::kCuptiStatus);
+        enc.u(e.seq);
+        enc.u(ts);
+        enc.u(e.kind);
+        enc.u(e.size);
+        enc.u(e.aux);
+        enc.u(e.stack);
+        break;
+      case EventType::kCuptiMemory:
+        enc.tag(format::Tag::kCuptiMemory);
+        enc.u(ts);
+        enc.u(e.flags & 1u);
+        enc.u(e.kind);
+        enc.u(e.aux);
+        enc.u(e.tid);
+        enc.u(e.addr);
+        enc.u(e.size);
+        enc.u(e.weight);
+        enc.u(e.stack);
+        enc.u(static_cast<uint64_t>(e.flags >> 1));
+        break;
+      case EventType::kCuptiPool:
+        enc.tag(format::Tag::kCuptiPool);
+        enc.u(ts);
+        enc.u(e.kind);
+        enc.u(e.flags);
+        enc.u(e.aux);
+        enc.u(e.addr);
+        enc.u(e.size);
+        enc.u(e.weight);
+        enc.u(static_cast<uint64_t>(e.tid) << 32 | e.stack);
+        break;
+      case EventType::kCuptiDropped:
+        enc.tag(format::Tag::kCuptiDropped);
+        enc.u(e.size);
         break;
       case EventType::kStep: {
         enc.tag(format::Tag::kStep);

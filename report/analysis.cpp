@@ -7,9 +7,11 @@
 #include <cmath>
 #include <csignal>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 
+#include "step_inference.h"
 #include "trace_format.h"
 
 namespace memledger::report {
@@ -23,6 +25,7 @@ struct LiveAlloc {
   uint32_t step_born;  // 1-based step the allocation was made in
   uint8_t kind;
   uint8_t flags;
+  uint8_t device;
 };
 
 constexpr uint64_t kDeviceGranularity = 2ull << 20;
@@ -61,6 +64,13 @@ struct SiteAcc {
   uint64_t allocs = 0;
   bool dirty = false;
   std::vector<SeriesPoint> changes;  // at step ends where the site changed
+  uint64_t count = 0;  // live allocations
+  // The site's live bytes and count when the running peak was last reached,
+  // valid while peak_epoch is the replay's: saved on the first change after a
+  // new peak, so the peak's live set costs O(1) per event, not a copy per peak.
+  int64_t peak_live = 0;
+  uint64_t peak_count = 0;
+  uint64_t peak_epoch = 0;
 };
 
 bool is_crash_signal(int signo) {
@@ -135,7 +145,13 @@ LinearFit fit_line(const std::vector<double>& y) {
   return fit;
 }
 
-ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const AnalysisOptions& options) {
+namespace {
+
+// Hands the trace's events to the replay, in sequence order, a batch at a time.
+using EventFeed = std::function<void(const EventBatchFn&)>;
+
+ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const ExitInfo& exit_info,
+                             const AnalysisOptions& options) {
   ProcessReport r;
   r.trace_path = trace.path;
   r.pid = trace.pid();
@@ -144,13 +160,10 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
   r.host_mode = trace.header_value("host_mode", "unknown");
   r.sample_interval = std::strtoull(trace.header_value("sample_interval", "0").c_str(), nullptr, 10);
   r.rank = trace.header_value("rank");
-  r.events = trace.events.size();
-  r.dropped = trace.dropped;
-  r.frames_read = trace.frames_read;
-  r.frames_damaged = trace.frames_damaged;
-  r.truncated = trace.truncated;
-  r.duration_ns = trace.last_ts;
-  r.notes = trace.problems;
+  r.local_rank = trace.header_value("local_rank");
+  r.world_size = trace.header_value("world_size");
+  r.host = trace.header_value("host");
+  r.start_mono_ns = std::strtoull(trace.header_value("start_mono_ns", "0").c_str(), nullptr, 10);
   const bool sampled = r.host_mode == "sampled";
 
   // --- Replay -------------------------------------------------------------
@@ -160,11 +173,25 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
   std::vector<SiteAcc> sites;
   std::vector<uint32_t> dirty;
   int64_t total[fmt::kKindCount] = {};
+  std::vector<int64_t> device_live;  // device kind, by device ordinal
+  auto count_device = [&](const LiveAlloc& a, int64_t sign) {
+    if (a.kind != static_cast<uint8_t>(fmt::Kind::kDevice)) return;
+    if (a.device >= device_live.size()) device_live.resize(a.device + 1u, 0);
+    device_live[a.device] += sign * static_cast<int64_t>(a.weight);
+  };
   int64_t running_total = 0;
   uint32_t current_step = 1;  // allocations before the first marker belong to step 1
   uint64_t step_allocs = 0, step_frees = 0;
   std::string source;
+  CuptiMatcher cupti(trace);
 
+  uint64_t peak_epoch = 0;  // bumped at every new peak
+  auto remember_peak = [&](SiteAcc& acc) {
+    if (acc.peak_epoch == peak_epoch) return;
+    acc.peak_epoch = peak_epoch;
+    acc.peak_live = acc.live;
+    acc.peak_count = acc.count;
+  };
   auto site_of = [&](uint32_t stack, uint8_t kind) -> uint32_t {
     uint64_t key = (static_cast<uint64_t>(kind) << 32) | stack;
     auto [it, inserted] = site_index.try_emplace(key, static_cast<uint32_t>(sites.size()));
@@ -172,6 +199,7 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
       SiteAcc acc;
       acc.stack = stack;
       acc.kind = kind;
+      acc.peak_epoch = peak_epoch;
       sites.push_back(std::move(acc));
     }
     return it->second;
@@ -219,8 +247,9 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
     }
   };
   std::vector<std::pair<uint32_t, TraceEvent>> oom_points;  // (index into r.ooms, event)
+  bool pool_allocs = false;  // the program allocates from memory pools itself
 
-  for (const TraceEvent& e : trace.events) {
+  auto on_event = [&](const TraceEvent& e) {
     catch_up(e.seq);
     switch (e.type) {
       case EvType::kAlloc: {
@@ -269,41 +298,49 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
         }
         const uint64_t weight = e.size;
         const uint32_t s = site_of(e.stack, e.kind);
+        if (e.flags & fmt::kAllocPool) pool_allocs = true;
         if (const uint64_t h = held_for(e.kind, e.flags, e.size)) {
           held_plain += static_cast<int64_t>(h);
           live_plain += static_cast<int64_t>(weight);
         }
         auto [it, inserted] =
-            live.try_emplace(live_key(e.kind, e.flags, e.addr), LiveAlloc{weight, s, current_step, e.kind, e.flags});
+            live.try_emplace(live_key(e.kind, e.flags, e.addr), LiveAlloc{weight, s, current_step, e.kind, e.flags, e.device});
         if (!inserted) {
           // The previous owner of this address was freed without a record
           // (dropped event): retire it.
           ++r.double_allocations;
           SiteAcc& old = sites[it->second.site];
+          remember_peak(old);
           old.live -= static_cast<int64_t>(it->second.weight);
+          --old.count;
           if (!old.dirty) {
             old.dirty = true;
             dirty.push_back(it->second.site);
           }
           total[it->second.kind & 3] -= static_cast<int64_t>(it->second.weight);
+          count_device(it->second, -1);
           running_total -= static_cast<int64_t>(it->second.weight);
           if (const uint64_t h = held_for(it->second.kind, it->second.flags, it->second.weight)) {
             held_plain -= static_cast<int64_t>(h);
             live_plain -= static_cast<int64_t>(it->second.weight);
           }
-          it->second = LiveAlloc{weight, s, current_step, e.kind, e.flags};
+          it->second = LiveAlloc{weight, s, current_step, e.kind, e.flags, e.device};
         }
         SiteAcc& acc = sites[s];
+        remember_peak(acc);
         acc.live += static_cast<int64_t>(weight);
+        ++acc.count;
         ++acc.allocs;
         if (!acc.dirty) {
           acc.dirty = true;
           dirty.push_back(s);
         }
         total[e.kind & 3] += static_cast<int64_t>(weight);
+        count_device(it->second, 1);
         running_total += static_cast<int64_t>(weight);
         ++step_allocs;
         if (running_total > r.peak.bytes) {
+          ++peak_epoch;
           r.peak.bytes = running_total;
           r.peak.step = current_step;
           r.peak.ts_ns = e.ts;
@@ -320,12 +357,15 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
           break;
         }
         SiteAcc& acc = sites[it->second.site];
+        remember_peak(acc);
         acc.live -= static_cast<int64_t>(it->second.weight);
+        --acc.count;
         if (!acc.dirty) {
           acc.dirty = true;
           dirty.push_back(it->second.site);
         }
         total[it->second.kind & 3] -= static_cast<int64_t>(it->second.weight);
+        count_device(it->second, -1);
         running_total -= static_cast<int64_t>(it->second.weight);
         if (const uint64_t h = held_for(it->second.kind, it->second.flags, it->second.weight)) {
           held_plain -= static_cast<int64_t>(h);
@@ -338,7 +378,7 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
       case EvType::kStep: {
         StepStats st;
         st.index = r.steps.size() + 1;
-        st.source = fmt::step_source_name(static_cast<fmt::StepSource>(e.flags));
+        st.source = e.flags == kInferredStepSource ? "auto" : fmt::step_source_name(static_cast<fmt::StepSource>(e.flags));
         if (source.empty()) {
           source = st.source;
         } else if (source != st.source && source.find(st.source) == std::string::npos) {
@@ -348,6 +388,7 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
         if (e.size != 0 && label != trace.strings.end()) st.label = label->second;
         st.end_ns = e.ts;
         for (int k = 0; k < fmt::kKindCount; ++k) st.live[k] = total[k];
+        st.live_by_device = device_live;
         // Device samples are taken just before the step marker.
         catch_up(e.seq);
         {
@@ -381,7 +422,23 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
         break;
       }
     }
-  }
+  };
+  feed([&](const TraceEvent* batch, size_t count) {
+    for (size_t i = 0; i < count; ++i) {
+      on_event(batch[i]);
+      cupti.observe(batch[i]);
+    }
+    r.events += count;
+  });
+  // The side records are complete once the events are (stream_trace).
+  catch_up(UINT64_MAX);
+  r.cupti = cupti.finish();
+  r.dropped = trace.dropped;
+  r.frames_read = trace.frames_read;
+  r.frames_damaged = trace.frames_damaged;
+  r.truncated = trace.truncated;
+  r.duration_ns = trace.last_ts;
+  r.notes.insert(r.notes.begin(), trace.problems.begin(), trace.problems.end());
   r.step_source = source.empty() ? "none" : source;
 
   // --- Samples: held bytes, RSS, and (sampled mode) exact live totals -------
@@ -433,7 +490,10 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
     site.kind = kind;
     auto it = trace.stacks.find(stack);
     if (it == trace.stacks.end()) return site;
-    if (!symbolizer) symbolizer = std::make_unique<Symbolizer>(trace.modules, options.symbolizer);
+    if (!symbolizer) {
+      symbolizer = std::make_unique<Symbolizer>(trace.modules, options.symbolizer);
+      symbolizer->set_python(&trace.python_codes, trace.python_module);
+    }
     for (size_t i = 0; i < it->second.size(); ++i) {
       const auto& chain = symbolizer->resolve(it->second[i], i > 0);
       site.frames.insert(site.frames.end(), chain.begin(), chain.end());
@@ -475,6 +535,11 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
       for (size_t i = 1; i < y.size(); ++i) non_decreasing += y[i] >= y[i - 1];
       const double monotonicity = static_cast<double>(non_decreasing) / static_cast<double>(y.size() - 1);
       if (monotonicity < 0.75) continue;
+      // One or two jumps are not steady growth: a long-lived object made late
+      // (in sampled mode, one sample weighs a whole interval) looks like one.
+      size_t rises = 0;
+      for (size_t i = 1; i < y.size(); ++i) rises += y[i] > y[i - 1];
+      if (rises < 3) continue;
       // A cache that fills up and stops is not a leak: the last third must still grow.
       const size_t tail = std::max<size_t>(2, y.size() / 3);
       std::vector<double> last(y.end() - static_cast<long>(tail), y.end());
@@ -541,6 +606,34 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
     collect(startup_by_site, r.startup, r.startup_bytes, r.startup_count);
   }
 
+  // --- Live set by site at the peak and at the end (flame graphs, pprof) -------
+  {
+    auto snapshot = [&](bool at_peak, std::vector<SiteTotal>& out) {
+      for (const SiteAcc& acc : sites) {
+        const bool saved = at_peak && acc.peak_epoch == peak_epoch;
+        const int64_t bytes = saved ? acc.peak_live : acc.live;
+        const uint64_t count = saved ? acc.peak_count : acc.count;
+        if (bytes <= 0 && count == 0) continue;
+        SiteTotal t;
+        t.site.stack = acc.stack;
+        t.site.kind = acc.kind;
+        t.bytes = bytes;
+        t.count = count;
+        out.push_back(std::move(t));
+      }
+      std::sort(out.begin(), out.end(), [](const SiteTotal& a, const SiteTotal& b) {
+        return a.bytes != b.bytes ? a.bytes > b.bytes : a.site.stack < b.site.stack;
+      });
+      if (out.size() > options.max_profile_sites) {
+        r.profile_sites_dropped = std::max<uint64_t>(r.profile_sites_dropped, out.size() - options.max_profile_sites);
+        out.resize(options.max_profile_sites);
+      }
+      for (SiteTotal& t : out) t.site = make_site(t.site.stack, t.site.kind);
+    };
+    if (r.peak.bytes > 0) snapshot(true, r.live_at_peak);
+    snapshot(false, r.live_at_end);
+  }
+
   for (size_t i = 0; i < r.ooms.size(); ++i) {
     for (const auto& [index, e] : oom_points) {
       if (index == i) r.ooms[i].stack = make_site(e.stack, e.kind).frames;
@@ -554,13 +647,6 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
 
   // A framework caching allocator: the driver sees its segments, not tensors.
   {
-    bool pool_allocs = false;
-    for (const TraceEvent& e : trace.events) {
-      if (e.type == EvType::kAlloc && (e.flags & fmt::kAllocPool)) {
-        pool_allocs = true;
-        break;
-      }
-    }
     std::string framework;
     for (const ModuleInfo& m : trace.modules) {
       if (m.path.find("libtorch_cuda") != std::string::npos) framework = "PyTorch";
@@ -680,10 +766,83 @@ ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const Analy
                       "or inherited from a parent process)");
   }
   if (!trace.tracer_error.empty()) r.notes.push_back("the tracer stopped itself: " + trace.tracer_error);
+  if (!trace.python_note.empty()) r.notes.push_back(trace.python_note);
+  // --- CUPTI beside the hooks -------------------------------------------------
+  if (r.cupti.compared) {
+    for (CuptiMismatch& m : r.cupti.hooks_only_list) m.frames = make_site(m.stack, m.kind).frames;
+    if (r.cupti.hooks_only || r.cupti.cupti_only) {
+      r.notes.push_back("CUPTI and the CUDA hooks disagree: " + std::to_string(r.cupti.hooks_only) +
+                        " allocations seen only by the hooks (" + human_bytes(double(r.cupti.hooks_only_bytes)) +
+                        "), " + std::to_string(r.cupti.cupti_only) + " seen only by CUPTI (" +
+                        human_bytes(double(r.cupti.cupti_only_bytes)) + "); see the CUPTI section");
+    }
+    if (r.cupti.cupti_dropped) {
+      r.notes.push_back("CUPTI lost " + std::to_string(r.cupti.cupti_dropped) +
+                        " activity records: the comparison with the hooks is incomplete");
+    }
+    if (!r.cupti.end_message.empty() && r.cupti.end_message.find("handed over") != std::string::npos) {
+      r.notes.push_back(r.cupti.end_message);
+    }
+  } else if (r.cupti.status != "none") {
+    // CUPTI missing: what the report lacks, and why.
+    r.notes.push_back(r.cupti.message.empty() ? "CUPTI was not used (" + r.cupti.status + ")" : r.cupti.message);
+  }
   if (symbolizer) {
     for (const std::string& w : symbolizer->warnings()) r.notes.push_back(w);
   }
   return r;
+}
+
+// Replays the events; when they hold no step at all, infers the steps from
+// the allocations (step_inference.h) and replays them again with those
+// steps. `rewind` puts the trace back as it was before the first replay.
+ProcessReport analyze_with_auto_steps(const Trace& trace, const EventFeed& feed, const std::function<void()>& rewind,
+                                      const ExitInfo& exit_info, const AnalysisOptions& options) {
+  AllocationSequence sequence;
+  ProcessReport r = analyze_events(
+      trace,
+      [&](const EventBatchFn& on_events) {
+        feed([&](const TraceEvent* events, size_t count) {
+          sequence.observe(events, count);
+          on_events(events, count);
+        });
+      },
+      exit_info, options);
+  if (sequence.saw_steps()) return r;
+  InferredSteps inferred = infer_steps(sequence.symbols());
+  if (inferred.ends.empty()) {
+    r.notes.push_back("automatic steps: " + inferred.description);
+    return r;
+  }
+  rewind();
+  r = analyze_events(
+      trace,
+      [&](const EventBatchFn& on_events) {
+        StepInserter insert(sequence.step_end_events(inferred), on_events);
+        feed(std::ref(insert));
+        insert.finish();
+      },
+      exit_info, options);
+  r.step_inference = inferred.description;
+  if (sequence.truncated()) {
+    r.step_inference += " (in the first " + std::to_string(sequence.symbols().size()) + " allocations)";
+  }
+  return r;
+}
+
+}  // namespace
+
+ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const AnalysisOptions& options) {
+  return analyze_with_auto_steps(
+      trace, [&](const EventBatchFn& on_events) { on_events(trace.events.data(), trace.events.size()); }, [] {},
+      exit_info, options);
+}
+
+ProcessReport analyze_stream(Trace& trace, const ExitInfo& exit_info, const AnalysisOptions& options) {
+  const Trace before = trace;  // header only: the events are streamed
+  return analyze_with_auto_steps(
+      trace, [&](const EventBatchFn& on_events) { stream_trace(trace, on_events); }, [&] { trace = before; },
+      exit_info, options);
 }
 
 // A CUDA runtime or driver API entry point (cudaMallocAsync, cuMemAlloc_v2):
@@ -699,6 +858,10 @@ bool is_cuda_api(const std::string& function) {
 // Index of the first frame that is the user's code rather than allocator
 // plumbing: past the outermost CUDA API frame, then past allocator frames.
 size_t user_frame_index(const std::vector<Frame>& frames) {
+  // Python frames come first: the innermost one is the program's line.
+  for (size_t i = 0; i < frames.size() && frames[i].python; ++i) {
+    if (!frames[i].function.empty()) return i;
+  }
   size_t start = 0;
   for (size_t i = 0; i < frames.size(); ++i) {
     if (is_cuda_api(frames[i].function)) start = i + 1;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cupti_view.h"
 #include "symbolizer.h"
 #include "trace_reader.h"
 
@@ -17,6 +18,7 @@ struct AnalysisOptions {
   int warmup_steps = -1;  // -1: automatic (a tenth of the steps, at least 1, at most 10)
   size_t max_suspects = 20;
   size_t max_exit_sites = 20;
+  size_t max_profile_sites = 5000;  // sites kept in the live sets at the peak and at the end
   SymbolizerOptions symbolizer;
 };
 
@@ -42,6 +44,7 @@ struct StepStats {
   std::string label;
   uint64_t end_ns = 0;
   int64_t live[4] = {};  // per format::Kind, at the step end
+  std::vector<int64_t> live_by_device;  // live[kDevice] by device ordinal (empty: no device memory)
   uint64_t held_host = 0;
   int64_t held_device = 0;  // pools' reserve + granularity-rounded allocations + VMM physical memory
   std::vector<Holder> device_holders;
@@ -121,7 +124,12 @@ struct ProcessReport {
   std::string host_mode;
   uint64_t sample_interval = 0;
   std::string rank;
-  std::string step_source;  // marker, interval, none
+  std::string local_rank;
+  std::string world_size;
+  std::string host;
+  uint64_t start_mono_ns = 0;  // CLOCK_MONOTONIC at the trace's start: aligns the processes of one machine
+  std::string step_source;  // marker, interval, auto, none
+  std::string step_inference;  // step_source auto: what inference found ("inferred period N allocations ...")
   int warmup_steps = 0;
   std::vector<StepStats> steps;
   std::vector<LeakSuspect> leak_suspects;
@@ -146,9 +154,20 @@ struct ProcessReport {
   uint64_t frames_damaged = 0;
   bool truncated = false;
   std::vector<std::string> notes;  // integrity problems and caveats, for the reader
+  // Live bytes and allocations by site at the peak (the moment the running
+  // total was highest) and at the end, largest first: what flame graphs and
+  // the pprof export show. Sampled host mode: per-site estimates.
+  std::vector<SiteTotal> live_at_peak;
+  std::vector<SiteTotal> live_at_end;
+  uint64_t profile_sites_dropped = 0;  // smallest sites left out past max_profile_sites
+  CuptiView cupti;  // CUPTI's view of device memory beside the hooks' (or why there is none)
 };
 
+// Analyses a trace whose events are in memory (read_trace(path)).
 ProcessReport analyze(const Trace& trace, const ExitInfo& exit_info, const AnalysisOptions& options);
+// Analyses a trace opened with read_trace(path, false), streaming its events
+// from the file (stream_trace): memory stays flat however long the trace.
+ProcessReport analyze_stream(Trace& trace, const ExitInfo& exit_info, const AnalysisOptions& options);
 
 // Least-squares slope and fit quality of y over x = 0, 1, 2, ...
 struct LinearFit {

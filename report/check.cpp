@@ -117,7 +117,9 @@ std::string top_suspect(const json& process, Scope scope) {
   return {};
 }
 
-int process_warmup(const ProcessData& p, int warmup_steps) { return warmup_steps >= 0 ? warmup_steps : p.report_warmup; }
+int process_warmup(const ProcessData& p, int warmup_steps) {
+  return warmup_steps >= 0 ? warmup_steps : p.report_warmup;
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -165,6 +167,7 @@ Figure process_figure(const RunData& run, size_t index, Metric metric, Scope sco
       }
       f.value = fit.slope;
       f.r_squared = fit.r_squared;
+      f.flat = fit.flat;
       f.first_step = fit.first_step;
       f.last_step = fit.last_step;
       f.plateau = fit.plateau;
@@ -332,6 +335,12 @@ std::string percent(double fraction) {
 }
 
 std::string signed_change(double delta, Unit unit) {
+  if (unit == Unit::kShare) {
+    // A change of a share is in percentage points, not a share itself.
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%+.1f points", delta * 100);
+    return buf;
+  }
   return (delta > 0 ? "+" : "") + format_value(delta, unit);
 }
 
@@ -363,6 +372,20 @@ bool same_command(const std::vector<std::string>& a, const std::vector<std::stri
   return true;
 }
 
+std::string command_difference(const std::vector<std::string>& a, const std::vector<std::string>& b) {
+  auto quoted = [](const std::string& s) { return "'" + s + "'"; };
+  const size_t n = std::min(a.size(), b.size());
+  for (size_t i = 0; i < n; ++i) {
+    const bool same = i == 0 ? fs::path(a[i]).filename() == fs::path(b[i]).filename() : a[i] == b[i];
+    if (same) continue;
+    return (i == 0 ? std::string("the program") : "argument " + std::to_string(i)) + " is " + quoted(a[i]) +
+           " here and " + quoted(b[i]) + " in the baseline";
+  }
+  if (a.size() > n) return "this run has an extra argument " + quoted(a[n]);
+  if (b.size() > n) return "the baseline has an extra argument " + quoted(b[n]);
+  return {};
+}
+
 RunData run_data_from_json(json report, const std::string& path, const std::string& source) {
   if (!report.is_object()) throw InputError(path + ": not a memledger report (not a JSON object)");
   const std::string schema = text(report, "schema");
@@ -389,6 +412,15 @@ RunData run_data_from_json(json report, const std::string& path, const std::stri
     const int root_pid = static_cast<int>(number(report, "root_pid", number(report, "pid")));
     size_t i = 0;
     for (const json& pj : report["processes"]) {
+      const std::string where = "processes[" + std::to_string(i) + "]";
+      if (!pj.is_object()) throw InputError(path + ": damaged report: " + where + " is not an object");
+      const json& step_list = member(pj, "steps");
+      if (!step_list.is_null() && !step_list.is_array()) {
+        throw InputError(path + ": damaged report: " + where + ".steps is not a list");
+      }
+      for (const json& s : step_list) {
+        if (!s.is_object()) throw InputError(path + ": damaged report: " + where + ".steps has a non-object entry");
+      }
       ProcessData p;
       p.pid = static_cast<int>(number(pj, "pid"));
       p.rank = text(pj, "rank");
@@ -396,9 +428,12 @@ RunData run_data_from_json(json report, const std::string& path, const std::stri
       p.report_warmup = static_cast<int>(number(pj, "warmup_steps"));
       for (const json& s : member(pj, "steps")) {
         std::array<double, 4> live{};
-        for (auto it = member(s, "live").begin(); member(s, "live").is_object() && it != member(s, "live").end(); ++it) {
-          const int k = kind_index(it.key());
-          if (k >= 0 && it->is_number()) live[k] = it->get<double>();
+        const json& kinds = member(s, "live");
+        if (kinds.is_object()) {
+          for (auto it = kinds.begin(); it != kinds.end(); ++it) {
+            const int k = kind_index(it.key());
+            if (k >= 0 && it->is_number()) live[k] = it->get<double>();
+          }
         }
         p.live.push_back(live);
         p.held_host.push_back(number(member(s, "held"), "host"));
@@ -476,21 +511,59 @@ RunData load_run_data(const std::string& path, const LoadOptions& options) {
   char c = 0;
   while (in.get(c) && std::isspace(static_cast<unsigned char>(c))) {
   }
-  if (in && c == '{') return from_json_file(p);
+  // Traces begin with their magic; a report is a JSON object (a file named
+  // .json that is not one gets the JSON parser's message).
+  if ((in && (c == '{' || c == '[')) || p.extension() == ".json") return from_json_file(p);
   return from_traces();
 }
 
 // --- Figures --------------------------------------------------------------------
+
+namespace {
+
+// Past this many points a series is thinned evenly before the pairwise
+// slopes are taken (n^2/2 pairs: 2M at 2000 points).
+constexpr size_t kTheilSenPoints = 2000;
+
+// The Theil-Sen estimator: the median of the slopes between every pair of
+// points (x = step index). Up to 29% of the points can be arbitrarily far off
+// (a step that ends during a checkpoint, an allocator that caches a burst)
+// without moving it much, where one such point can swing a least-squares fit.
+double theil_sen_slope(const std::vector<double>& y) {
+  std::vector<size_t> xs;
+  const size_t n = y.size();
+  if (n <= kTheilSenPoints) {
+    for (size_t i = 0; i < n; ++i) xs.push_back(i);
+  } else {
+    for (size_t i = 0; i < kTheilSenPoints; ++i) xs.push_back(i * (n - 1) / (kTheilSenPoints - 1));
+  }
+  std::vector<double> slopes;
+  slopes.reserve(xs.size() * (xs.size() - 1) / 2);
+  for (size_t a = 0; a < xs.size(); ++a) {
+    for (size_t b = a + 1; b < xs.size(); ++b) {
+      slopes.push_back((y[xs[b]] - y[xs[a]]) / static_cast<double>(xs[b] - xs[a]));
+    }
+  }
+  if (slopes.empty()) return 0;
+  const size_t mid = slopes.size() / 2;
+  std::nth_element(slopes.begin(), slopes.begin() + static_cast<long>(mid), slopes.end());
+  const double upper = slopes[mid];
+  if (slopes.size() % 2) return upper;
+  const double lower = *std::max_element(slopes.begin(), slopes.begin() + static_cast<long>(mid));
+  return (lower + upper) / 2;
+}
+
+}  // namespace
 
 GrowthFit fit_growth(const std::vector<double>& series, int warmup_steps) {
   GrowthFit fit;
   const size_t warmup = static_cast<size_t>(std::max(0, warmup_steps));
   if (series.size() < warmup + 3) return fit;
   const std::vector<double> window(series.begin() + static_cast<long>(warmup), series.end());
-  const LinearFit all = fit_line(window);
   fit.judged = true;
-  fit.slope = all.slope;
-  fit.r_squared = all.r_squared;
+  fit.slope = theil_sen_slope(window);
+  fit.r_squared = fit_line(window).r_squared;
+  fit.flat = std::all_of(window.begin(), window.end(), [&](double v) { return v == window.front(); });
   fit.first_step = warmup + 1;
   fit.last_step = series.size();
   // A warm-up that outlasts the warm-up steps shows as a rise that levels
@@ -499,10 +572,11 @@ GrowthFit fit_growth(const std::vector<double>& series, int warmup_steps) {
   if (window.size() >= 6) {
     const size_t half = window.size() / 2;
     const std::vector<double> tail(window.end() - static_cast<long>(half), window.end());
-    const LinearFit last = fit_line(tail);
-    if (last.slope < all.slope) {
-      fit.slope = last.slope;
-      fit.r_squared = last.r_squared;
+    const double tail_slope = theil_sen_slope(tail);
+    if (tail_slope < fit.slope) {
+      fit.slope = tail_slope;
+      fit.r_squared = fit_line(tail).r_squared;
+      fit.flat = std::all_of(tail.begin(), tail.end(), [&](double v) { return v == tail.front(); });
       fit.first_step = series.size() - half + 1;
       fit.plateau = true;
     }
@@ -537,6 +611,22 @@ Figure compute_figure(const RunData& run, Metric metric, Scope scope, int warmup
 }
 
 // --- Checking -------------------------------------------------------------------
+
+namespace {
+
+// Whether the exit-leak sites of every process add up to its exit-leak total
+// (a saved report lists its largest sites only).
+bool exit_sites_complete(const RunData& run) {
+  for (size_t i = 0; i < run.processes.size(); ++i) {
+    const json& leaks = member(process_json(run, i), "exit_leaks");
+    double sum = 0;
+    for (const json& s : member(leaks, "sites")) sum += number(s, "bytes");
+    if (sum < number(leaks, "bytes")) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 size_t CheckOutcome::failures() const {
   return static_cast<size_t>(std::count_if(items.begin(), items.end(), [](const CheckItem& i) { return !i.passed; }));
@@ -582,10 +672,12 @@ std::string CheckItem::message() const {
     details.push_back(d);
   }
   if (metric == Metric::kGrowthPerStep) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "fit over steps %llu-%llu, R\u00b2 %.2f%s",
-                  static_cast<unsigned long long>(figure.first_step), static_cast<unsigned long long>(figure.last_step),
-                  figure.r_squared, figure.plateau ? ", last half of the window" : "");
+    char buf[128];
+    char fit_text[32] = "flat";
+    if (!figure.flat) std::snprintf(fit_text, sizeof fit_text, "R\u00b2 %.2f", figure.r_squared);
+    std::snprintf(buf, sizeof buf, "fit over steps %llu-%llu, %s%s", static_cast<unsigned long long>(figure.first_step),
+                  static_cast<unsigned long long>(figure.last_step), fit_text,
+                  figure.plateau ? ", last half of the window" : "");
     details.push_back(buf);
   }
   if (!details.empty()) {
@@ -601,7 +693,9 @@ CheckOutcome run_check(const RunData& run, const RunData* baseline, const Policy
   CheckOutcome outcome;
   const int warmup = policy.warmup_steps.value_or(-1);
   outcome.run = summarize(run, warmup);
-  for (const std::string& p : member(run.report, "problems")) outcome.notes.push_back(p);
+  for (const json& p : member(run.report, "problems")) {
+    if (p.is_string()) outcome.notes.push_back(p.get<std::string>());
+  }
 
   for (const Limit& limit : policy.sorted_limits()) {
     CheckItem item;
@@ -656,6 +750,15 @@ CheckOutcome run_check(const RunData& run, const RunData* baseline, const Policy
     if (outcome.baseline->steps != outcome.run.steps) {
       outcome.notes.push_back("the baseline recorded " + plural(outcome.baseline->steps, "step") + ", this run " +
                               plural(outcome.run.steps, "step") + ": peaks and exit leaks may not compare");
+    }
+  }
+  const bool per_kind_exit_leak = std::any_of(outcome.items.begin(), outcome.items.end(), [](const CheckItem& i) {
+    return i.metric == Metric::kExitLeak && i.scope != Scope::kTotal;
+  });
+  for (const RunData* r : {&run, baseline}) {
+    if (r != nullptr && per_kind_exit_leak && !exit_sites_complete(*r)) {
+      outcome.notes.push_back(r->path + " is a report that lists only its largest exit-leak sites: exit leaks per "
+                              "kind count those sites only (a run folder gives exact figures)");
     }
   }
   if (warmup >= 0 && !run.processes.empty() && run.source == "report JSON" &&
@@ -790,7 +893,9 @@ json render_check_json(const CheckOutcome& outcome) {
       if (!item.figure.rank.empty()) c["rank"] = item.figure.rank;
       if (!item.figure.site.empty()) c["site"] = {{"role", item.figure.site_role}, {"name", item.figure.site}};
       if (item.metric == Metric::kGrowthPerStep) {
-        c["fit"] = {{"r_squared", item.figure.r_squared},
+        c["fit"] = {{"method", "theil_sen"},
+                    {"r_squared", item.figure.r_squared},
+                    {"flat", item.figure.flat},
                     {"first_step", item.figure.first_step},
                     {"last_step", item.figure.last_step},
                     {"last_half", item.figure.plateau}};
@@ -956,7 +1061,8 @@ json diff_runs(const RunData& a, const RunData& b, int warmup_steps, size_t max_
       if (m == Metric::kMinSteps) row["metric"] = "steps";
       if (fa.judged && fb.judged) {
         row["change"] = fb.value - fa.value;
-        row["change_ratio"] = fa.value > 0 ? json((fb.value - fa.value) / fa.value) : json(nullptr);
+        const bool ratio = fa.value > 0 && info.unit != Unit::kShare;
+        row["change_ratio"] = ratio ? json((fb.value - fa.value) / fa.value) : json(nullptr);
       } else {
         row["change"] = nullptr;
         row["change_ratio"] = nullptr;
@@ -1077,7 +1183,8 @@ std::string render_diff_text(const json& diff, size_t max_rows) {
         const double d = r["b"].get<double>() - r["a"].get<double>();
         delta = d == 0 ? "=" : signed_change(d, Unit::kBytes);
       }
-      out << pad(std::to_string(r.value("step", size_t{0})), 8, true) << pad(value_or_dash(r["a"], Unit::kBytes), 14, true)
+      out << pad(std::to_string(r.value("step", size_t{0})), 8, true)
+          << pad(value_or_dash(r["a"], Unit::kBytes), 14, true)
           << pad(value_or_dash(r["b"], Unit::kBytes), 14, true) << pad(delta, 14, true) << "\n";
     }
     if (every > 1) out << "  (every " << every << " steps and the last; --all-steps or --format json for all)\n";

@@ -70,6 +70,9 @@ RunData run_data_from_json(nlohmann::json report, const std::string& path, const
 std::string command_text(const std::vector<std::string>& command);
 // Same program (compared by file name) and the same arguments.
 bool same_command(const std::vector<std::string>& a, const std::vector<std::string>& b);
+// Where two command lines part: "argument 2 is '1153434' here and '1048576'
+// in the baseline" (a: this run, b: the baseline); empty when the same.
+std::string command_difference(const std::vector<std::string>& a, const std::vector<std::string>& b);
 
 // One figure of a run: the worst process's value.
 struct Figure {
@@ -83,6 +86,7 @@ struct Figure {
   std::string site_role;  // "top suspect", "largest exit leak", ...
   // Growth only: the fit.
   double r_squared = 0;
+  bool flat = false;
   uint64_t first_step = 0;
   uint64_t last_step = 0;
   bool plateau = false;  // the last half of the window grew less than the whole (the smaller slope was used)
@@ -92,13 +96,15 @@ struct Figure {
 // report warm-up.
 Figure compute_figure(const RunData& run, Metric metric, Scope scope, int warmup_steps);
 
-// Growth per step of one series: the least-squares slope over the steps after
-// warm-up, or over the last half of that window when it is smaller (a
-// plateau). Not judged with fewer than 3 steps after warm-up.
+// Growth per step of one series: the Theil-Sen slope (median of the pairwise
+// slopes) over the steps after warm-up, or over the last half of that window
+// when it is smaller (a plateau). Not judged with fewer than 3 steps after
+// warm-up. R² is the least-squares fit's over the same steps, for the reader.
 struct GrowthFit {
   bool judged = false;
   double slope = 0;
   double r_squared = 0;
+  bool flat = false;  // every step of the window ended with the same live bytes
   uint64_t first_step = 0;  // 1-based, the window
   uint64_t last_step = 0;
   bool plateau = false;

@@ -8,7 +8,10 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <memory>
+#include <regex>
 #include <toml++/toml.h>
+#include <yaml-cpp/yaml.h>
 
 namespace memledger::report {
 namespace {
@@ -101,75 +104,219 @@ double parse_metric_value(const MetricInfo& info, std::string_view text, std::st
   return 0;
 }
 
-// --- TOML ---------------------------------------------------------------------
+// --- Policy files -------------------------------------------------------------
 
-const char* toml_type_name(const toml::node& node) {
+// A policy file's contents, whatever its syntax: scalars keep their type (a
+// quoted "3" is a string, a bare 3 an integer) and every key its line, so
+// messages name the file, the line and the key.
+struct FileValue;
+struct FileEntry {
+  std::string key;
+  uint32_t line = 0;
+  std::shared_ptr<const FileValue> value;
+};
+struct FileValue {
+  enum class Type { kString, kInteger, kFloat, kBoolean, kTable, kOther };
+  Type type = Type::kOther;
+  std::string text;  // kString: the string; numbers: as written; kOther: what it is ("an array")
+  int64_t integer = 0;
+  bool boolean = false;
+  std::vector<FileEntry> entries;  // kTable, in file order
+};
+
+std::string number_text(double v) {
+  std::ostringstream out;
+  out.precision(17);
+  out << v;
+  return out.str();
+}
+
+// --- TOML (toml++) ---
+
+FileValue from_toml(const toml::node& node) {
+  FileValue v;
   switch (node.type()) {
-    case toml::node_type::string: return "a string";
-    case toml::node_type::integer: return "an integer";
-    case toml::node_type::floating_point: return "a floating-point number";
-    case toml::node_type::boolean: return "a boolean";
-    case toml::node_type::date: return "a date";
-    case toml::node_type::time: return "a time";
-    case toml::node_type::date_time: return "a date-time";
-    case toml::node_type::array: return "an array";
-    case toml::node_type::table: return "a table";
-    default: return "nothing";
+    case toml::node_type::string:
+      v.type = FileValue::Type::kString;
+      v.text = node.as_string()->get();
+      break;
+    case toml::node_type::integer:
+      v.type = FileValue::Type::kInteger;
+      v.integer = node.as_integer()->get();
+      v.text = std::to_string(v.integer);
+      break;
+    case toml::node_type::floating_point:
+      v.type = FileValue::Type::kFloat;
+      v.text = number_text(node.as_floating_point()->get());
+      break;
+    case toml::node_type::boolean:
+      v.type = FileValue::Type::kBoolean;
+      v.boolean = node.as_boolean()->get();
+      v.text = v.boolean ? "true" : "false";
+      break;
+    case toml::node_type::table:
+      v.type = FileValue::Type::kTable;
+      for (auto&& [key, child] : *node.as_table()) {
+        v.entries.push_back({std::string(key.str()), key.source().begin.line,
+                             std::make_shared<const FileValue>(from_toml(child))});
+      }
+      break;
+    case toml::node_type::array: v.text = "an array"; break;
+    case toml::node_type::date: v.text = "a date"; break;
+    case toml::node_type::time: v.text = "a time"; break;
+    case toml::node_type::date_time: v.text = "a date-time"; break;
+    default: v.text = "nothing"; break;
+  }
+  return v;
+}
+
+FileValue parse_toml_file(std::string_view text, const std::string& source) {
+  try {
+    return from_toml(toml::parse(text, source));
+  } catch (const toml::parse_error& e) {
+    throw PolicyError(source + ":" + std::to_string(e.source().begin.line) + ": not valid TOML: " +
+                      std::string(e.description()));
   }
 }
 
-class TomlReader {
- public:
-  TomlReader(std::string source, std::string base_dir) : source_(std::move(source)), base_dir_(std::move(base_dir)) {}
+// --- YAML (yaml-cpp) ---
 
-  Policy read(std::string_view text) {
-    toml::table root;
-    try {
-      root = toml::parse(text, source_);
-    } catch (const toml::parse_error& e) {
-      throw PolicyError(source_ + ":" + std::to_string(e.source().begin.line) + ": not valid TOML: " +
-                        std::string(e.description()));
+// A plain (unquoted) scalar is typed as YAML 1.2's core schema types it:
+// null, true/false, integers, floats; anything else is a string. yes/no/on/off
+// stay strings (YAML 1.1 read them as booleans).
+FileValue yaml_scalar(const YAML::Node& node) {
+  FileValue v;
+  const std::string& s = node.Scalar();
+  v.text = s;
+  const std::string& tag = node.Tag();
+  if (tag == "!" || tag == "tag:yaml.org,2002:str") {
+    v.type = FileValue::Type::kString;
+    return v;
+  }
+  static const std::regex kNull("~|null|Null|NULL|");
+  static const std::regex kTrue("true|True|TRUE");
+  static const std::regex kFalse("false|False|FALSE");
+  static const std::regex kInteger("[-+]?[0-9]+");
+  static const std::regex kFloat(
+      "[-+]?(\\.[0-9]+|[0-9]+(\\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\\.(inf|Inf|INF)|\\.(nan|NaN|NAN)");
+  if (std::regex_match(s, kNull)) {
+    v.text = "nothing (null)";
+  } else if (std::regex_match(s, kTrue) || std::regex_match(s, kFalse)) {
+    v.type = FileValue::Type::kBoolean;
+    v.boolean = s[0] == 't' || s[0] == 'T';
+    v.text = v.boolean ? "true" : "false";
+  } else if (std::regex_match(s, kInteger)) {
+    errno = 0;
+    const long long n = std::strtoll(s.c_str(), nullptr, 10);
+    v.type = errno == ERANGE ? FileValue::Type::kFloat : FileValue::Type::kInteger;
+    v.integer = n;
+  } else if (std::regex_match(s, kFloat)) {
+    v.type = FileValue::Type::kFloat;
+    const double d = std::strtod(s.c_str(), nullptr);
+    if (std::isfinite(d)) v.text = number_text(d);  // as TOML writes it: 1.5e9 is 1500000000
+  } else {
+    v.type = FileValue::Type::kString;
+  }
+  return v;
+}
+
+FileValue from_yaml(const YAML::Node& node, const std::string& source) {
+  FileValue v;
+  switch (node.Type()) {
+    case YAML::NodeType::Scalar: return yaml_scalar(node);
+    case YAML::NodeType::Map: {
+      v.type = FileValue::Type::kTable;
+      for (auto it = node.begin(); it != node.end(); ++it) {
+        const uint32_t line = static_cast<uint32_t>(it->first.Mark().line + 1);
+        if (!it->first.IsScalar()) {
+          throw PolicyError(source + ":" + std::to_string(line) + ": a key must be a plain name, not a list or map");
+        }
+        const std::string key = it->first.Scalar();
+        for (const FileEntry& e : v.entries) {
+          if (e.key == key) {
+            throw PolicyError(source + ":" + std::to_string(line) + ": " + key + ": given twice (first on line " +
+                              std::to_string(e.line) + ")");
+          }
+        }
+        v.entries.push_back({key, line, std::make_shared<const FileValue>(from_yaml(it->second, source))});
+      }
+      return v;
     }
-    for (auto&& [key, node] : root) {
-      const std::string name(key.str());
-      const std::string where = location(key.source().begin.line, name);
-      if (node.is_table()) {
-        read_kind_table(name, *node.as_table(), key.source().begin.line);
+    case YAML::NodeType::Sequence: v.text = "a list"; return v;
+    default: v.text = "nothing (null)"; return v;
+  }
+}
+
+FileValue parse_yaml_file(std::string_view text, const std::string& source) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(text));
+  } catch (const YAML::Exception& e) {
+    throw PolicyError(source + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
+  }
+  // An empty document is an empty policy, as an empty TOML file is.
+  if (!root.IsDefined() || root.IsNull()) {
+    FileValue empty;
+    empty.type = FileValue::Type::kTable;
+    return empty;
+  }
+  if (!root.IsMap()) {
+    throw PolicyError(source + ":" + std::to_string(root.Mark().line + 1) +
+                      ": a policy file is a map of keys (max_peak: 1GiB, ...), not " +
+                      (root.IsSequence() ? "a list" : "a single value"));
+  }
+  try {
+    return from_yaml(root, source);
+  } catch (const YAML::Exception& e) {
+    throw PolicyError(source + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
+  }
+}
+
+// --- The schema, the same for both syntaxes ---
+
+class PolicyReader {
+ public:
+  PolicyReader(std::string source, std::string base_dir) : source_(std::move(source)), base_dir_(std::move(base_dir)) {}
+
+  Policy read(const FileValue& root) {
+    for (const FileEntry& entry : root.entries) {
+      const std::string& name = entry.key;
+      const FileValue& node = *entry.value;
+      const std::string where = location(entry.line, name);
+      if (node.type == FileValue::Type::kTable) {
+        read_kind_table(name, node, entry.line);
       } else if (name == "warmup_steps") {
-        const auto* v = node.as_integer();
-        if (v == nullptr || v->get() < 0 || v->get() > 1000000) {
+        if (node.type != FileValue::Type::kInteger || node.integer < 0 || node.integer > 1000000) {
           throw PolicyError(where + ": expected a whole number of steps (0 or more), not " + describe(node));
         }
-        policy_.warmup_steps = static_cast<int>(v->get());
+        policy_.warmup_steps = static_cast<int>(node.integer);
         policy_.warmup_origin = where;
       } else if (name == "baseline") {
-        const auto* v = node.as_string();
-        if (v == nullptr || v->get().empty()) {
+        if (node.type != FileValue::Type::kString || node.text.empty()) {
           throw PolicyError(where + ": expected the path of a run folder or report JSON (a string), not " +
                             describe(node));
         }
-        fs::path p(v->get());
+        fs::path p(node.text);
         if (p.is_relative() && !base_dir_.empty()) p = fs::path(base_dir_) / p;
         policy_.baseline = p.lexically_normal().string();
         policy_.baseline_origin = where;
       } else if (name == "tolerance") {
-        if (const auto* s = node.as_string()) {
-          policy_.tolerance = parse_tolerance(s->get(), where);
-        } else if (node.is_number()) {
-          policy_.tolerance = parse_tolerance(number_text(node), where);
-        } else {
+        if (node.type != FileValue::Type::kString && node.type != FileValue::Type::kInteger &&
+            node.type != FileValue::Type::kFloat) {
           throw PolicyError(where + ": expected a tolerance such as \"5%\" or 0.05, not " + describe(node));
         }
+        policy_.tolerance = parse_tolerance(node.text, where);
         policy_.tolerance_origin = where;
       } else if (name == "allow_different_command") {
-        const auto* v = node.as_boolean();
-        if (v == nullptr) throw PolicyError(where + ": expected true or false, not " + describe(node));
-        policy_.allow_different_command = v->get();
+        if (node.type != FileValue::Type::kBoolean) {
+          throw PolicyError(where + ": expected true or false, not " + describe(node));
+        }
+        policy_.allow_different_command = node.boolean;
       } else if (const MetricInfo* info = metric_by_key(name)) {
         policy_.set(read_limit(*info, Scope::kTotal, node, where));
       } else {
         throw PolicyError(where + ": unknown key " + in_quotes(name) + " (keys: " + known_keys() +
-                          "; tables: [host], [device], [managed], [pinned_host])");
+                          "; tables: host, device, managed, pinned_host)");
       }
     }
     return policy_;
@@ -180,22 +327,12 @@ class TomlReader {
     return source_ + ":" + std::to_string(line) + ": " + key;
   }
 
-  static std::string number_text(const toml::node& node) {
-    std::ostringstream out;
-    if (const auto* i = node.as_integer()) {
-      out << i->get();
-    } else if (const auto* f = node.as_floating_point()) {
-      out.precision(17);
-      out << f->get();
+  static std::string describe(const FileValue& node) {
+    switch (node.type) {
+      case FileValue::Type::kString: return "the string \"" + node.text + "\"";
+      case FileValue::Type::kTable: return "a table";
+      default: return node.text;
     }
-    return out.str();
-  }
-
-  static std::string describe(const toml::node& node) {
-    if (const auto* s = node.as_string()) return "the string \"" + s->get() + "\"";
-    if (node.is_number()) return number_text(node);
-    if (const auto* b = node.as_boolean()) return b->get() ? "true" : "false";
-    return toml_type_name(node);
   }
 
   static std::string known_keys() {
@@ -204,22 +341,23 @@ class TomlReader {
     return out + "warmup_steps, baseline, tolerance, allow_different_command";
   }
 
-  void read_kind_table(const std::string& name, const toml::table& table, uint32_t line) {
+  void read_kind_table(const std::string& name, const FileValue& table, uint32_t line) {
     const std::optional<Scope> scope = scope_from_name(name);
     if (!scope || *scope == Scope::kTotal) {
-      throw PolicyError(location(line, "[" + name + "]") + ": unknown memory kind " + in_quotes(name) +
-                        " (tables: [host], [device], [managed], [pinned_host]; limits on all memory go at the top)");
+      throw PolicyError(location(line, name) + ": unknown memory kind " + in_quotes(name) +
+                        " (tables: host, device, managed, pinned_host; limits on all memory go at the top)");
     }
-    for (auto&& [key, node] : table) {
-      const std::string sub(key.str());
-      const std::string where = location(key.source().begin.line, name + "." + sub);
+    for (const FileEntry& entry : table.entries) {
+      const std::string& sub = entry.key;
+      const FileValue& node = *entry.value;
+      const std::string where = location(entry.line, name + "." + sub);
       const MetricInfo* info = metric_by_key(sub);
       if (info == nullptr) {
         const bool run_wide = sub == "warmup_steps" || sub == "baseline" || sub == "tolerance" ||
                               sub == "allow_different_command";
         throw PolicyError(where + ": " +
                           (run_wide ? in_quotes(sub) + " is not a per-kind setting: put it at the top of the file"
-                                    : "unknown key " + in_quotes(sub) + " in [" + name + "]"));
+                                    : "unknown key " + in_quotes(sub) + " in " + name));
       }
       if (!(info->scopes & bit(*scope))) {
         throw PolicyError(where + ": no " + info->label + " figure exists for " + name + " memory (" + info->key +
@@ -229,24 +367,17 @@ class TomlReader {
     }
   }
 
-  static Limit read_limit(const MetricInfo& info, Scope scope, const toml::node& node, const std::string& where) {
+  static Limit read_limit(const MetricInfo& info, Scope scope, const FileValue& node, const std::string& where) {
     Limit limit;
     limit.metric = info.metric;
     limit.scope = scope;
     limit.origin = where;
-    if (const auto* s = node.as_string()) {
-      if (info.unit == Unit::kCount) {
+    const bool number = node.type == FileValue::Type::kInteger || node.type == FileValue::Type::kFloat;
+    if (node.type == FileValue::Type::kString || number) {
+      if (info.unit == Unit::kCount && node.type != FileValue::Type::kInteger) {
         throw PolicyError(where + ": expected a whole number, not " + describe(node));
       }
-      limit.text = s->get();
-    } else if (node.is_number()) {
-      if (info.unit == Unit::kCount && !node.is_integer()) {
-        throw PolicyError(where + ": expected a whole number, not " + describe(node));
-      }
-      limit.text = number_text(node);
-      if (!limit.text.empty() && limit.text[0] == '-') {
-        throw PolicyError(where + ": " + in_quotes(limit.text) + " is negative");
-      }
+      limit.text = node.text;
     } else {
       const char* expected = info.unit == Unit::kCount   ? "a whole number"
                              : info.unit == Unit::kShare ? "a share such as \"30%\" or 0.3"
@@ -403,16 +534,27 @@ Limit parse_limit_flag(Metric metric, std::string_view arg) {
 }
 
 Policy parse_policy_toml(std::string_view text, const std::string& source_name, const std::string& base_dir) {
-  return TomlReader(source_name, base_dir).read(text);
+  return PolicyReader(source_name, base_dir).read(parse_toml_file(text, source_name));
+}
+
+Policy parse_policy_yaml(std::string_view text, const std::string& source_name, const std::string& base_dir) {
+  return PolicyReader(source_name, base_dir).read(parse_yaml_file(text, source_name));
 }
 
 Policy load_policy_file(const std::string& path) {
+  const std::string ext = lower(fs::path(path).extension().string());
+  const bool yaml = ext == ".yaml" || ext == ".yml";
+  if (!yaml && ext != ".toml") {
+    throw PolicyError("--policy: " + in_quotes(path) +
+                      ": the file name says neither TOML nor YAML (name it .toml, .yaml or .yml)");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw PolicyError("--policy: cannot read " + in_quotes(path) + ": " + std::strerror(errno));
   std::ostringstream text;
   text << in.rdbuf();
-  fs::path dir = fs::path(path).parent_path();
-  return parse_policy_toml(text.str(), path, dir.string());
+  if (in.bad()) throw PolicyError("--policy: cannot read " + in_quotes(path) + ": " + std::strerror(errno));
+  const std::string dir = fs::path(path).parent_path().string();
+  return yaml ? parse_policy_yaml(text.str(), path, dir) : parse_policy_toml(text.str(), path, dir);
 }
 
 void merge_policy(Policy& base, const Policy& over) {

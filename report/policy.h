@@ -1,5 +1,5 @@
 // The limits `memledger check` judges a run by: parsed from command-line flags
-// and from a policy file (TOML), merged (flags win) and checked for
+// and from a policy file (TOML or YAML), merged (flags win) and checked for
 // contradictions. Sizes read as people write them ("512KiB", "1.5GiB").
 #pragma once
 
@@ -97,10 +97,12 @@ uint64_t parse_count(std::string_view text, std::string_view what);
 // A limit flag's value: "[KIND=]VALUE", e.g. "1MiB" or "device=256KiB".
 Limit parse_limit_flag(Metric metric, std::string_view arg);
 
-// A policy file's text (TOML; schema in README.md, "Policy file"). A relative
-// baseline path is taken relative to base_dir. Throws PolicyError naming the
-// file, line and key.
+// A policy file's text (schema in README.md, "Policy files"; the same keys in
+// both syntaxes). A relative baseline path is taken relative to base_dir.
+// Throws PolicyError naming the file, line and key.
 Policy parse_policy_toml(std::string_view text, const std::string& source_name, const std::string& base_dir);
+Policy parse_policy_yaml(std::string_view text, const std::string& source_name, const std::string& base_dir);
+// By extension: .toml, or .yaml / .yml.
 Policy load_policy_file(const std::string& path);
 
 // `over` wins: its limits replace the same metric and scope in `base`.

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "job_report.h"
 #include "trace_format.h"
 
 namespace memledger::report {
@@ -48,6 +49,8 @@ RunFile read_run_file(const fs::path& dir, std::vector<std::string>& problems) {
   return rf;
 }
 
+}  // namespace
+
 std::string frame_text(const Frame& f) {
   std::string out = f.function.empty() ? "??" : f.function;
   if (!f.file.empty()) {
@@ -75,6 +78,8 @@ std::string site_name(const Site& site) {
   return out;
 }
 
+namespace {
+
 std::string fixed(double v, int digits) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", digits, v);
@@ -91,7 +96,8 @@ json frames_json(const std::vector<Frame>& frames) {
                    {"line", f.line},
                    {"module", f.module},
                    {"address", addr},
-                   {"inlined", f.inlined}});
+                   {"inlined", f.inlined},
+                   {"language", f.python ? "python" : "native"}});
   }
   return out;
 }
@@ -106,6 +112,56 @@ json site_totals_json(const std::vector<SiteTotal>& totals) {
                    {"stack", frames_json(t.site.frames)}});
   }
   return out;
+}
+
+std::string hex(uint64_t value) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "0x%" PRIx64, value);
+  return buf;
+}
+
+std::string mismatch_site(const CuptiMismatch& m) {
+  Site site;
+  site.stack = m.stack;
+  site.kind = m.kind;
+  site.frames = m.frames;
+  return site_name(site);
+}
+
+json cupti_json(const CuptiView& c) {
+  auto list = [](const std::vector<CuptiMismatch>& items, bool hooks) {
+    json out = json::array();
+    for (const CuptiMismatch& m : items) {
+      json item = {{"ts_ns", m.ts_ns},
+                   {"address", hex(m.addr)},
+                   {"bytes", m.bytes},
+                   {"kind", format::kind_name(static_cast<format::Kind>(m.kind))},
+                   {"device", m.device}};
+      if (hooks) {
+        item["site"] = mismatch_site(m);
+        item["stack"] = frames_json(m.frames);
+      } else {
+        item["pc"] = hex(m.pc);
+      }
+      out.push_back(std::move(item));
+    }
+    return out;
+  };
+  return {{"status", c.status},
+          {"message", c.message},
+          {"end", c.end_message},
+          {"holder", c.holder},
+          {"version", c.version},
+          {"compared", c.compared},
+          {"allocations", c.cupti_allocations},
+          {"releases", c.cupti_releases},
+          {"pool_records", c.cupti_pool_records},
+          {"dropped", c.cupti_dropped},
+          {"matched", c.matched},
+          {"matched_bytes", c.matched_bytes},
+          {"size_differences", c.size_differences},
+          {"hooks_only", {{"count", c.hooks_only}, {"bytes", c.hooks_only_bytes}, {"allocations", list(c.hooks_only_list, true)}}},
+          {"cupti_only", {{"count", c.cupti_only}, {"bytes", c.cupti_only_bytes}, {"allocations", list(c.cupti_only_list, false)}}}};
 }
 
 json process_json(const ProcessReport& p) {
@@ -134,6 +190,7 @@ json process_json(const ProcessReport& p) {
                                 {{"bytes", frag},
                                  {"share", s.held_device > 0 ? double(frag) / double(s.held_device) : 0.0},
                                  {"holders", holders}}}};
+      if (s.live_by_device.size() > 1) step["live_by_device"] = s.live_by_device;
       if (s.device_total) step["device_memory"] = {{"free", s.device_free}, {"total", s.device_total}};
       if (s.reserved_address_space) step["reserved_address_space"] = s.reserved_address_space;
     }
@@ -197,6 +254,7 @@ json process_json(const ProcessReport& p) {
       {"host_mode", p.host_mode},
       {"sample_interval", p.sample_interval},
       {"step_source", p.step_source},
+      {"step_inference", p.step_inference},
       {"warmup_steps", p.warmup_steps},
       {"duration_ns", p.duration_ns},
       {"steps", steps},
@@ -221,6 +279,7 @@ json process_json(const ProcessReport& p) {
         {"frames_damaged", p.frames_damaged},
         {"truncated", p.truncated}}},
       {"notes", p.notes},
+      {"cupti", cupti_json(p.cupti)},
   };
 }
 
@@ -255,7 +314,7 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options) {
   std::vector<std::string> first_error;
   for (const fs::path& f : files) {
     try {
-      traces.push_back(read_trace(f.string()));
+      traces.push_back(read_trace(f.string(), false));  // events are streamed by analyze_stream
     } catch (const TraceError& e) {
       run.problems.push_back(e.what());
     }
@@ -293,7 +352,7 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options) {
   for (size_t i = 0; i < traces.size(); ++i) {
     ExitInfo exit_info;
     if (i == root && rf.exit.known) exit_info = rf.exit;
-    run.processes.push_back(analyze(traces[i], exit_info, options));
+    run.processes.push_back(analyze_stream(traces[i], exit_info, options));
   }
   run.root = root;
   return run;
@@ -324,7 +383,10 @@ std::string render_text(const RunReport& run) {
     for (const std::string& a : run.command) cmd += (cmd.empty() ? "" : " ") + a;
   }
   out << "command: " << cmd << "\n";
-  if (run.processes.size() > 1) out << "processes: " << run.processes.size() << " traced\n";
+  if (run.processes.size() > 1) {
+    out << "processes: " << run.processes.size() << " traced\n";
+    out << render_job_text(summarize_job(run));
+  }
   for (const std::string& p : run.problems) out << "warning: " << p << "\n";
 
   for (size_t i = 0; i < run.processes.size(); ++i) {
@@ -341,7 +403,9 @@ std::string render_text(const RunReport& run) {
     out << "host mode: " << p.host_mode;
     if (p.host_mode == "sampled") out << " (mean interval " << human_bytes(double(p.sample_interval)) << ")";
     out << "; duration " << fixed(double(p.duration_ns) / 1e9, 2) << " s; " << p.events << " events\n";
-    out << "steps: " << p.steps.size() << " (source: " << p.step_source << ")";
+    out << "steps: " << p.steps.size() << " (source: " << p.step_source;
+    if (!p.step_inference.empty()) out << " (" << p.step_inference << ")";
+    out << ")";
     if (!p.steps.empty()) out << ", warm-up " << p.warmup_steps;
     out << "\n";
     out << "peak live: " << human_bytes(double(p.peak.bytes));
@@ -422,6 +486,23 @@ std::string render_text(const RunReport& run) {
         out << "  " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
       }
     }
+    if (p.cupti.compared) {
+      const CuptiView& c = p.cupti;
+      out << "\nCUPTI beside the CUDA hooks: " << c.matched << " allocations seen by both ("
+          << human_bytes(double(c.matched_bytes)) << "), " << c.hooks_only << " only by the hooks, " << c.cupti_only
+          << " only by CUPTI" << (c.cupti_dropped ? ", " + std::to_string(c.cupti_dropped) + " CUPTI records lost" : "")
+          << "\n  " << c.message << "\n";
+      for (const CuptiMismatch& m : c.hooks_only_list) {
+        out << "  only hooks: " << human_bytes(double(m.bytes)) << " " << format::kind_name(format::Kind(m.kind))
+            << " at " << hex(m.addr) << " from " << mismatch_site(m) << "\n";
+      }
+      for (const CuptiMismatch& m : c.cupti_only_list) {
+        out << "  only CUPTI: " << human_bytes(double(m.bytes)) << " " << format::kind_name(format::Kind(m.kind))
+            << " on device " << m.device << " at " << hex(m.addr) << " (pc " << hex(m.pc) << ")\n";
+      }
+    } else if (p.cupti.status != "none") {
+      out << "\nCUPTI: " << p.cupti.status << " (device memory as the CUDA hooks see it, without a cross-check)\n";
+    }
     if (!p.notes.empty()) {
       out << "\nnotes:\n";
       for (const std::string& n : p.notes) out << "  - " << n << "\n";
@@ -439,6 +520,7 @@ nlohmann::json render_json(const RunReport& run) {
   top["problems"] = run.problems;
   for (auto it = out.begin(); it != out.end(); ++it) top[it.key()] = it.value();
   top["root_pid"] = run.processes[run.root].pid;
+  top["job"] = job_json(summarize_job(run));
   top["processes"] = processes;
   return top;
 }

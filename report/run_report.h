@@ -27,6 +27,11 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options);
 std::string render_text(const RunReport& run);
 nlohmann::json render_json(const RunReport& run);
 
+// A site by the frame that is the user's code: "FUNCTION at FILE:LINE".
+std::string site_name(const Site& site);
+// One frame as the text report prints it.
+std::string frame_text(const Frame& f);
+
 // One line, for the end of `memledger run`.
 std::string render_summary_line(const RunReport& run);
 

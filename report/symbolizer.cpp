@@ -18,6 +18,8 @@
 
 #include <absl/container/flat_hash_map.h>
 
+#include "trace_format.h"
+
 namespace memledger::report {
 namespace {
 
@@ -419,6 +421,8 @@ struct Symbolizer::Impl {
   absl::flat_hash_map<const char*, std::string> names;  // raw name -> demangled
   absl::flat_hash_map<const char*, std::string> files;  // raw file name -> normalized
   std::vector<std::string> warnings;
+  const std::map<uint32_t, PythonCode>* python_codes = nullptr;
+  std::string python_module;
 
   Impl(std::vector<ModuleInfo> infos, SymbolizerOptions options);
   ~Impl();
@@ -428,6 +432,7 @@ struct Symbolizer::Impl {
   bool TryOpen(Module& m, const std::string& file, std::string* problem);
   bool Open(Module& m);
   std::vector<Frame> Compute(uint64_t ip, bool return_address);
+  Frame ComputePython(uint64_t word);
   void Symbolize(Module& m, uint64_t addr, const Frame& base, std::vector<Frame>& out);
   Dwarf_Die* UnitDie(Module& m, uint64_t addr, Dwarf_Addr* bias);
   void FunctionScopes(Dwarf_Die* cudie, Dwarf_Addr pc, std::vector<Dwarf_Die>& funcs);
@@ -790,16 +795,127 @@ std::vector<Frame> Symbolizer::Impl::Compute(uint64_t ip, bool return_address) {
   return frames;
 }
 
+namespace {
+
+// 3.11+ location table (Objects/locations.md): 6-bit varint chunks.
+uint32_t location_varint(const uint8_t*& p, const uint8_t* end) {
+  uint32_t value = 0;
+  unsigned shift = 0;
+  while (p < end) {
+    const uint8_t b = *p++;
+    if (shift < 32) value |= static_cast<uint32_t>(b & 63) << shift;
+    shift += 6;
+    if ((b & 64) == 0) break;
+  }
+  return value;
+}
+
+int location_svarint(const uint8_t*& p, const uint8_t* end) {
+  const uint32_t v = location_varint(p, end);
+  return (v & 1) ? -static_cast<int>(v >> 1) : static_cast<int>(v >> 1);
+}
+
+}  // namespace
+
+int python_line(const PythonCode& code, uint32_t offset) {
+  if (offset == format::kPythonOffsetUnknown) return code.first_line;
+  const auto* p = reinterpret_cast<const uint8_t*>(code.line_table.data());
+  const uint8_t* end = p + code.line_table.size();
+  const uint64_t addr = offset;
+  switch (static_cast<format::LineTableFormat>(code.table_format)) {
+    case format::LineTableFormat::kLnotab: {
+      // 3.9: (byte delta, signed line delta) pairs; the line of the last
+      // pair that starts at or before the address.
+      int line = code.first_line;
+      uint64_t start = 0;
+      for (; p + 1 < end; p += 2) {
+        start += p[0];
+        if (start > addr) break;
+        line += static_cast<int8_t>(p[1]);
+      }
+      return line;
+    }
+    case format::LineTableFormat::kLinetable: {
+      // 3.10: (byte length, signed line delta) ranges; -128: no line.
+      int line = code.first_line;
+      uint64_t start = 0;
+      for (; p + 1 < end; p += 2) {
+        const uint64_t stop = start + p[0];
+        const int8_t delta = static_cast<int8_t>(p[1]);
+        if (delta != -128) line += delta;
+        if (addr >= start && addr < stop) return delta == -128 ? 0 : line;
+        start = stop;
+      }
+      return 0;
+    }
+    case format::LineTableFormat::kLocations: {
+      // 3.11+: entries of 1..8 code units, each led by a byte with bit 7 set:
+      // code (bits 3..6) says how the line changes, bits 0..2 the length - 1.
+      int line = code.first_line;
+      uint64_t start = 0;
+      while (p < end) {
+        const uint8_t first = *p++;
+        if ((first & 0x80) == 0) continue;  // damaged: resynchronise on the next entry
+        const unsigned kind = (first >> 3) & 15;
+        const uint64_t stop = start + 2 * ((first & 7) + 1);
+        int delta = 0;
+        if (kind == 13 || kind == 14) {  // no columns, long form
+          delta = location_svarint(p, end);
+        } else if (kind >= 10 && kind <= 12) {  // one-line forms
+          delta = static_cast<int>(kind) - 10;
+        }
+        line += delta;
+        if (addr >= start && addr < stop) return kind == 15 ? 0 : line;
+        while (p < end && (*p & 0x80) == 0) ++p;  // the rest of this entry
+        start = stop;
+      }
+      return 0;
+    }
+    case format::LineTableFormat::kNone:
+      break;
+  }
+  return code.first_line;
+}
+
 Symbolizer::Symbolizer(std::vector<ModuleInfo> modules, SymbolizerOptions options)
     : impl_(std::make_unique<Impl>(std::move(modules), std::move(options))) {}
 
 Symbolizer::~Symbolizer() = default;
 
+Frame Symbolizer::Impl::ComputePython(uint64_t word) {
+  Frame frame;
+  frame.python = true;
+  frame.module = python_module;
+  const uint32_t id = format::python_code_id(word);
+  const PythonCode* code = nullptr;
+  if (python_codes != nullptr) {
+    auto it = python_codes->find(id);
+    if (it != python_codes->end()) code = &it->second;
+  }
+  if (code == nullptr) {
+    Warn("some Python frames name code objects missing from the trace (damaged data): shown as ??");
+    return frame;
+  }
+  frame.function = code->qualname;
+  frame.file = code->filename;
+  frame.line = python_line(*code, format::python_offset(word));
+  return frame;
+}
+
+void Symbolizer::set_python(const std::map<uint32_t, PythonCode>* codes, std::string module) {
+  impl_->python_codes = codes;
+  impl_->python_module = std::move(module);
+}
+
 const std::vector<Frame>& Symbolizer::resolve(uint64_t ip, bool return_address) {
   Impl::Key key{ip, return_address};
   if (auto it = impl_->index.find(key); it != impl_->index.end())
     return impl_->results[it->second];
-  impl_->results.push_back(impl_->Compute(ip, return_address));
+  if (impl_->python_codes != nullptr && format::is_python_frame(ip)) {
+    impl_->results.push_back({impl_->ComputePython(ip)});
+  } else {
+    impl_->results.push_back(impl_->Compute(ip, return_address));
+  }
   impl_->index.emplace(key, static_cast<uint32_t>(impl_->results.size() - 1));
   return impl_->results.back();
 }

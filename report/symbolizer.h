@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -24,7 +25,23 @@ struct Frame {
   int line = 0;          // 0 if unknown
   std::string module;    // module path ("" if the address is in no known module)
   bool inlined = false;  // true for a frame that was inlined into the next one
+  bool python = false;   // a Python frame: function is the qualified name, file:line the source line
 };
+
+// A Python code object as recorded at run time (trace_format.h, kPythonCode).
+struct PythonCode {
+  std::string filename;
+  std::string qualname;
+  int first_line = 0;
+  uint8_t table_format = 0;  // format::LineTableFormat
+  std::string line_table;    // the code object's own table, as stored
+};
+
+// The source line of the instruction at byte offset `offset` of a code object
+// (format::kPythonOffsetUnknown: before its first instruction), computed from
+// its line table as CPython's PyCode_Addr2Line does. 0 when the instruction
+// has no line.
+int python_line(const PythonCode& code, uint32_t offset);
 
 struct SymbolizerOptions {
   // Extra folders searched for separate debug info, in addition to /usr/lib/debug:
@@ -52,6 +69,12 @@ class Symbolizer {
   // function. Never empty: an unknown address gives one Frame with module/function "".
   // The reference stays valid as long as the Symbolizer.
   const std::vector<Frame>& resolve(uint64_t ip, bool return_address);
+
+  // The trace's Python code objects, for the Python frames of its stacks
+  // (format::is_python_frame words, which resolve() then turns into one
+  // Frame each; without this call every word is an address); `module` is
+  // the object that ran the interpreter. `codes` must outlive the Symbolizer.
+  void set_python(const std::map<uint32_t, PythonCode>* codes, std::string module);
 
   // Human-readable notes (missing files, build id mismatches, ...), each once.
   const std::vector<std::string>& warnings() const;

@@ -2,6 +2,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -248,6 +254,75 @@ class RecordDecoder {
           t_.modules.push_back(std::move(m));
           break;
         }
+        case fmt::Tag::kPythonCode: {
+          const uint32_t id = static_cast<uint32_t>(c.varint());
+          PythonCode code;
+          code.filename = std::string(c.string());
+          code.qualname = std::string(c.string());
+          code.first_line = static_cast<int>(c.varint());
+          code.table_format = static_cast<uint8_t>(c.varint());
+          code.line_table = std::string(c.string());
+          if (!c.ok()) return false;
+          t_.python_codes[id] = std::move(code);
+          break;
+        }
+        case fmt::Tag::kPython: {
+          const uint8_t status = static_cast<uint8_t>(c.varint());
+          std::string_view version = c.string();
+          std::string_view module = c.string();
+          std::string_view note = c.string();
+          if (!c.ok()) return false;
+          t_.python_status = status;
+          t_.python_version = std::string(version);
+          t_.python_module = std::string(module);
+          t_.python_note = std::string(note);
+          break;
+        }
+        case fmt::Tag::kCuptiStatus: {
+          TraceCuptiStatus s;
+          s.seq = c.varint();
+          s.ts = c.varint();
+          s.status = static_cast<uint8_t>(c.varint());
+          s.version = static_cast<uint32_t>(c.varint());
+          s.text = static_cast<uint32_t>(c.varint());
+          s.holder = static_cast<uint32_t>(c.varint());
+          if (!c.ok()) return false;
+          t_.cupti_status.push_back(s);
+          break;
+        }
+        case fmt::Tag::kCuptiMemory: {
+          TraceCuptiMemory m;
+          m.ts = c.varint();
+          const uint64_t release = c.varint();
+          m.kind = static_cast<uint8_t>(c.varint());
+          m.device = static_cast<uint32_t>(c.varint());
+          m.stream = static_cast<uint32_t>(c.varint());
+          m.addr = c.varint();
+          m.bytes = c.varint();
+          m.pc = c.varint();
+          m.correlation = static_cast<uint32_t>(c.varint());
+          m.flags = static_cast<uint8_t>(c.varint());
+          if (!c.ok()) return false;
+          if (release != 0) {
+            ++t_.cupti_releases;
+          } else if (t_.cupti_memory.size() < kMaxCuptiRecords) {
+            t_.cupti_memory.push_back(m);
+          } else {
+            ++t_.cupti_records_over_cap;
+          }
+          break;
+        }
+        case fmt::Tag::kCuptiPool: {
+          for (int i = 0; i < 8; ++i) c.varint();
+          if (!c.ok()) return false;
+          ++t_.cupti_pool_records;
+          break;
+        }
+        case fmt::Tag::kCuptiDropped: {
+          t_.cupti_dropped += c.varint();
+          if (!c.ok()) return false;
+          break;
+        }
         case fmt::Tag::kString: {
           uint32_t id = static_cast<uint32_t>(c.varint());
           std::string_view s = c.string();
@@ -428,6 +503,24 @@ void for_each_frame(const std::string& path, const MappedFile& file, size_t offs
   }
 }
 
+// Samples and signals are looked up by time, side records by sequence:
+// frames that reached the file out of order must not leave them out of
+// order. (stream_trace's caller consumes the side records as they come, so
+// there only samples and signals are sorted.)
+void sort_by_time(Trace& trace, bool side_records = true) {
+  auto by_ts = [](const auto& a, const auto& b) { return a.ts < b.ts; };
+  auto by_seq = [](const auto& a, const auto& b) { return a.seq < b.seq; };
+  auto sort_if_needed = [](auto& v, auto less) {
+    if (!std::is_sorted(v.begin(), v.end(), less)) std::stable_sort(v.begin(), v.end(), less);
+  };
+  sort_if_needed(trace.samples, by_ts);
+  sort_if_needed(trace.signals, by_ts);
+  if (!side_records) return;
+  sort_if_needed(trace.vmm, by_seq);
+  sort_if_needed(trace.device_samples, by_seq);
+  sort_if_needed(trace.pool_samples, by_seq);
+}
+
 }  // namespace
 
 int Trace::pid() const {
@@ -460,6 +553,7 @@ Trace read_trace(const std::string& path, bool load_events) {
   RecordDecoder decoder(trace);
   for_each_frame(path, file, h.frames_offset, trace,
                  [&](const uint8_t* body, size_t len, uint32_t) { return decoder.decode(body, len); });
+  sort_by_time(trace);
   // Events of different threads reach the file nearly, not exactly, in order.
   if (!std::is_sorted(trace.events.begin(), trace.events.end(),
                       [](const TraceEvent& a, const TraceEvent& b) { return a.seq < b.seq; })) {
@@ -470,6 +564,236 @@ Trace read_trace(const std::string& path, bool load_events) {
     trace.problems.push_back(path + ": no complete frame could be read");
   }
   return trace;
+}
+
+namespace {
+
+// Moves every record but the events from one decoded frame into the trace.
+void absorb_side_records(Trace& into, Trace& from) {
+  auto append = [](auto& to, auto& src) {
+    to.insert(to.end(), std::make_move_iterator(src.begin()), std::make_move_iterator(src.end()));
+    src.clear();
+  };
+  append(into.modules, from.modules);
+  append(into.samples, from.samples);
+  append(into.vmm, from.vmm);
+  append(into.device_samples, from.device_samples);
+  append(into.pool_samples, from.pool_samples);
+  append(into.signals, from.signals);
+  append(into.execs, from.execs);
+  append(into.cupti_status, from.cupti_status);
+  {
+    const size_t room = kMaxCuptiRecords - std::min(kMaxCuptiRecords, into.cupti_memory.size());
+    const size_t kept = std::min(room, from.cupti_memory.size());
+    into.cupti_records_over_cap += from.cupti_records_over_cap + (from.cupti_memory.size() - kept);
+    into.cupti_memory.insert(into.cupti_memory.end(), from.cupti_memory.begin(), from.cupti_memory.begin() + kept);
+    from.cupti_memory.clear();
+  }
+  into.cupti_releases += from.cupti_releases;
+  into.cupti_pool_records += from.cupti_pool_records;
+  into.cupti_dropped += from.cupti_dropped;
+  from.cupti_records_over_cap = from.cupti_releases = from.cupti_pool_records = from.cupti_dropped = 0;
+  for (auto& [id, frames] : from.stacks) into.stacks[id] = std::move(frames);
+  from.stacks.clear();
+  for (auto& [id, text] : from.strings) into.strings[id] = std::move(text);
+  from.strings.clear();
+  for (auto& [id, code] : from.python_codes) into.python_codes[id] = std::move(code);
+  from.python_codes.clear();
+  if (from.python_status != 0) {
+    into.python_status = from.python_status;
+    into.python_version = std::move(from.python_version);
+    into.python_module = std::move(from.python_module);
+    into.python_note = std::move(from.python_note);
+    from.python_status = 0;
+  }
+  if (from.has_exit) {
+    into.has_exit = true;
+    into.exit_status = from.exit_status;
+  }
+  into.has_end = into.has_end || from.has_end;
+  if (!from.tracer_error.empty()) into.tracer_error = std::move(from.tracer_error);
+  into.dropped += from.dropped;
+  into.last_ts = std::max(into.last_ts, from.last_ts);
+  from.has_exit = from.has_end = false;
+  from.tracer_error.clear();
+  from.dropped = from.last_ts = 0;
+}
+
+// Decoded frames travel from the reading thread to the caller through a
+// small bounded queue; their buffers are recycled so that a long trace costs
+// a few frames of memory.
+class FrameQueue {
+ public:
+  static constexpr size_t kDepth = 4;
+
+  std::unique_ptr<Trace> take_empty() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !spare_.empty() || in_flight_ < kDepth || cancelled_; });
+    if (cancelled_) return nullptr;
+    ++in_flight_;
+    if (spare_.empty()) return std::make_unique<Trace>();
+    std::unique_ptr<Trace> t = std::move(spare_.back());
+    spare_.pop_back();
+    return t;
+  }
+  void push_full(std::unique_ptr<Trace> t) {
+    std::lock_guard lock(mu_);
+    full_.push_back(std::move(t));
+    cv_.notify_all();
+  }
+  void finish(std::exception_ptr error) {
+    std::lock_guard lock(mu_);
+    done_ = true;
+    error_ = error;
+    cv_.notify_all();
+  }
+  // Null at the end of the stream.
+  std::unique_ptr<Trace> take_full() {
+    std::unique_lock lock(mu_);
+    cv_.wait(lock, [&] { return !full_.empty() || done_; });
+    if (full_.empty()) return nullptr;
+    std::unique_ptr<Trace> t = std::move(full_.front());
+    full_.pop_front();
+    return t;
+  }
+  void give_back(std::unique_ptr<Trace> t) {
+    std::lock_guard lock(mu_);
+    t->events.clear();
+    spare_.push_back(std::move(t));
+    --in_flight_;
+    cv_.notify_all();
+  }
+  void cancel() {
+    std::lock_guard lock(mu_);
+    cancelled_ = true;
+    cv_.notify_all();
+  }
+  std::exception_ptr error() {
+    std::lock_guard lock(mu_);
+    return error_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Trace>> full_;
+  std::vector<std::unique_ptr<Trace>> spare_;
+  size_t in_flight_ = 0;
+  bool done_ = false;
+  bool cancelled_ = false;
+  std::exception_ptr error_;
+};
+
+}  // namespace
+
+void stream_trace(Trace& trace, const EventBatchFn& on_events) {
+  MappedFile file(trace.path);
+  const Header h = parse_header(trace.path, file);
+  madvise(const_cast<uint8_t*>(file.data()), file.size(), MADV_SEQUENTIAL);
+
+  FrameQueue queue;
+  Trace integrity;  // frame counts and problems, written by the reading thread only
+  std::thread reader([&] {
+    std::exception_ptr error;
+    try {
+      for_each_frame(trace.path, file, h.frames_offset, integrity, [&](const uint8_t* body, size_t len, uint32_t) {
+        std::unique_ptr<Trace> chunk = queue.take_empty();
+        if (!chunk) throw TraceError("cancelled");
+        RecordDecoder decoder(*chunk);
+        const bool ok = decoder.decode(body, len);
+        auto by_seq = [](const TraceEvent& a, const TraceEvent& b) { return a.seq < b.seq; };
+        if (!std::is_sorted(chunk->events.begin(), chunk->events.end(), by_seq)) {
+          std::stable_sort(chunk->events.begin(), chunk->events.end(), by_seq);
+        }
+        queue.push_full(std::move(chunk));
+        return ok;
+      });
+    } catch (...) {
+      error = std::current_exception();
+    }
+    queue.finish(error);
+  });
+
+  // Events wait in `pending` (sorted by seq) until every one of the last
+  // kReorderFrames frames started after them.
+  std::vector<TraceEvent> pending;
+  size_t pending_begin = 0;
+  std::deque<uint64_t> first_seqs;
+  uint64_t delivered_seq = 0;
+  bool delivered_any = false;
+  auto deliver_below = [&](uint64_t limit) {
+    auto begin = pending.begin() + static_cast<long>(pending_begin);
+    auto end = std::lower_bound(begin, pending.end(), limit,
+                                [](const TraceEvent& e, uint64_t seq) { return e.seq < seq; });
+    const size_t n = static_cast<size_t>(end - begin);
+    if (n == 0) return;
+    on_events(&*begin, n);
+    delivered_seq = (end - 1)->seq;
+    delivered_any = true;
+    pending_begin += n;
+    if (pending_begin == pending.size()) {
+      pending.clear();
+      pending_begin = 0;
+    } else if (pending_begin > pending.size() / 2) {
+      pending.erase(pending.begin(), pending.begin() + static_cast<long>(pending_begin));
+      pending_begin = 0;
+    }
+  };
+  try {
+    while (std::unique_ptr<Trace> chunk = queue.take_full()) {
+      absorb_side_records(trace, *chunk);
+      std::vector<TraceEvent>& events = chunk->events;
+      if (!events.empty()) {
+        size_t late = 0;
+        if (delivered_any) {
+          while (late < events.size() && events[late].seq <= delivered_seq) ++late;
+        }
+        if (late > 0) {
+          // Later than the reorder window: hand them over now, out of order.
+          trace.late_events += late;
+          on_events(events.data(), late);
+        }
+        if (late < events.size()) {
+          const size_t old = pending.size();
+          const bool in_order = old == pending_begin || pending.back().seq < events[late].seq;
+          pending.insert(pending.end(), events.begin() + static_cast<long>(late), events.end());
+          if (!in_order) {
+            std::inplace_merge(pending.begin() + static_cast<long>(pending_begin), pending.begin() + static_cast<long>(old),
+                               pending.end(), [](const TraceEvent& a, const TraceEvent& b) { return a.seq < b.seq; });
+          }
+          first_seqs.push_back(events[late].seq);
+          if (first_seqs.size() > kReorderFrames) first_seqs.pop_front();
+          if (first_seqs.size() == kReorderFrames) {
+            deliver_below(*std::min_element(first_seqs.begin(), first_seqs.end()));
+          }
+        }
+      }
+      queue.give_back(std::move(chunk));
+    }
+    deliver_below(UINT64_MAX);
+    if (pending_begin < pending.size()) on_events(pending.data() + pending_begin, pending.size() - pending_begin);
+  } catch (...) {
+    queue.cancel();
+    reader.join();
+    throw;
+  }
+  reader.join();
+  if (std::exception_ptr error = queue.error()) std::rethrow_exception(error);
+
+  trace.frames_read += integrity.frames_read;
+  trace.frames_damaged += integrity.frames_damaged;
+  trace.bytes_skipped += integrity.bytes_skipped;
+  trace.truncated = trace.truncated || integrity.truncated;
+  trace.problems.insert(trace.problems.end(), integrity.problems.begin(), integrity.problems.end());
+  if (trace.frames_read == 0 && (trace.frames_damaged > 0 || trace.truncated)) {
+    trace.problems.push_back(trace.path + ": no complete frame could be read");
+  }
+  sort_by_time(trace, false);
+  if (trace.late_events > 0) {
+    trace.problems.push_back(trace.path + ": " + std::to_string(trace.late_events) +
+                             " events reached the file more than " + std::to_string(kReorderFrames) +
+                             " frames late and were replayed out of order");
+  }
 }
 
 void dump_trace(const std::string& path, std::FILE* out) {
@@ -492,9 +816,27 @@ void dump_trace(const std::string& path, std::FILE* out) {
                    m.build_id.empty() ? "-" : m.build_id.c_str(), m.segments.size());
     }
     for (const auto& [id, s] : one.strings) std::fprintf(out, "string id=%u text=%s\n", id, s.c_str());
+    if (one.python_status != 0) {
+      std::fprintf(out, "python status=%s version=%s module=%s%s%s\n",
+                   one.python_status == static_cast<uint8_t>(fmt::PythonStatus::kActive) ? "active" : "unsupported",
+                   one.python_version.empty() ? "-" : one.python_version.c_str(),
+                   one.python_module.empty() ? "-" : one.python_module.c_str(),
+                   one.python_note.empty() ? "" : " note=", one.python_note.c_str());
+    }
+    for (const auto& [id, code] : one.python_codes) {
+      std::fprintf(out, "python_code id=%u file=%s function=%s first_line=%d line_table=%zu bytes (format %u)\n", id,
+                   code.filename.c_str(), code.qualname.c_str(), code.first_line, code.line_table.size(),
+                   static_cast<unsigned>(code.table_format));
+    }
     for (const auto& [id, frames] : one.stacks) {
       std::fprintf(out, "stack id=%u depth=%zu", id, frames.size());
-      for (uint64_t ip : frames) std::fprintf(out, " 0x%" PRIx64, ip);
+      for (uint64_t ip : frames) {
+        if (fmt::is_python_frame(ip)) {
+          std::fprintf(out, " py:%u+%u", fmt::python_code_id(ip), fmt::python_offset(ip));
+        } else {
+          std::fprintf(out, " 0x%" PRIx64, ip);
+        }
+      }
       std::fprintf(out, "\n");
     }
     for (const TraceEvent& e : one.events) {
@@ -542,6 +884,18 @@ void dump_trace(const std::string& path, std::FILE* out) {
       std::fprintf(out, "signal ts=%" PRIu64 " tid=%u signo=%d code=%d fault_addr=0x%" PRIx64 " stack=%u\n", s.ts,
                    s.tid, s.signo, s.code, s.fault_addr, s.stack);
     }
+    for (const TraceCuptiStatus& s : one.cupti_status) {
+      std::fprintf(out, "cupti_status seq=%" PRIu64 " ts=%" PRIu64 " status=%u version=%u text=%u holder=%u\n", s.seq,
+                   s.ts, s.status, s.version, s.text, s.holder);
+    }
+    for (const TraceCuptiMemory& m : one.cupti_memory) {
+      std::fprintf(out, "cupti_alloc ts=%" PRIu64 " kind=%s device=%u stream=%u addr=0x%" PRIx64 " bytes=%" PRIu64
+                   " pc=0x%" PRIx64 " correlation=%u flags=%u\n", m.ts, fmt::kind_name(static_cast<fmt::Kind>(m.kind)),
+                   m.device, m.stream, m.addr, m.bytes, m.pc, m.correlation, m.flags);
+    }
+    if (one.cupti_releases) std::fprintf(out, "cupti_releases count=%" PRIu64 "\n", one.cupti_releases);
+    if (one.cupti_pool_records) std::fprintf(out, "cupti_pool_records count=%" PRIu64 "\n", one.cupti_pool_records);
+    if (one.cupti_dropped) std::fprintf(out, "cupti_dropped count=%" PRIu64 "\n", one.cupti_dropped);
     for (const std::string& e : one.execs) std::fprintf(out, "exec path=%s\n", e.c_str());
     if (one.dropped) std::fprintf(out, "dropped count=%" PRIu64 "\n", one.dropped);
     if (one.has_exit) std::fprintf(out, "exit status=%d\n", one.exit_status);

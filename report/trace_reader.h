@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -81,6 +82,30 @@ struct TracePoolSample {
   uint64_t used = 0;
 };
 
+// What became of CUPTI in the process (kCuptiStatus).
+struct TraceCuptiStatus {
+  uint64_t seq = 0;  // orders it among the hooks' events
+  uint64_t ts = 0;
+  uint8_t status = 0;    // format::CuptiStatus
+  uint32_t version = 0;  // CUPTI API version (0 = none found)
+  uint32_t text = 0;     // string ids
+  uint32_t holder = 0;
+};
+
+// A CUPTI memory activity record (kCuptiMemory). Only allocations are kept:
+// the cross-check compares what each side saw allocated.
+struct TraceCuptiMemory {
+  uint64_t ts = 0;
+  uint64_t addr = 0;
+  uint64_t bytes = 0;
+  uint64_t pc = 0;
+  uint32_t device = 0;
+  uint32_t stream = 0;
+  uint32_t correlation = 0;
+  uint8_t kind = 0;   // format::Kind
+  uint8_t flags = 0;  // bit 0 async, bits 1..2 CUPTI memory pool type
+};
+
 struct TraceSignal {
   uint64_t ts = 0;
   uint32_t tid = 0;
@@ -97,18 +122,34 @@ struct Trace {
   std::vector<ModuleInfo> modules;
   std::map<uint32_t, std::vector<uint64_t>> stacks;
   std::map<uint32_t, std::string> strings;
+  // Python (kPythonCode, kPython records): the code objects Python frames
+  // refer to, and the interpreter found (status 0: none seen).
+  std::map<uint32_t, PythonCode> python_codes;
+  uint8_t python_status = 0;  // format::PythonStatus
+  std::string python_version;
+  std::string python_module;
+  std::string python_note;
   std::vector<TraceEvent> events;  // sorted by seq
   std::vector<TraceSample> samples;
   std::vector<TraceVmmEvent> vmm;
   std::vector<TraceDeviceSample> device_samples;
   std::vector<TracePoolSample> pool_samples;
   std::vector<TraceSignal> signals;
+  // CUPTI (cupti_tracer/): status records, memory allocation records (at
+  // most kMaxCuptiRecords kept; the rest counted), pool records, drops.
+  std::vector<TraceCuptiStatus> cupti_status;
+  std::vector<TraceCuptiMemory> cupti_memory;
+  uint64_t cupti_releases = 0;
+  uint64_t cupti_pool_records = 0;
+  uint64_t cupti_records_over_cap = 0;
+  uint64_t cupti_dropped = 0;
   std::vector<std::string> execs;
   bool has_exit = false;
   int exit_status = 0;
   bool has_end = false;
   std::string tracer_error;
   uint64_t dropped = 0;
+  uint64_t late_events = 0;  // stream_trace: events delivered after later ones (see there)
   uint64_t last_ts = 0;
   // Integrity.
   uint64_t frames_read = 0;
@@ -122,8 +163,26 @@ struct Trace {
   std::string command_line() const;  // arguments joined by spaces
 };
 
+inline constexpr size_t kMaxCuptiRecords = size_t{4} << 20;
+
 // Loads a trace. `load_events` = false reads only the header (fast listing).
 Trace read_trace(const std::string& path, bool load_events = true);
+
+// Reads the rest of a trace opened with read_trace(path, false) in one
+// streaming pass, for traces too large to hold in memory (a full-mode trace
+// has tens of millions of events): events go to `on_events` in sequence
+// order, a batch at a time, and are not kept; every other record (samples,
+// stacks, modules, strings, VMM and device records, signals, exit) is added
+// to `trace` before the events that follow it are delivered. Frames are
+// read, checked and decoded on a second thread.
+//
+// Threads take their sequence numbers before their events reach the
+// writer, so a thread preempted in between can land its event a frame or
+// two late; events are held back for kReorderFrames frames to restore the
+// order. One later still is delivered late and counted in trace.late_events.
+using EventBatchFn = std::function<void(const TraceEvent* events, size_t count)>;
+inline constexpr size_t kReorderFrames = 8;
+void stream_trace(Trace& trace, const EventBatchFn& on_events);
 
 // Prints every record as one line of text (memledger dump).
 void dump_trace(const std::string& path, std::FILE* out);

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
-# The quick start's first command: builds memledger and traces the bundled
-# example, a training loop with a planted leak, then prints its report.
+# The quick start's first command: installs what is missing, builds memledger
+# and traces the bundled example (examples/train_leak.py, a PyTorch training
+# loop with a planted leak; on the GPU when PyTorch sees one, with
+# --leak-mode), then prints its report. PYTHON picks the interpreter
+# (default: Debian's /usr/bin/python3 with python3-torch).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/scripts/build.sh"
 cd "$root"
+python=${PYTHON:-/usr/bin/python3}
+options=()
+if "$python" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  options+=(--leak-mode)
+fi
 run_dir=$(mktemp -d /tmp/memledger-example.XXXXXX)
-build/tools/memledger run -o "$run_dir" --host full -- build/examples/train_leak 40
+build/tools/memledger run -o "$run_dir" "${options[@]}" -- "$python" examples/train_leak.py --steps 40
 echo
 cat "$run_dir/report.txt"

@@ -6,7 +6,13 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=(g++ make meson ninja-build pkg-config dpkg-dev libabsl-dev catch2 libdw-dev libelf-dev
-          libzstd-dev zlib1g-dev liblzma-dev libbz2-dev nlohmann-json3-dev libtomlplusplus-dev python3 valgrind)
+          libzstd-dev zlib1g-dev liblzma-dev libbz2-dev nlohmann-json3-dev libtomlplusplus-dev libyaml-cpp-dev libxml2-utils python3 valgrind)
+# The pprof export (libprotobuf, protoc; the Python protobuf library reads the
+# profiles back in the tests) and the HTML report's test in a real browser.
+packages+=(libprotobuf-dev protobuf-compiler python3-protobuf chromium)
+# The bundled example and the PyTorch client of the integration tests use
+# Debian's PyTorch; python3-venv makes the environment for the others below.
+packages+=(python3-torch python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,3 +25,16 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 "$root/scripts/build-deps.sh"
+
+# TensorFlow and JAX (the other framework clients of the integration tests)
+# come from PyPI, into a git-ignored virtual environment that also sees
+# Debian's packages (PyTorch). Without network the client tests skip.
+venv="$root/.venv"
+if [[ ! -x "$venv/bin/python3" ]]; then
+  /usr/bin/python3 -m venv --system-site-packages "$venv"
+fi
+if ! "$venv/bin/python3" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('tensorflow') and u.find_spec('jax')))"; then
+  echo "memledger setup: installing tensorflow-cpu and jax[cpu] into $venv" >&2
+  "$venv/bin/pip" install --quiet --disable-pip-version-check tensorflow-cpu 'jax[cpu]' ||
+    echo "memledger setup: pip could not install tensorflow-cpu and jax[cpu]; their client tests will be skipped" >&2
+fi

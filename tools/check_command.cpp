@@ -50,6 +50,21 @@ bool write_file(const std::string& path, const std::string& content, std::string
   return true;
 }
 
+// The file's folder exists and takes new files (or the file exists and is
+// writable); nothing is created.
+bool writable_place(const std::string& path, std::string& error) {
+  if (access(path.c_str(), F_OK) == 0) {
+    if (access(path.c_str(), W_OK) == 0) return true;
+    error = "cannot write " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (access(dir.c_str(), W_OK | X_OK) == 0) return true;
+  error = "cannot write " + path + ": " + std::strerror(errno);
+  return false;
+}
+
 std::string local_timestamp() {
   const time_t now = time(nullptr);
   struct tm tm;
@@ -205,6 +220,12 @@ int check_main(int argc, char** argv) {
                           "--baseline RUN_OR_JSON");
   }
   load.warmup_steps = policy.warmup_steps.value_or(-1);
+  // A verdict file that cannot be written is found now, before the run is read.
+  for (const auto& [flag, file] : {std::pair("--junit", &junit_file), std::pair("--json", &json_file),
+                                   std::pair("--markdown", &markdown_file)}) {
+    std::string error;
+    if (!file->empty() && !writable_place(*file, error)) return fail("check", std::string(flag) + ": " + error);
+  }
 
   report::RunData run, baseline;
   try {
@@ -216,9 +237,10 @@ int check_main(int argc, char** argv) {
         throw InputError(std::string("baseline (") + policy.baseline_origin + "): " + e.what());
       }
       if (!policy.allow_different_command.value_or(false) && !report::same_command(run.command, baseline.command)) {
-        throw InputError("the baseline ran another command: baseline '" + report::command_text(baseline.command) +
-                         "', this run '" + report::command_text(run.command) +
-                         "' (--allow-different-command to compare anyway)");
+        throw InputError("the baseline ran another command: " +
+                         report::command_difference(run.command, baseline.command) + " (baseline '" +
+                         report::command_text(baseline.command) + "', this run '" + report::command_text(run.command) +
+                         "'; --allow-different-command to compare anyway)");
       }
     }
   } catch (const InputError& e) {
@@ -280,7 +302,9 @@ int cmd_diff(int argc, char** argv) {
     switch (c) {
       case kFormat:
         format = optarg;
-        if (format != "text" && format != "json") return usage("diff", "--format must be text or json, not '" + format + "'");
+        if (format != "text" && format != "json") {
+          return usage("diff", "--format must be text or json, not '" + format + "'");
+        }
         break;
       case 'o': output = optarg; break;
       case kWarmup:
@@ -300,7 +324,9 @@ int cmd_diff(int argc, char** argv) {
       default: return usage("diff", std::string("unknown option ") + argv[optind - 1]);
     }
   }
-  if (argc - optind != 2) return usage("diff", "give two runs: memledger diff A B (run folders, traces or report JSON)");
+  if (argc - optind != 2) {
+    return usage("diff", "give two runs: memledger diff A B (run folders, traces or report JSON)");
+  }
   load.warmup_steps = warmup;
   report::RunData a, b;
   try {

@@ -15,7 +15,7 @@
     "      --max-ooms N                       out-of-memory events\n" \
     "      --min-steps N                      steps the run must have recorded\n" \
     "      --warmup-steps N                   steps ignored before judging growth\n" \
-    "      --policy FILE                      limits from a TOML file (flags override it)\n" \
+    "      --policy FILE                      limits from a TOML or YAML file (flags override it)\n" \
     "      --baseline RUN_OR_JSON             also compare with a previous run\n" \
     "      --tolerance T                      allowed worsening against the baseline (default 5%)\n" \
     "      --allow-different-command          compare with a baseline that ran another command\n" \

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <getopt.h>
+#include <regex.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -23,6 +24,10 @@
 #include <vector>
 
 #include "check_command.h"
+#include "chrome_trace.h"
+#include "folded.h"
+#include "html_report.h"
+#include "pprof.h"
 #include "run_report.h"
 #include "trace_format.h"
 #include "trace_reader.h"
@@ -43,7 +48,8 @@ const char* const kUsage =
     "\n"
     "commands:\n"
     "  run [options] [--] CMD [ARGS...]   trace CMD and its children, then report\n"
-    "  report RUN_DIR|TRACE [options]     the report of a run (text or JSON)\n"
+    "  report RUN_DIR|TRACE [options]     the report of a run (text, JSON, HTML) or an export\n"
+    "                                     (pprof, folded stacks, Chrome trace)\n"
     "  check RUN [limits] [options]       CI gate: exit 1 when memory grows, peaks or leaks past a limit\n"
     "                                     or against a baseline run\n"
     "  diff A B [options]                 two runs side by side: series, figures, sites that changed\n"
@@ -58,11 +64,21 @@ const char* const kUsage =
     "      --leak-mode           make every tensor allocation visible to the driver: sets\n"
     "                            PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,\n"
     "                            TF_GPU_ALLOCATOR=cuda_malloc_async, XLA_PYTHON_CLIENT_ALLOCATOR=platform\n"
+    "      --cupti MODE          CUPTI cross-check of device memory: auto (default: when CUPTI\n"
+    "                            and a GPU are there), on (say why when it cannot be used), off\n"
+    "      --cupti-path PATH     libcupti to use (a file or a folder), instead of searching\n"
+    "      --steps nvtx:REGEX    also end a step when an NVTX range whose name matches closes\n"
+    "      --steps kernel:REGEX  also end a step when a matching kernel is launched (CUPTI)\n"
     "      --no-report           do not build the report at the end\n"
+    "      --overwrite           replace the run already in the -o folder (its traces and reports)\n"
     "  -q, --quiet               no live status line and no summary\n"
     "\n"
     "report options:\n"
-    "      --format FORMAT       text (default) or json\n"
+    "      --format FORMAT       text (default), json, html (one self-contained page),\n"
+    "                            pprof (gzip'd profile.proto: go tool pprof, speedscope),\n"
+    "                            folded (flame graph tools; also 'collapsed'),\n"
+    "                            chrome (trace event JSON for Perfetto's UI)\n"
+    "      --at peak|end         folded: the live set at the peak (default) or at the end\n"
     "  -o, --output FILE         write the report to FILE instead of standard output\n"
     "      --warmup-steps N      steps ignored before judging growth (default: a tenth, 1 to 10)\n"
     "      --debug-dir DIR       also look for binaries and debug info in DIR (repeatable)\n"
@@ -104,6 +120,22 @@ std::optional<std::string> find_library() {
   return std::nullopt;
 }
 
+// The folder holding the `memledger` Python package (tools/python), found
+// relative to this executable: next to it in the build tree, under
+// share/memledger/python when installed.
+std::optional<std::string> find_python_dir() {
+  const fs::path dir = self_dir();
+  const fs::path candidates[] = {
+      dir / "python",
+      dir / ".." / "share" / "memledger" / "python",
+  };
+  for (const fs::path& p : candidates) {
+    std::error_code ec;
+    if (fs::exists(p / "memledger" / "__init__.py", ec)) return fs::canonical(p, ec).string();
+  }
+  return std::nullopt;
+}
+
 std::optional<uint64_t> parse_count(const char* text) {
   if (text == nullptr || *text == '\0') return std::nullopt;
   char* end = nullptr;
@@ -127,8 +159,73 @@ struct RunOptions {
   bool report = true;
   bool quiet = false;
   bool leak_mode = false;
+  bool overwrite = false;
+  std::string cupti = "auto";
+  std::string cupti_path;
+  std::string nvtx_steps;
+  std::string kernel_steps;
   std::vector<std::string> command;
 };
+
+// libmemledger_cupti.so beside the preload library (installed), or in the
+// build tree's cupti_tracer/ folder: where the preload library looks too.
+std::optional<std::string> find_cupti_module(const std::string& library) {
+  const fs::path dir = fs::path(library).parent_path();
+  for (const fs::path& p : {dir / "libmemledger_cupti.so", dir / ".." / "cupti_tracer" / "libmemledger_cupti.so"}) {
+    std::error_code ec;
+    if (fs::exists(p, ec)) return fs::canonical(p, ec).string();
+  }
+  return std::nullopt;
+}
+
+// The CUPTI settings of `memledger run`, for the traced process. The module
+// becomes the CUDA injection library (started inside cuInit) and, for NVTX
+// steps, the NVTX one, each only when no other tool has claimed the slot.
+void set_cupti_environment(const RunOptions& opts, const std::string& library) {
+  setenv("MEMLEDGER_CUPTI", opts.cupti.c_str(), 1);
+  if (!opts.cupti_path.empty()) setenv("MEMLEDGER_CUPTI_PATH", opts.cupti_path.c_str(), 1);
+  if (!opts.nvtx_steps.empty()) setenv("MEMLEDGER_STEPS_NVTX", opts.nvtx_steps.c_str(), 1);
+  if (!opts.kernel_steps.empty()) setenv("MEMLEDGER_STEPS_KERNEL", opts.kernel_steps.c_str(), 1);
+  const std::optional<std::string> module = find_cupti_module(library);
+  if (!module) {
+    if (!opts.nvtx_steps.empty() || !opts.kernel_steps.empty() || opts.cupti == "on") {
+      std::fprintf(stderr, "memledger: the CUPTI module (libmemledger_cupti.so) is not installed next to %s: no "
+                   "CUPTI%s in this run\n", library.c_str(),
+                   opts.nvtx_steps.empty() && opts.kernel_steps.empty() ? "" : " and no NVTX or kernel steps");
+    }
+    return;
+  }
+  const char* cuda_injection = std::getenv("CUDA_INJECTION64_PATH");
+  if (opts.cupti != "off" && (cuda_injection == nullptr || *cuda_injection == '\0')) {
+    setenv("CUDA_INJECTION64_PATH", module->c_str(), 1);
+  }
+  if (!opts.nvtx_steps.empty()) {
+    const char* nvtx = std::getenv("NVTX_INJECTION64_PATH");
+    if (nvtx != nullptr && *nvtx != '\0' && fs::path(nvtx) != fs::path(*module)) {
+      // Nsight Systems (or another tool) receives the NVTX ranges: never take that from it.
+      std::fprintf(stderr, "memledger: NVTX_INJECTION64_PATH is already set (%s): another tool receives the NVTX "
+                   "ranges, so --steps nvtx is not used in this run\n", nvtx);
+    } else {
+      setenv("NVTX_INJECTION64_PATH", module->c_str(), 1);
+    }
+  }
+}
+
+// A run folder's own files: what --overwrite replaces (and nothing else).
+bool is_run_file(const std::string& name) {
+  auto starts = [&](const char* p) { return name.rfind(p, 0) == 0; };
+  return (starts("trace.") && name.size() > 4 && name.compare(name.size() - 4, 4, ".mlt") == 0) ||
+         starts("status.") || name == "run.json" || starts("report.");
+}
+
+std::vector<fs::path> run_files_in(const fs::path& dir) {
+  std::vector<fs::path> found;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.is_regular_file(ec) && is_run_file(entry.path().filename().string())) found.push_back(entry.path());
+  }
+  return found;
+}
 
 // The switches that make frameworks' caching allocators hand every tensor
 // allocation to the driver's stream-ordered allocator, where the hooks see it.
@@ -247,11 +344,16 @@ int build_report(const fs::path& dir, bool quiet) {
     }
     {
       std::ofstream out(dir / "report.json");
-      out << memledger::report::render_json(run).dump(2) << "\n";
+      out << memledger::report::render_json(run).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    }
+    {
+      std::ofstream out(dir / "report.html");
+      out << memledger::report::render_html(run);
     }
     if (!quiet) {
       std::fprintf(stderr, "memledger: %s\n", memledger::report::render_summary_line(run).c_str());
-      std::fprintf(stderr, "memledger: report: %s (memledger report %s)\n", (dir / "report.txt").c_str(), dir.c_str());
+      std::fprintf(stderr, "memledger: report: %s, %s (memledger report %s)\n", (dir / "report.txt").c_str(),
+                   (dir / "report.html").c_str(), dir.c_str());
     }
     return 0;
   } catch (const std::exception& e) {
@@ -270,6 +372,10 @@ int cmd_run(int argc, char** argv) {
       {"stack-depth", required_argument, nullptr, 'D'},
       {"no-report", no_argument, nullptr, 'N'},
       {"leak-mode", no_argument, nullptr, 'L'},
+      {"overwrite", no_argument, nullptr, 'W'},
+      {"cupti", required_argument, nullptr, 'C'},
+      {"cupti-path", required_argument, nullptr, 'P'},
+      {"steps", required_argument, nullptr, 'T'},
       {"quiet", no_argument, nullptr, 'q'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
@@ -310,6 +416,38 @@ int cmd_run(int argc, char** argv) {
         break;
       case 'N': opts.report = false; break;
       case 'L': opts.leak_mode = true; break;
+      case 'W': opts.overwrite = true; break;
+      case 'C':
+        opts.cupti = optarg;
+        if (opts.cupti != "auto" && opts.cupti != "on" && opts.cupti != "off") {
+          return usage_error("--cupti must be auto, on or off, not '" + opts.cupti + "'");
+        }
+        break;
+      case 'P':
+        if (*optarg == '\0') return usage_error("--cupti-path needs a path");
+        opts.cupti_path = optarg;
+        break;
+      case 'T': {
+        const std::string value = optarg;
+        const size_t colon = value.find(':');
+        const std::string source = value.substr(0, colon);
+        const std::string pattern = colon == std::string::npos ? "" : value.substr(colon + 1);
+        if ((source != "nvtx" && source != "kernel") || pattern.empty()) {
+          return usage_error("--steps takes nvtx:REGEX or kernel:REGEX, not '" + value +
+                             "' (markers need no option; time-based steps: --step-interval)");
+        }
+        regex_t re;
+        if (const int rc = regcomp(&re, pattern.c_str(), REG_EXTENDED | REG_NOSUB); rc != 0) {
+          char why[256];
+          regerror(rc, &re, why, sizeof why);
+          return usage_error("--steps " + value + ": not a valid regular expression (" + why + ")");
+        }
+        regfree(&re);
+        std::string& slot = source == "nvtx" ? opts.nvtx_steps : opts.kernel_steps;
+        if (!slot.empty() && slot != pattern) return usage_error("--steps " + source + ": given twice");
+        slot = pattern;
+        break;
+      }
       case 'q': opts.quiet = true; break;
       case 'h': std::fputs(kUsage, stdout); return 0;
       case ':': return usage_error(std::string("option ") + argv[optind - 1] + " needs a value");
@@ -318,14 +456,34 @@ int cmd_run(int argc, char** argv) {
   }
   for (int i = optind; i < argc; ++i) opts.command.emplace_back(argv[i]);
   if (opts.command.empty()) return usage_error("run: no command given (memledger run [options] -- CMD ARGS...)");
+  if (opts.cupti == "off" && !opts.kernel_steps.empty()) {
+    return usage_error("--steps kernel: needs CUPTI, which --cupti off turns off");
+  }
+  if (opts.cupti == "off" && !opts.cupti_path.empty()) return usage_error("--cupti-path with --cupti off");
 
   std::optional<std::string> library = find_library();
+  const std::optional<std::string> python_dir = find_python_dir();
   bool traced = library.has_value();
   if (!traced) {
     std::fprintf(stderr, "memledger: libmemledger.so not found next to %s; running the command without tracing\n",
                  self_dir().c_str());
   }
   fs::path dir = opts.output.empty() ? fs::path(default_run_dir(opts.command[0])) : fs::path(opts.output);
+  if (traced && !opts.output.empty()) {
+    // Two runs in one folder would be reported as one job.
+    const std::vector<fs::path> previous = run_files_in(dir);
+    if (!previous.empty() && !opts.overwrite) {
+      std::fprintf(stderr,
+                   "memledger: the run folder %s already holds a run (%s); choose another folder, or pass "
+                   "--overwrite to replace that run\n",
+                   dir.c_str(), previous.front().filename().c_str());
+      return 2;
+    }
+    for (const fs::path& f : previous) {
+      std::error_code ec;
+      fs::remove(f, ec);
+    }
+  }
   if (traced) {
     std::error_code ec;
     fs::create_directories(dir, ec);
@@ -363,8 +521,15 @@ int cmd_run(int argc, char** argv) {
       if (!opts.sample_interval.empty()) setenv("MEMLEDGER_SAMPLE_INTERVAL", opts.sample_interval.c_str(), 1);
       if (!opts.step_interval.empty()) setenv("MEMLEDGER_STEP_INTERVAL", opts.step_interval.c_str(), 1);
       if (!opts.stack_depth.empty()) setenv("MEMLEDGER_STACK_DEPTH", opts.stack_depth.c_str(), 1);
+      set_cupti_environment(opts, *library);
     }
     if (opts.leak_mode) set_leak_mode_environment();
+    // `import memledger` works in the traced program without installing it.
+    if (python_dir) {
+      std::string path = *python_dir;
+      if (const char* old = std::getenv("PYTHONPATH"); old && *old) path += std::string(":") + old;
+      setenv("PYTHONPATH", path.c_str(), 1);
+    }
     std::vector<char*> args;
     for (std::string& a : opts.command) args.push_back(a.data());
     args.push_back(nullptr);
@@ -449,9 +614,11 @@ int cmd_run(int argc, char** argv) {
 int cmd_report(int argc, char** argv) {
   std::string format = "text";
   std::string output;
+  memledger::report::Snapshot at = memledger::report::Snapshot::kPeak;
   AnalysisOptions options;
   static const option long_options[] = {
       {"format", required_argument, nullptr, 'f'},
+      {"at", required_argument, nullptr, 'a'},
       {"output", required_argument, nullptr, 'o'},
       {"warmup-steps", required_argument, nullptr, 'w'},
       {"debug-dir", required_argument, nullptr, 'd'},
@@ -465,8 +632,19 @@ int cmd_report(int argc, char** argv) {
     switch (c) {
       case 'f':
         format = optarg;
-        if (format != "text" && format != "json") {
-          return usage_error("--format must be text or json, not '" + format + "'");
+        if (format == "collapsed") format = "folded";
+        if (format != "text" && format != "json" && format != "html" && format != "pprof" && format != "folded" &&
+            format != "chrome") {
+          return usage_error("--format must be text, json, html, pprof, folded or chrome, not '" + format + "'");
+        }
+        break;
+      case 'a':
+        if (std::strcmp(optarg, "peak") == 0) {
+          at = memledger::report::Snapshot::kPeak;
+        } else if (std::strcmp(optarg, "end") == 0) {
+          at = memledger::report::Snapshot::kEnd;
+        } else {
+          return usage_error(std::string("--at must be peak or end, not '") + optarg + "'");
         }
         break;
       case 'o': output = optarg; break;
@@ -486,13 +664,29 @@ int cmd_report(int argc, char** argv) {
   const std::string path = argv[optind];
   try {
     memledger::report::RunReport run = memledger::report::load_run(path, options);
-    std::string text = format == "json" ? memledger::report::render_json(run).dump(2) + "\n"
-                                        : memledger::report::render_text(run);
+    constexpr auto kReplace = nlohmann::json::error_handler_t::replace;  // trace strings need not be UTF-8
+    std::string text;
+    if (format == "json") {
+      text = memledger::report::render_json(run).dump(2, ' ', false, kReplace) + "\n";
+    } else if (format == "html") {
+      text = memledger::report::render_html(run);
+    } else if (format == "pprof") {
+      if ((output.empty() || output == "-") && isatty(STDOUT_FILENO)) {
+        return usage_error("--format pprof writes a binary file: give -o FILE (e.g. -o heap.pb.gz)");
+      }
+      text = memledger::report::render_pprof(run);
+    } else if (format == "folded") {
+      text = memledger::report::render_folded(run, at);
+    } else if (format == "chrome") {
+      text = memledger::report::render_chrome_trace(run).dump(-1, ' ', false, kReplace) + "\n";
+    } else {
+      text = memledger::report::render_text(run);
+    }
     for (const std::string& p : run.problems) std::fprintf(stderr, "memledger: warning: %s\n", p.c_str());
     if (output.empty() || output == "-") {
       std::fwrite(text.data(), 1, text.size(), stdout);
     } else {
-      std::ofstream out(output);
+      std::ofstream out(output, std::ios::binary);
       out << text;
       out.flush();
       if (!out) {

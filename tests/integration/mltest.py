@@ -128,7 +128,7 @@ class Frame:
 def split_frames(data):
     """(end of the file header, [Frame...]) of an intact trace."""
     magic, version, header_len = FILE_HEADER.unpack_from(data, 0)
-    assert magic == b"MLEDGER\n" and version == 1, (magic, version)
+    assert magic == b"MLEDGER\n" and version >= 1, (magic, version)
     pos = FILE_HEADER.size + header_len
     header_end = pos
     frames = []

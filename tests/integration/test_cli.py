@@ -54,7 +54,7 @@ class UsageErrors(mltest.TestCase):
         self.assertIn("usage: memledger", proc.stdout)
         proc = self.memledger("--version")
         self.assertExit(proc, 0)
-        self.assertRegex(proc.stdout, r"^memledger \S+ \(trace format 1\)\n$")
+        self.assertRegex(proc.stdout, r"^memledger \S+ \(trace format \d+\)\n$")
 
 
 class RunCommand(mltest.TestCase):

@@ -103,6 +103,36 @@ class DamagedTraces(mltest.TestCase):
                 proc = self.report(self.write("cut.mlt", self.data[:offset]), expect=1)
                 self.assertIn("memledger:", proc.stderr)
 
+    def frames_in_order(self, order):
+        parts = [self.data[:self.header_end]]
+        parts += [self.data[self.frames[i].offset:self.frames[i].end] for i in order]
+        return b"".join(parts)
+
+    def test_frames_out_of_order_are_replayed_in_order(self):
+        # A thread preempted between taking its sequence number and storing
+        # its event lands it in a later frame: the reader restores the order.
+        intact = self.report(self.trace_path)
+        n = len(self.frames)
+        order = list(range(n))
+        for a, b in ((1, 4), (n // 2, n // 2 + 2)):
+            order[a], order[b] = order[b], order[a]
+        r = self.report(self.write("shuffled.mlt", self.frames_in_order(order)))
+        self.assertEqual(r["stats"]["frames_read"], n)
+        self.assertEqual(r["steps"], intact["steps"])
+        self.assertEqual(r["peak"], intact["peak"])
+        self.assertEqual(r["exit_leaks"], intact["exit_leaks"])
+        self.assertEqual(r["leak_suspects"], intact["leak_suspects"])
+        self.assertFalse(any("late" in note for note in r["notes"]), r["notes"])
+
+    def test_frame_far_out_of_order_is_named(self):
+        n = len(self.frames)
+        self.assertGreater(n, 10, "want more frames than the reorder window (8)")
+        k = 1
+        order = [i for i in range(n) if i != k] + [k]
+        r = self.report(self.write("late.mlt", self.frames_in_order(order)))
+        self.assertEqual(r["stats"]["frames_read"], n)
+        self.assertTrue(any("frames late and were replayed out of order" in note for note in r["notes"]), r["notes"])
+
     def test_corrupted_payload(self):
         k = len(self.frames) // 2
         frame = self.frames[k]

@@ -1,10 +1,10 @@
-// A small training loop with a planted leak, the bundled example for
-// `memledger run`. Each step builds activations and gradients (freed at the
-// end of the step), keeps a bounded cache of recent batches, and, by
-// mistake, appends a copy of the step's loss history to a list that is never
-// trimmed: 64 KiB per step, allocated in `record_history`.
+// A small native training loop with a planted leak. Each step builds
+// activations and gradients (freed at the end of the step), keeps a bounded
+// cache of recent batches, and, by mistake, appends a copy of the step's loss
+// history to a list that is never trimmed: 64 KiB per step, allocated in
+// `record_history`. --no-markers leaves steps to the report's inference.
 //
-//   memledger run --host full -- ./train_leak [steps]
+//   train_leak [STEPS] [--no-markers]
 
 #include <dlfcn.h>
 
@@ -55,7 +55,8 @@ __attribute__((noinline)) void cache_batch(std::deque<std::vector<char>>& cache,
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? std::atoi(argv[1]) : 30;
-  auto step_marker = reinterpret_cast<StepFn>(dlsym(RTLD_DEFAULT, "memledger_step"));
+  const bool markers = !(argc > 2 && std::strcmp(argv[2], "--no-markers") == 0);
+  auto step_marker = markers ? reinterpret_cast<StepFn>(dlsym(RTLD_DEFAULT, "memledger_step")) : nullptr;
   std::deque<std::vector<char>> cache;
   double total = 0;
   for (int step = 0; step < steps; ++step) {

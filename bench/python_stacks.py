@@ -1,0 +1,119 @@
+"""Cost of Python frames in stacks: Python workloads untraced and under
+`memledger run` (sampled and full host modes, each with and without Python
+frames: MEMLEDGER_PYTHON_FRAMES=0), median of several runs, wall and CPU time.
+
+    python3 bench/python_stacks.py [--memledger build/tools/memledger] [--python /usr/bin/python3] [--runs 5]
+
+Workloads: `objects` (pure Python building and dropping containers, deep
+call stacks), and `torch_cpu` (a small MLP trained on CPU with PyTorch, when
+torch imports).
+"""
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+OBJECTS = '''
+import ctypes, sys
+step = ctypes.CDLL(None).memledger_step if hasattr(ctypes.CDLL(None), "memledger_step") else None
+
+def leaf(n):
+    return [bytearray(64 + i % 512) for i in range(n)] + [{"k%d" % i: i} for i in range(n // 4)]
+
+def nest(depth, n):
+    return leaf(n) if depth == 0 else nest(depth - 1, n)
+
+for s in range(int(sys.argv[1])):
+    for _ in range(200):
+        nest(25, 200)
+    if step:
+        step(None)
+'''
+
+TORCH_CPU = '''
+import ctypes, sys, torch
+torch.manual_seed(0)
+torch.set_num_threads(2)
+lib = ctypes.CDLL(None)
+step = getattr(lib, "memledger_step", None) if hasattr(lib, "memledger_step") else None
+model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+loss_fn = torch.nn.CrossEntropyLoss()
+for s in range(int(sys.argv[1])):
+    x = torch.randn(64, 256)
+    y = torch.randint(0, 10, (64,))
+    opt.zero_grad()
+    loss = loss_fn(model(x), y)
+    loss.backward()
+    opt.step()
+    if step:
+        step(None)
+'''
+
+
+def timed(cmd, env):
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise SystemExit("%s failed (%d): %s" % (" ".join(cmd), proc.returncode, proc.stderr[-2000:]))
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--memledger", default=os.path.join(here, "..", "build", "tools", "memledger"))
+    parser.add_argument("--python", default="/usr/bin/python3")
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    tmp = tempfile.mkdtemp(prefix="memledger-pybench-")
+    try:
+        workloads = [("objects", OBJECTS, "200")]
+        if subprocess.run([args.python, "-c", "import torch"], capture_output=True).returncode == 0:
+            workloads.append(("torch_cpu", TORCH_CPU, "150"))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("MEMLEDGER_") and k != "LD_PRELOAD"}
+        configs = [("untraced", None, {}),
+                   ("sampled", "sampled", {}),
+                   ("sampled, no Python frames", "sampled", {"MEMLEDGER_PYTHON_FRAMES": "0"}),
+                   ("full", "full", {}),
+                   ("full, no Python frames", "full", {"MEMLEDGER_PYTHON_FRAMES": "0"})]
+        print("%-10s %-28s %10s %8s %10s %8s" % ("workload", "mode", "wall s", "x", "cpu s", "x"))
+        for name, source, steps in workloads:
+            script = os.path.join(tmp, name + ".py")
+            with open(script, "w") as f:
+                f.write(source)
+            base = None
+            for label, host, extra in configs:
+                walls, cpus = [], []
+                for i in range(args.runs):
+                    if host is None:
+                        cmd = [args.python, script, steps]
+                    else:
+                        out = os.path.join(tmp, "run-%s-%d" % (name, i))
+                        shutil.rmtree(out, ignore_errors=True)
+                        cmd = [args.memledger, "run", "-q", "--no-report", "-o", out, "--host", host, "--",
+                               args.python, script, steps]
+                    wall, cpu = timed(cmd, dict(env, **extra))
+                    walls.append(wall)
+                    cpus.append(cpu)
+                wall, cpu = statistics.median(walls), statistics.median(cpus)
+                if base is None:
+                    base = (wall, cpu)
+                print("%-10s %-28s %10.3f %8.2f %10.3f %8.2f" % (name, label, wall, wall / base[0], cpu, cpu / base[1]))
+                sys.stdout.flush()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

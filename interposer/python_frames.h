@@ -1,0 +1,123 @@
+// Python frames in every stack: when the process runs CPython (3.9 to 3.13),
+// each captured stack starts with the calling thread's Python frames,
+// innermost first, followed by the native frames.
+//
+// The hot path reads the thread's frame chain directly from memory, as
+// py-spy and austin do from outside the process, with field offsets chosen
+// at run time for the interpreter found (3.13 publishes them itself in
+// _Py_DebugOffsets; older versions use tables taken from their headers). It
+// never calls into the interpreter except PyGILState_GetThisThreadState()
+// and _Py_IsFinalizing(), two lock-free reads; it works whether or not the
+// thread holds the GIL (PyTorch releases it around every operator), because
+// a thread's frame chain only changes on that thread. The walk runs under a
+// fault guard (python_frames_recover): memory freed under it, as a
+// finalizing interpreter frees daemon threads' states, costs that stack its
+// Python frames, never the program.
+//
+// A code object seen for the first time is copied (file name, qualified
+// name, first line, line table) into an interned table by the thread that
+// runs it, while the object is certainly alive; the writer emits the copy
+// as a kPythonCode record. Line numbers are computed offline by the report
+// from the line table and the recorded instruction offset.
+#pragma once
+
+#include <atomic>
+#include <climits>
+#include <cstddef>
+#include <cstdint>
+
+namespace memledger::interposer {
+
+// One interned code object, as the writer reads it.
+struct PythonCodeView {
+  const char* filename;
+  uint32_t filename_len;
+  const char* qualname;
+  uint32_t qualname_len;
+  const uint8_t* line_table;
+  uint32_t line_table_len;
+  uint32_t first_line;
+};
+
+class PythonFrames {
+ public:
+  static constexpr uint32_t kMaxCodes = 1u << 18;
+  static constexpr uint32_t kMaxFrames = 128;
+
+  enum class Status : uint8_t {
+    kNone = 0,         // no Python interpreter in the process (yet)
+    kActive = 1,       // a supported CPython: Python frames are recorded
+    kUnsupported = 2,  // an interpreter this version does not read: native stacks only
+  };
+
+  // Maps the code table. False if the kernel refused the memory.
+  bool init();
+  // Looks for a Python interpreter in the process (start-up, and when the
+  // set of loaded objects changes). Not for the hot path. Returns true when
+  // the status changed.
+  bool detect();
+  // MEMLEDGER_PYTHON_FRAMES=0: never look for an interpreter.
+  void turn_off() { off_ = true; }
+
+  // Hot path: writes the calling thread's Python frames, innermost first,
+  // as tagged stack words (format::python_frame_word) into `out`; returns
+  // how many. No allocation, no lock, no call into the interpreter beyond
+  // the two reads named above.
+  uint32_t capture(uintptr_t* out, uint32_t max);
+
+  // Writer side: ids are 1..code_count(); false while `id` is being written.
+  uint32_t code_count() const { return next_id_.load(std::memory_order_acquire) - 1; }
+  bool code(uint32_t id, PythonCodeView* view) const;
+
+  Status status() const { return status_.load(std::memory_order_acquire); }
+  // Bumped at every status change, for the writer to record it.
+  uint32_t generation() const { return generation_.load(std::memory_order_acquire); }
+  const char* version() const { return version_; }      // "3.11.2"
+  const char* module() const { return module_; }        // the object that holds the interpreter
+  const char* note() const { return note_; }            // why frames are not recorded
+  uint8_t line_table_format() const { return table_format_; }
+
+  struct Layout;
+
+ private:
+  uint32_t walk(const Layout& layout, uintptr_t* out, uint32_t max);
+  uint32_t intern(const uint8_t* code);
+  uint32_t publish(uint64_t filename, uint64_t name, uint64_t table, uint32_t first_line);
+  void set_unsupported(const char* version, const char* module, const char* why);
+
+  struct Slot {
+    std::atomic<uint64_t> code;  // 0 = empty
+    std::atomic<uint32_t> id;    // 0 until published, UINT32_MAX = abandoned
+    uint32_t first_line;
+    uint64_t filename;
+    uint64_t name;
+    uint64_t table;
+  };
+  static constexpr uint32_t kSlots = kMaxCodes * 2;
+  static constexpr size_t kArenaBytes = size_t{256} << 20;
+
+  bool off_ = false;
+  std::atomic<const Layout*> layout_{nullptr};
+  std::atomic<Status> status_{Status::kNone};
+  std::atomic<uint32_t> generation_{0};
+  uint8_t table_format_ = 0;
+  char version_[64] = {};
+  char module_[PATH_MAX] = {};
+  char note_[256] = {};
+
+  Slot* slots_ = nullptr;
+  std::atomic<uint64_t>* offsets_ = nullptr;  // by id: arena offset + 1
+  uint8_t* arena_ = nullptr;
+  std::atomic<size_t> arena_used_{0};
+  std::atomic<uint32_t> next_id_{1};
+};
+
+PythonFrames& python_frames();
+
+// Called first by memledger's SIGSEGV/SIGBUS handler: when the fault is a
+// read of the Python frame walk (memory freed under it, e.g. by a
+// finalizing interpreter), abandons the walk and does not return; else
+// returns false and the signal is handled as a crash.
+bool python_frames_recover(void* ucontext);
+
+}  // namespace memledger::interposer

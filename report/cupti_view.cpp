@@ -1,0 +1,158 @@
+#include "cupti_view.h"
+
+#include <algorithm>
+
+#include "trace_format.h"
+
+namespace memledger::report {
+
+namespace fmt = memledger::format;
+
+namespace {
+
+const char* status_name(uint8_t status) {
+  switch (static_cast<fmt::CuptiStatus>(status)) {
+    case fmt::CuptiStatus::kActive: return "active";
+    case fmt::CuptiStatus::kOff: return "off";
+    case fmt::CuptiStatus::kUnavailable: return "unavailable";
+    case fmt::CuptiStatus::kHeld: return "held";
+    case fmt::CuptiStatus::kFailed: return "failed";
+    case fmt::CuptiStatus::kStopped: return "stopped";
+  }
+  return "unknown";
+}
+
+// Device-side allocations both sides can see. VMM physical allocations
+// (counted by handle, not address) and registered host memory (no new
+// memory) are not compared.
+bool comparable(const TraceEvent& e) {
+  if (e.type != EvType::kAlloc || e.kind == static_cast<uint8_t>(fmt::Kind::kHost)) return false;
+  return (e.flags & (fmt::kAllocFailed | fmt::kAllocPhysical | fmt::kAllocRegistered | fmt::kAllocSampled)) == 0;
+}
+
+void keep_largest(std::vector<CuptiMismatch>& list, const CuptiMismatch& m) {
+  list.push_back(m);
+  if (list.size() > CuptiView::kMaxListed * 4) {
+    std::sort(list.begin(), list.end(), [](const CuptiMismatch& a, const CuptiMismatch& b) { return a.bytes > b.bytes; });
+    list.resize(CuptiView::kMaxListed);
+  }
+}
+
+}  // namespace
+
+bool CuptiMatcher::in_window(uint64_t seq) const {
+  // CUPTI starts at cuInit, before any device allocation can be made, so a
+  // window opens at the start; it closes when collection stopped (handover,
+  // exit). Sequence numbers, not the hooks' coarse timestamps, tell what
+  // came before the change.
+  bool open = false;
+  for (const TraceCuptiStatus& s : trace_.cupti_status) {
+    if (s.status == static_cast<uint8_t>(fmt::CuptiStatus::kActive)) {
+      open = true;
+    } else if (open && seq < s.seq) {
+      return true;
+    } else {
+      open = false;
+    }
+  }
+  return open;
+}
+
+void CuptiMatcher::add(bool from_cupti, uint64_t addr, const Pending& p) {
+  auto& other = from_cupti ? hooks_pending_ : cupti_pending_;
+  auto it = other.find(addr);
+  if (it != other.end() && !it->second.empty()) {
+    const Pending& first = it->second.front();
+    ++view_.matched;
+    view_.matched_bytes += from_cupti ? first.bytes : p.bytes;  // what the program asked for
+    if (first.bytes != p.bytes) ++view_.size_differences;
+    it->second.erase(it->second.begin());
+    if (it->second.empty()) other.erase(it);
+    return;
+  }
+  (from_cupti ? cupti_pending_ : hooks_pending_)[addr].push_back(p);
+}
+
+void CuptiMatcher::take_cupti_records() {
+  const auto& records = trace_.cupti_memory;
+  for (; cupti_consumed_ < records.size(); ++cupti_consumed_) {
+    const TraceCuptiMemory& m = records[cupti_consumed_];
+    add(true, m.addr, Pending{m.ts, 0, m.bytes, m.pc, 0, m.device, m.kind});
+  }
+}
+
+void CuptiMatcher::observe(const TraceEvent& event) {
+  // CUPTI's records stream in beside the events (stream_trace): pair them
+  // as they come, so that what both sides saw does not pile up.
+  if ((++events_seen_ & 1023) == 0) take_cupti_records();
+  if (trace_.cupti_status.size() != statuses_seen_) {
+    statuses_seen_ = trace_.cupti_status.size();
+    for (const TraceCuptiStatus& s : trace_.cupti_status) {
+      if (s.status == static_cast<uint8_t>(fmt::CuptiStatus::kActive)) collecting_ = true;
+    }
+  }
+  if (!collecting_ || !comparable(event)) return;
+  add(false, event.addr, Pending{event.ts, event.seq, event.size, 0, event.stack, event.device, event.kind});
+}
+
+CuptiView CuptiMatcher::finish() {
+  take_cupti_records();
+  CuptiView& v = view_;
+  v.cupti_allocations = trace_.cupti_memory.size() + trace_.cupti_records_over_cap;
+  v.cupti_releases = trace_.cupti_releases;
+  v.cupti_pool_records = trace_.cupti_pool_records;
+  v.cupti_dropped = trace_.cupti_dropped;
+  // The status that explains the run: while CUPTI never collected, the
+  // last reason it was not used; once it collected, that, and how it ended.
+  auto text = [&](uint32_t id) {
+    auto it = trace_.strings.find(id);
+    return it != trace_.strings.end() ? it->second : std::string();
+  };
+  bool was_active = false;
+  for (const TraceCuptiStatus& s : trace_.cupti_status) {
+    const bool active = s.status == static_cast<uint8_t>(fmt::CuptiStatus::kActive);
+    const bool stopped = s.status == static_cast<uint8_t>(fmt::CuptiStatus::kStopped);
+    if (was_active && stopped) {
+      v.end_message = text(s.text);
+      continue;
+    }
+    if (was_active && !active) continue;
+    was_active = was_active || active;
+    v.status = status_name(s.status);
+    v.message = text(s.text);
+    v.holder = s.holder != 0 ? text(s.holder) : std::string();
+    v.version = s.version;
+  }
+  v.compared = was_active;
+  if (!was_active) {
+    hooks_pending_.clear();
+    cupti_pending_.clear();
+    return v;
+  }
+  for (const auto& [addr, list] : hooks_pending_) {
+    for (const Pending& p : list) {
+      if (!in_window(p.seq)) continue;
+      ++v.hooks_only;
+      v.hooks_only_bytes += p.bytes;
+      keep_largest(v.hooks_only_list, CuptiMismatch{p.ts, addr, p.bytes, p.kind, p.device, 0, p.stack, {}});
+    }
+  }
+  for (const auto& [addr, list] : cupti_pending_) {
+    for (const Pending& p : list) {
+      ++v.cupti_only;
+      v.cupti_only_bytes += p.bytes;
+      keep_largest(v.cupti_only_list, CuptiMismatch{p.ts, addr, p.bytes, p.kind, p.device, p.pc, 0, {}});
+    }
+  }
+  for (auto* list : {&v.hooks_only_list, &v.cupti_only_list}) {
+    std::sort(list->begin(), list->end(), [](const CuptiMismatch& a, const CuptiMismatch& b) {
+      return a.bytes != b.bytes ? a.bytes > b.bytes : a.ts_ns < b.ts_ns;
+    });
+    if (list->size() > CuptiView::kMaxListed) list->resize(CuptiView::kMaxListed);
+  }
+  hooks_pending_.clear();
+  cupti_pending_.clear();
+  return v;
+}
+
+}  // namespace memledger::report

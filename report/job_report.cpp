@@ -1,0 +1,149 @@
+#include "job_report.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <sstream>
+
+namespace memledger::report {
+namespace {
+
+int64_t total_live(const StepStats& s) {
+  int64_t sum = 0;
+  for (int64_t v : s.live) sum += v;
+  return sum;
+}
+
+// A rank as a number for ordering; ranks that are not numbers sort last.
+long rank_number(const std::string& rank) {
+  char* end = nullptr;
+  const long v = std::strtol(rank.c_str(), &end, 10);
+  return rank.empty() || *end != '\0' ? -1 : v;
+}
+
+}  // namespace
+
+JobSummary summarize_job(const RunReport& run) {
+  JobSummary job;
+  std::map<int, int> images_of_pid;
+  for (const ProcessReport& p : run.processes) ++images_of_pid[p.pid];
+  std::map<int, int> image_seen;
+  for (size_t i = 0; i < run.processes.size(); ++i) {
+    const ProcessReport& p = run.processes[i];
+    ProcessRow row;
+    row.index = i;
+    row.label = p.rank.empty() ? "pid " + std::to_string(p.pid) : "rank " + p.rank + " (pid " + std::to_string(p.pid) + ")";
+    const int image = ++image_seen[p.pid];  // processes are in start order
+    const bool parent_traced = std::any_of(run.processes.begin(), run.processes.end(),
+                                           [&](const ProcessReport& q) { return q.pid == p.ppid; });
+    if (i == run.root) {
+      row.role = "root";
+    } else if (parent_traced) {
+      row.role = "child of pid " + std::to_string(p.ppid);
+    } else {
+      row.role = "not a child of a traced process";
+    }
+    if (images_of_pid[p.pid] > 1) {
+      row.role += ", image " + std::to_string(image) + " of " + std::to_string(images_of_pid[p.pid]) + " (exec)";
+    }
+    if (!p.rank.empty() && !p.world_size.empty()) row.role += ", rank " + p.rank + " of " + p.world_size;
+    row.steps = p.steps.size();
+    row.peak_bytes = p.peak.bytes;
+    row.peak_step = p.peak.step;
+    if (!p.steps.empty()) row.live_at_last_step = total_live(p.steps.back());
+    const size_t first = static_cast<size_t>(std::max(0, p.warmup_steps));
+    if (p.steps.size() >= first + 3) {
+      std::vector<double> y;
+      for (size_t k = first; k < p.steps.size(); ++k) y.push_back(static_cast<double>(total_live(p.steps[k])));
+      row.live_growth_per_step = fit_line(y).slope;
+    }
+    row.suspects = p.leak_suspects.size();
+    for (const LeakSuspect& s : p.leak_suspects) row.suspect_bytes_per_step += s.bytes_per_step;
+    if (!p.leak_suspects.empty()) row.top_site = site_name(p.leak_suspects.front().site);
+    row.exit_leak_bytes = p.exit_leak_bytes;
+    row.verdict_kind = p.verdict.kind;
+    row.verdict = p.verdict.summary;
+    job.rows.push_back(std::move(row));
+  }
+  std::stable_sort(job.rows.begin(), job.rows.end(), [&](const ProcessRow& a, const ProcessRow& b) {
+    const bool a_root = a.index == run.root, b_root = b.index == run.root;
+    if (a_root != b_root) return a_root;
+    const long ra = rank_number(run.processes[a.index].rank), rb = rank_number(run.processes[b.index].rank);
+    if ((ra >= 0) != (rb >= 0)) return ra >= 0;
+    if (ra != rb) return ra < rb;
+    return a.index < b.index;
+  });
+  for (size_t i = 0; i < job.rows.size(); ++i) {
+    if (job.rows[i].suspects > 0) job.growing.push_back(i);
+  }
+  std::stable_sort(job.growing.begin(), job.growing.end(), [&](size_t a, size_t b) {
+    return job.rows[a].suspect_bytes_per_step > job.rows[b].suspect_bytes_per_step;
+  });
+
+  const size_t n = job.rows.size();
+  const std::string of_n = std::to_string(n) + (n == 1 ? " process" : " processes");
+  if (job.growing.empty()) {
+    job.conclusion = n == 1 ? "the process does not grow: no growth suspects"
+                            : "no process grows: none of the " + of_n + " has growth suspects";
+  } else {
+    const ProcessRow& top = job.rows[job.growing.front()];
+    std::ostringstream out;
+    out << top.label << " grows fastest: " << human_bytes(top.suspect_bytes_per_step) << "/step in "
+        << top.suspects << (top.suspects == 1 ? " suspect" : " suspects") << ", top site " << top.top_site;
+    if (n > 1) {
+      out << "; " << job.growing.size() << " of " << of_n << (job.growing.size() == 1 ? " grows" : " grow");
+      if (job.growing.size() > 1) {
+        out << " (";
+        for (size_t k = 1; k < job.growing.size() && k < 6; ++k) {
+          const ProcessRow& r = job.rows[job.growing[k]];
+          out << (k > 1 ? ", " : "") << r.label << " " << human_bytes(r.suspect_bytes_per_step) << "/step";
+        }
+        if (job.growing.size() > 6) out << ", ...";
+        out << ")";
+      }
+    }
+    job.conclusion = out.str();
+  }
+  return job;
+}
+
+nlohmann::json job_json(const JobSummary& job) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const ProcessRow& r : job.rows) {
+    rows.push_back({{"process", r.index},
+                    {"label", r.label},
+                    {"role", r.role},
+                    {"steps", r.steps},
+                    {"peak_bytes", r.peak_bytes},
+                    {"peak_step", r.peak_step},
+                    {"live_at_last_step", r.live_at_last_step},
+                    {"live_growth_per_step", r.live_growth_per_step},
+                    {"suspects", r.suspects},
+                    {"suspect_bytes_per_step", r.suspect_bytes_per_step},
+                    {"top_site", r.top_site},
+                    {"exit_leak_bytes", r.exit_leak_bytes},
+                    {"verdict_kind", r.verdict_kind},
+                    {"verdict", r.verdict}});
+  }
+  nlohmann::json growing = nlohmann::json::array();
+  for (size_t g : job.growing) growing.push_back(job.rows[g].index);
+  return {{"rows", rows}, {"growing", growing}, {"conclusion", job.conclusion}};
+}
+
+std::string render_job_text(const JobSummary& job) {
+  std::ostringstream out;
+  out << "whole job: " << job.conclusion << "\n";
+  out << "  process                      steps   peak live  growth/step  suspects  exit leaks  verdict\n";
+  for (const ProcessRow& r : job.rows) {
+    char line[256];
+    std::snprintf(line, sizeof line, "  %-27s %6zu  %10s  %11s  %8zu  %10s  ", r.label.substr(0, 27).c_str(), r.steps,
+                  human_bytes(double(r.peak_bytes)).c_str(),
+                  r.suspects ? human_bytes(r.suspect_bytes_per_step).c_str() : "-", r.suspects,
+                  human_bytes(double(r.exit_leak_bytes)).c_str());
+    out << line << r.verdict_kind << (r.role == "root" ? " (root)" : "") << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace memledger::report

@@ -1,0 +1,44 @@
+// The whole job at a glance: one row per traced process image (DataLoader
+// workers, subprocesses, one process per rank under torchrun/mpirun/srun)
+// and which of them grows. Every renderer shows the same table.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "run_report.h"
+
+namespace memledger::report {
+
+struct ProcessRow {
+  size_t index = 0;     // into RunReport::processes
+  std::string label;    // "rank 3" when the launcher set a rank, else "pid 1234"
+  std::string role;     // "root", "child of pid 1234", "not a child of a traced process",
+                        // then ", image 2 of 2 (exec)" for a pid with several images, ", rank 1 of 8"
+  size_t steps = 0;
+  int64_t peak_bytes = 0;
+  uint64_t peak_step = 0;
+  int64_t live_at_last_step = 0;  // all kinds, at the last step end
+  // Least-squares slope of the total live bytes (all kinds) at the step ends
+  // after the warm-up; 0 with fewer than 3 steps after it.
+  double live_growth_per_step = 0;
+  size_t suspects = 0;
+  double suspect_bytes_per_step = 0;  // sum over the growth suspects
+  std::string top_site;               // the first suspect's site
+  int64_t exit_leak_bytes = 0;
+  std::string verdict_kind;
+  std::string verdict;
+};
+
+struct JobSummary {
+  std::vector<ProcessRow> rows;  // root first, then by rank, then in start order
+  std::vector<size_t> growing;   // indices into rows of the processes with growth suspects, fastest first
+  std::string conclusion;        // one sentence: which process or rank grows
+};
+
+JobSummary summarize_job(const RunReport& run);
+nlohmann::json job_json(const JobSummary& job);
+std::string render_job_text(const JobSummary& job);
+
+}  // namespace memledger::report

@@ -1,0 +1,117 @@
+// Automatic steps: when a trace has no step markers, finds the training loop
+// in the sequence of allocations and places a step boundary between its
+// iterations (DESIGN.md, "Step", source `auto`).
+//
+// A training loop allocates the same things in the same order every
+// iteration. Each allocation is reduced to a symbol (its site and size); the
+// symbols that occur exactly N times and interleave with one another, the
+// i-th occurrence of each falling between the i-th and (i+1)-th occurrence of
+// the earliest of them, are the loop's anchors, and N is the number of
+// steps. Allocations that occur a varying number of times per step (caches,
+// growing containers, sampled allocations, other threads) are noise that the
+// anchors ignore; one-off allocations (imports, compilation, warm-up) occur
+// once and are never anchors.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <absl/container/flat_hash_map.h>
+
+#include "trace_reader.h"
+
+namespace memledger::report {
+
+struct StepInferenceOptions {
+  size_t min_steps = 3;         // fewer repetitions are not a loop
+  size_t min_anchors = 3;       // symbols that must recur once per step...
+  size_t min_anchors_long = 2;  // ...or this many, in a loop of at least long_loop steps
+  size_t long_loop = 8;         // (two symbols interleaving 8 times is no coincidence)
+  size_t max_heads_tried = 256;  // candidate first anchors per repetition count
+};
+
+// What inference found, in allocation indices (positions in the sequence).
+struct InferredSteps {
+  // Step k (0-based) covers allocations [begin_k, ends[k]), where begin_0 = 0
+  // and begin_k = ends[k-1]. Empty when no loop was found.
+  std::vector<size_t> ends;
+  // The last anchor of each step. The allocations that follow the last one
+  // (teardown) do not tell where the last step ends; the events do
+  // (events_between_steps).
+  std::vector<size_t> last_anchors;
+  size_t period = 0;   // median allocations per step (between consecutive anchor heads)
+  size_t anchors = 0;  // symbols that occur exactly once in every step
+  std::string description;  // "inferred period N allocations per step ..." or why nothing was found
+};
+
+// Finds the loop in a sequence of allocation symbols (one per allocation, in
+// order; equal symbols = same site and size).
+InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const StepInferenceOptions& options = {});
+
+// An inferred step event has this source (in `flags`); it is never written
+// to a trace.
+inline constexpr uint8_t kInferredStepSource = 0xff;
+
+// Collects the allocation symbols (site, kind and size) of a trace as its
+// events stream by, with each allocation's position among all events, the
+// frees of those allocations, and whether any step event was among them. At
+// most `limit` allocations are kept (about 40 bytes each with their frees);
+// inference then sees only the beginning of the run.
+class AllocationSequence {
+ public:
+  explicit AllocationSequence(size_t limit = size_t{1} << 24) : limit_(limit) {}
+  void observe(const TraceEvent* events, size_t count);
+  bool saw_steps() const { return saw_steps_; }
+  bool truncated() const { return truncated_; }
+  const std::vector<uint64_t>& symbols() const { return symbols_; }
+  // Step ends as event positions: a step event goes before the event at
+  // each position (a position past the last event: after it). Steps end
+  // before the allocation that begins the next one. The last step ends
+  // where the events that ended the step before it (the allocations and
+  // frees between its last anchor and the next step) have happened again,
+  // and no more events after its last anchor than the other steps had (the
+  // median): what follows is teardown.
+  std::vector<uint64_t> step_end_events(const InferredSteps& steps) const;
+
+ private:
+  size_t limit_;
+  std::vector<uint64_t> symbols_;
+  std::vector<uint64_t> event_index_;  // of each allocation
+  struct Free {
+    uint64_t event;
+    uint64_t symbol;  // of the allocation it frees, marked as a free
+  };
+  std::vector<Free> frees_;
+  // Allocations and frees with event positions in [from, to), in order.
+  std::vector<Free> symbol_events(uint64_t from, uint64_t to) const;
+  absl::flat_hash_map<uint64_t, uint64_t> live_;  // address -> symbol
+  uint64_t events_ = 0;
+  bool saw_steps_ = false;
+  bool truncated_ = false;
+};
+
+// Passes events on to `next` with an inferred step event inserted at each
+// position of AllocationSequence::step_end_events; `finish` delivers the
+// steps that end after the last event. The events must come in the order
+// AllocationSequence saw them.
+class StepInserter {
+ public:
+  StepInserter(std::vector<uint64_t> ends, EventBatchFn next) : ends_(std::move(ends)), next_(std::move(next)) {}
+  void operator()(const TraceEvent* events, size_t count);
+  void finish();
+
+ private:
+  TraceEvent step_event(uint64_t seq, uint64_t ts);
+
+  std::vector<uint64_t> ends_;
+  EventBatchFn next_;
+  uint64_t events_ = 0;   // events seen so far
+  size_t next_end_ = 0;   // index into ends_
+  uint64_t last_seq_ = 0;
+  uint64_t last_ts_ = 0;
+  std::vector<TraceEvent> buffer_;
+};
+
+}  // namespace memledger::report

@@ -1,0 +1,109 @@
+"""A small Keras model trained with model.fit on a tf.data generator (CPU),
+with one planted leak of the kinds people hit, for memledger's integration
+tests.
+
+    tf_client.py [--steps N] [--leak callback|generator|none] [--markers callback|none]
+
+--leak callback: a callback keeps the model's predictions on a probe batch
+    after every training batch (to plot them later): 500 KB per step.
+--leak generator: the tf.data generator keeps every batch tensor it creates
+    in a list: 256 KiB per step (and a few batches ahead: tf.data prefetches).
+--leak none: the clean control (the same callback and generator, nothing kept).
+--markers callback: memledger.keras.StepCallback ends each step; none: no
+    marker (the report then infers the steps).
+
+Machine-readable output on stdout: LEAK_FILE and LEAK_LINE (the line of this
+file on the stack of the leaking allocation), LEAK_BYTES (bytes per step),
+STEPS, then DONE.
+"""
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+try:
+    import memledger
+    import memledger.keras
+except ImportError:  # run without `memledger run`
+    memledger = None
+
+BATCH, FEATURES, HIDDEN, CLASSES, PROBE = 128, 512, 256, 1000, 128
+
+
+def make_dataset(keep):
+    rng = np.random.default_rng(0)
+
+    def batches():
+        while True:
+            x = tf.random.normal([BATCH, FEATURES])  # LEAK_SITE(generator)
+            y = tf.constant(rng.integers(0, CLASSES, BATCH))
+            if keep is not None:
+                keep.append(x)  # the planted leak: every batch kept
+            yield x, y
+
+    signature = (tf.TensorSpec([BATCH, FEATURES], tf.float32), tf.TensorSpec([BATCH], tf.int64))
+    return tf.data.Dataset.from_generator(batches, output_signature=signature)
+
+
+class ProbePredictions(tf.keras.callbacks.Callback):
+    """Predicts a fixed probe batch after every training batch."""
+
+    def __init__(self, keep):
+        super().__init__()
+        self.probe = tf.random.normal([PROBE, FEATURES], seed=1)
+        self.keep = keep
+        self.last = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        predictions = self.model(self.probe, training=False)  # LEAK_SITE(callback)
+        if self.keep:
+            self.kept = getattr(self, "kept", [])
+            self.kept.append(predictions)  # the planted leak: every batch's predictions kept
+        else:
+            self.last = predictions
+
+
+def leak_line(mode):
+    with open(__file__) as f:
+        for number, text in enumerate(f, 1):
+            if "# LEAK_SITE(%s)" % mode in text:
+                return number
+    return 0
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--leak", choices=("callback", "generator", "none"), default="callback")
+    parser.add_argument("--markers", choices=("callback", "none"), default="callback")
+    args = parser.parse_args()
+
+    # The test machines are small and shared.
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.random.set_seed(0)
+    model = tf.keras.Sequential([
+        tf.keras.Input(shape=(FEATURES,)),
+        tf.keras.layers.Dense(HIDDEN, activation="relu"),
+        tf.keras.layers.Dense(CLASSES),
+    ])
+    model.compile(optimizer=tf.keras.optimizers.SGD(0.01),
+                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    generator_kept = [] if args.leak == "generator" else None
+    callbacks = [ProbePredictions(keep=args.leak == "callback")]
+    if memledger is not None and args.markers == "callback":
+        callbacks.append(memledger.keras.StepCallback())
+    history = model.fit(make_dataset(generator_kept), epochs=1, steps_per_epoch=args.steps,
+                        callbacks=callbacks, shuffle=False, verbose=0)
+    print("LEAK_FILE=%s" % os.path.basename(__file__))
+    print("LEAK_LINE=%d" % leak_line(args.leak))
+    print("LEAK_BYTES=%d" % (PROBE * CLASSES * 4 if args.leak == "callback" else BATCH * FEATURES * 4))
+    print("STEPS=%d" % args.steps)
+    print("DONE loss=%.4f" % history.history["loss"][-1], flush=True)
+
+
+if __name__ == "__main__":
+    main()

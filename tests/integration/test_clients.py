@@ -1,0 +1,86 @@
+"""Real framework clients (tests/clients) with the leaks people hit, traced
+by `memledger run` in its default (sampled) host mode, steps marked with the
+memledger Python module: the report's top growth suspect is the planted leak
+(bytes per step, and the client's file:line among its Python frames), and
+the clean control of each client has no suspect at all.
+
+    PyTorch: outputs kept with their autograd graph; a validation loss
+             accumulated as a tensor instead of loss.item().
+    Keras:   a model.fit callback that keeps a tensor every batch; a tf.data
+             generator that keeps every batch tensor it creates.
+    JAX:     a Python-side cache of arrays that only grows.
+"""
+
+import os
+
+import clients
+import mltest
+
+STEPS = 20
+
+
+class Clients(clients.ClientTestCase):
+    runs = {}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = cls.class_tmpdir()
+
+    def client(self, framework, leak, markers):
+        """Runs a client once per test class (the clean controls and leaks
+        are shared by several tests)."""
+        clients.skip_unless(self, framework)
+        key = (framework, leak, markers)
+        if key not in self.runs:
+            run_dir = os.path.join(self.tmp, "-".join(key))
+            self.runs[key] = clients.run_client(self, framework, run_dir, "--steps", STEPS, "--leak", leak,
+                                                "--markers", markers)
+        run = self.runs[key]
+        self.assertCompleted(run)
+        self.assertEqual(run.report["step_source"], "marker")
+        self.assertEqual(len(run.report["steps"]), STEPS)
+        return run
+
+    def check_leak(self, framework, leak, markers):
+        run = self.client(framework, leak, markers)
+        top = self.assertTopSuspectIsTheLeak(run)
+        self.assertNamesPlantedLine(top, run)
+
+    def check_clean(self, framework, markers):
+        run = self.client(framework, "none", markers)
+        self.assertEqual([s["site"] for s in run.report["leak_suspects"]], [])
+
+    # PyTorch
+    def test_torch_outputs_kept_with_their_graph(self):
+        self.check_leak("torch", "graph", "step")
+
+    def test_torch_loss_accumulated_as_a_tensor(self):
+        self.check_leak("torch", "loss", "step")
+
+    def test_torch_clean_control(self):
+        self.check_clean("torch", "step")
+
+    # TensorFlow / Keras: steps from memledger.keras.StepCallback
+    def test_keras_callback_keeps_tensors(self):
+        self.check_leak("tensorflow", "callback", "callback")
+
+    def test_tf_data_generator_keeps_tensors(self):
+        self.check_leak("tensorflow", "generator", "callback")
+
+    def test_keras_clean_control(self):
+        self.check_clean("tensorflow", "callback")
+
+    def test_keras_callback_labels_steps(self):
+        run = self.client("tensorflow", "none", "callback")
+        self.assertEqual({s["label"] for s in run.report["steps"]}, {"train"})
+
+    # JAX
+    def test_jax_growing_array_cache(self):
+        self.check_leak("jax", "cache", "step")
+
+    def test_jax_clean_control(self):
+        self.check_clean("jax", "step")
+
+
+if __name__ == "__main__":
+    mltest.main()

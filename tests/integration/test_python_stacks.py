@@ -1,0 +1,422 @@
+"""Python frames in every stack: pure-Python programs under `memledger run`
+(full and sampled host modes) with each CPython found here (Debian's
+/usr/bin/python3, the python3 that runs the tests, and any pyenv 3.9 to 3.13),
+checking the exact file:line and function of planted leaks (host, and device
+through the simulated CUDA), Python frames first and native frames after
+them, allocations made with the GIL released, threads without Python, fork
+and multiprocessing, shutdown with busy daemon threads, frame memory that
+cannot be read, and the single note for an interpreter memledger does not
+read."""
+
+import glob
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import mltest
+
+# Three leaks per step of different sizes, so each is its own suspect:
+#   100_000 B from Python code holding the GIL,
+#   300_000 B from Python code through ctypes, which releases the GIL,
+#   500_000 B from a thread that never runs Python (pthread_create with
+#   malloc itself as the start routine).
+LEAKS = textwrap.dedent('''
+    import ctypes, sys
+
+    libc = ctypes.CDLL(None)
+    step = libc.memledger_step
+    step.argtypes = [ctypes.c_char_p]
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.pthread_create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.POINTER(ctypes.c_void_p)]
+    MALLOC = ctypes.cast(libc.malloc, ctypes.c_void_p).value
+
+    held = []
+    native = []
+
+
+    def grow():
+        held.append(bytearray(100_000))  # LEAK_GIL
+
+
+    def grow_without_gil():
+        native.append(libc.malloc(300_000))  # LEAK_NOGIL
+
+
+    def grow_in_native_thread():
+        thread = ctypes.c_ulong()
+        assert libc.pthread_create(ctypes.byref(thread), None, MALLOC, 500_000) == 0
+        result = ctypes.c_void_p()
+        assert libc.pthread_join(thread.value, ctypes.byref(result)) == 0
+        native.append(result.value)
+
+
+    class Trainer:
+        def run(self, steps):
+            for _ in range(steps):
+                grow()  # CALL_GROW
+                grow_without_gil()
+                grow_in_native_thread()
+                step(None)
+
+
+    Trainer().run(int(sys.argv[1]))
+    print("done", len(held), len(native))
+''')
+
+# A forked child that leaks on its own, then multiprocessing with the fork
+# and spawn start methods.
+PROCESSES = textwrap.dedent('''
+    import ctypes, multiprocessing, os, sys
+
+    step = ctypes.CDLL(None).memledger_step
+    step.argtypes = [ctypes.c_char_p]
+
+
+    def child_grow(kept):
+        kept.append(bytearray(70_000))  # LEAK_CHILD
+
+
+    def square(x):
+        return x * x
+
+
+    def main():
+        pid = os.fork()
+        if pid == 0:
+            kept = []
+            for _ in range(15):
+                child_grow(kept)
+                step(None)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status))
+        print("FORK_PID=%d" % pid)
+        for method in ("fork", "spawn"):
+            with multiprocessing.get_context(method).Pool(2) as pool:
+                print(method, sum(pool.map(square, range(100))))
+
+
+    if __name__ == "__main__":
+        main()
+''')
+
+# Device memory from Python: the simulated CUDA runtime through ctypes.
+DEVICE = textwrap.dedent('''
+    import ctypes, sys
+
+    runtime = ctypes.CDLL(sys.argv[1])
+    step = ctypes.CDLL(None).memledger_step
+    step.argtypes = [ctypes.c_char_p]
+    kept = []
+
+
+    def grow_device():
+        pointer = ctypes.c_void_p()
+        assert runtime.cudaMalloc(ctypes.byref(pointer), ctypes.c_size_t(3 << 20)) == 0  # LEAK_DEVICE
+        kept.append(pointer)
+
+
+    for _ in range(12):
+        grow_device()
+        step(None)
+    print("device", len(kept))
+''')
+
+# The walk meets unreadable memory: the thread's current frame (3.11 layout:
+# PyThreadState.cframe at 56, _PyCFrame.current_frame at 8) is pointed into
+# an unmapped hole around each allocation. The fault guard must abandon the
+# walk (native stack only) and the program must go on.
+FAULT = textwrap.dedent('''
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    poke = libc.memcpy
+    poke.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    ctypes.pythonapi.PyThreadState_Get.restype = ctypes.c_void_p
+
+    hole = libc.mmap(None, 1 << 20, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+    libc.munmap(hole, 1 << 20)
+    cframe = ctypes.c_void_p.from_address(ctypes.pythonapi.PyThreadState_Get() + 56).value
+    slot = cframe + 8
+    saved = ctypes.c_void_p(ctypes.c_void_p.from_address(slot).value)
+    bogus = ctypes.c_void_p(hole + 4096)
+    kept = []
+    for _ in range(100):
+        poke(slot, ctypes.byref(bogus), 8); kept.append(libc.malloc(345_678)); poke(slot, ctypes.byref(saved), 8)
+    print("survived", len(kept))
+''')
+
+# Daemon threads allocate with the GIL released (ctypes) while the main
+# thread finalizes the interpreter.
+SHUTDOWN = textwrap.dedent('''
+    import ctypes, threading
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    started = threading.Barrier(5)
+
+
+    def churn():
+        started.wait()
+        while True:
+            libc.free(libc.malloc(4096))
+            bytearray(2000)
+
+
+    for _ in range(4):
+        threading.Thread(target=churn, daemon=True).start()
+    started.wait()
+    junk = [bytearray(1000) for _ in range(2000)]
+    print("exiting")
+''')
+
+
+def marker_line(source, marker):
+    for number, line in enumerate(source.splitlines(), 1):
+        if line.rstrip().endswith("# " + marker):
+            return number
+    raise AssertionError("no line marked " + marker)
+
+
+def interpreters():
+    """Each distinct CPython 3.9-3.13 found here: Debian's, the one running
+    the tests, the python3 first on PATH, and pyenv's."""
+    found = []
+    candidates = ["/usr/bin/python3", sys.executable]
+    try:
+        first = subprocess.run(["python3", "-c", "import sys; print(sys.executable)"], capture_output=True,
+                               text=True, timeout=30, env=mltest.clean_env())
+        candidates.append(first.stdout.strip())
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+    for minor in range(9, 14):
+        candidates += sorted(glob.glob(os.path.join(pyenv, "versions", "3.%d.*" % minor, "bin", "python3.%d" % minor)))
+    seen = set()
+    for path in candidates:
+        if not path or not os.access(path, os.X_OK):
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            continue
+        try:
+            version = subprocess.run([real, "-c", "import sys, platform; print(platform.python_implementation(), "
+                                      "*sys.version_info[:2])"], capture_output=True, text=True, timeout=30,
+                                     env=mltest.clean_env()).stdout.split()
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if len(version) == 3 and version[0] == "CPython" and (3, 9) <= (int(version[1]), int(version[2])) <= (3, 13):
+            seen.add(real)
+            found.append((real, "%s.%s" % (version[1], version[2])))
+    return found
+
+
+def python_frames(stack):
+    return [f for f in stack if f.get("language") == "python"]
+
+
+def suspect_of(report, bytes_per_step):
+    for s in report["leak_suspects"]:
+        if abs(s["bytes_per_step"] - bytes_per_step) <= bytes_per_step * 0.01:
+            return s
+    raise AssertionError("no suspect of %d B/step in %s" % (
+        bytes_per_step, [(s["site"], s["bytes_per_step"]) for s in report["leak_suspects"]]))
+
+
+class PythonStacks(mltest.TestCase):
+    STEPS = 12
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = cls.class_tmpdir()
+        cls.interpreters = interpreters()
+        cls.leaks = os.path.join(cls.tmp, "leaks.py")
+        cls.processes = os.path.join(cls.tmp, "processes.py")
+        cls.shutdown = os.path.join(cls.tmp, "shutdown.py")
+        cls.device = os.path.join(cls.tmp, "device.py")
+        cls.fault = os.path.join(cls.tmp, "fault.py")
+        for path, text in ((cls.leaks, LEAKS), (cls.processes, PROCESSES), (cls.shutdown, SHUTDOWN),
+                           (cls.device, DEVICE), (cls.fault, FAULT)):
+            with open(path, "w") as f:
+                f.write(text)
+
+    def test_interpreters_found(self):
+        versions = [v for _, v in self.interpreters]
+        self.assertIn("3.11", versions, "Debian's /usr/bin/python3 (3.11) is required: %s" % self.interpreters)
+        print("\ninterpreters:", ", ".join("%s (%s)" % i for i in self.interpreters), file=sys.stderr)
+
+    def check_leaks(self, python, version, mode):
+        run_dir = os.path.join(self.tmpdir(), "leaks")
+        options = ("--host", mode) + (("--sample-interval", "65536") if mode == "sampled" else ())
+        proc = self.traced(run_dir, [python, self.leaks, str(self.STEPS)], options=options)
+        self.assertExit(proc, 0)
+        self.assertEqual(proc.stdout, "done %d %d\n" % (self.STEPS, 2 * self.STEPS))
+        self.assertEqual(mltest.memledger_lines(proc.stderr), [])
+        r = self.load_report(run_dir)
+        self.assertEqual(r["problems"], [])
+        self.assertFalse([n for n in r["notes"] if "Python" in n], r["notes"])
+
+        # Python code with the GIL: the leaking line first, its callers after,
+        # then the interpreter's native frames.
+        gil = suspect_of(r, 100_000)
+        self.assertEqual(gil["site"], "grow at leaks.py:%d" % marker_line(LEAKS, "LEAK_GIL"))
+        top = gil["stack"][0]
+        self.assertEqual((top["language"], top["function"], top["file"], top["line"]),
+                         ("python", "grow", self.leaks, marker_line(LEAKS, "LEAK_GIL")))
+        self.assertTrue(top["module"], top)
+        py = python_frames(gil["stack"])
+        run_name = "run" if version in ("3.9", "3.10") else "Trainer.run"
+        self.assertEqual([(f["function"], f["line"]) for f in py[:2]],
+                         [("grow", marker_line(LEAKS, "LEAK_GIL")), (run_name, marker_line(LEAKS, "CALL_GROW"))])
+        self.assertEqual(py[-1]["function"], "<module>")
+        self.assertEqual(gil["stack"][:len(py)], py, "Python frames come first")
+        native = gil["stack"][len(py):]
+        self.assertTrue(native, "native frames below the interpreter are kept")
+        self.assertIn("_PyEval_EvalFrameDefault", [f["function"] for f in native])
+
+        # Through ctypes, which releases the GIL around the call.
+        nogil = suspect_of(r, 300_000)
+        self.assertEqual(nogil["site"], "grow_without_gil at leaks.py:%d" % marker_line(LEAKS, "LEAK_NOGIL"))
+        self.assertEqual(python_frames(nogil["stack"])[0]["file"], self.leaks)
+
+        # A thread that never ran Python keeps its native stack, no Python frame.
+        thread = suspect_of(r, 500_000)
+        self.assertEqual(python_frames(thread["stack"]), [])
+        self.assertTrue(thread["stack"])
+        self.assertEqual(thread["allocations_per_step"], 1)
+        return run_dir
+
+    def test_leaks_full(self):
+        for python, version in self.interpreters:
+            with self.subTest(python=python, version=version):
+                self.check_leaks(python, version, "full")
+
+    def test_leaks_sampled(self):
+        for python, version in self.interpreters:
+            with self.subTest(python=python, version=version):
+                self.check_leaks(python, version, "sampled")
+
+    def test_text_report_and_dump(self):
+        run_dir = self.check_leaks("/usr/bin/python3", "3.11", "full")
+        line = marker_line(LEAKS, "LEAK_GIL")
+        text = self.memledger("report", run_dir)
+        self.assertExit(text, 0)
+        self.assertIn("grow at leaks.py:%d" % line, text.stdout)
+        self.assertRegex(text.stdout, r"\bgrow  %s:%d\b" % (re.escape(self.leaks), line))
+        trace = glob.glob(os.path.join(run_dir, "trace.*.mlt"))
+        self.assertEqual(len(trace), 1)
+        dump = self.memledger("dump", trace[0])
+        self.assertExit(dump, 0)
+        self.assertRegex(dump.stdout, r"python status=active version=3\.11\.\d+ module=/")
+        self.assertRegex(dump.stdout, r"python_code id=\d+ file=%s function=grow first_line=%d " %
+                         (re.escape(self.leaks), line - 1))
+        self.assertRegex(dump.stdout, r"stack id=\d+ depth=\d+ py:\d+\+\d+ py:")
+
+    def test_fork_and_multiprocessing(self):
+        for python, version in self.interpreters:
+            if version != "3.11":
+                continue
+            with self.subTest(python=python):
+                run_dir = os.path.join(self.tmpdir(), "processes")
+                proc = self.traced(run_dir, [python, self.processes])
+                self.assertExit(proc, 0)
+                lines = proc.stdout.splitlines()
+                self.assertEqual([l for l in lines if not l.startswith("FORK_PID=")],
+                                 ["child 0", "fork 328350", "spawn 328350"])
+                r = self.load_report(run_dir)
+                self.assertEqual(r["problems"], [])
+                by_pid = {p["pid"]: p for p in r["processes"]}
+                child = by_pid[int(mltest.parse_kv(proc.stdout)["FORK_PID"])]
+                self.assertTrue(child["leak_suspects"], child["notes"])
+                self.assertEqual(child["leak_suspects"][0]["site"],
+                                 "child_grow at processes.py:%d" % marker_line(PROCESSES, "LEAK_CHILD"))
+                self.assertGreaterEqual(len(r["processes"]), 6)  # parent, child, 2 + 2 pool workers (+ helpers)
+                for p in r["processes"]:
+                    self.assertEqual(p["stats"]["frames_damaged"], 0, p["command"])
+                    self.assertFalse([n for n in p["notes"] if "Python" in n], p["notes"])
+
+    def test_device_allocations(self):
+        sim = mltest.BUILD_DIR / "tests" / "sim_cuda"
+        runtime = sim / "runtime" / "libcudart.so.13"
+        if not runtime.exists():
+            self.skipTest("the simulated CUDA is not built (no CUDA 13 headers)")
+        env = mltest.clean_env(LD_LIBRARY_PATH=str(sim / "driver"), SIMCUDA_DEVICES="2", SIMCUDA_MEMORY_MB="512")
+        for mode in ("full", "sampled"):
+            with self.subTest(mode=mode):
+                run_dir = os.path.join(self.tmpdir(), "device")
+                proc = self.traced(run_dir, ["/usr/bin/python3", self.device, str(runtime)], options=("--host", mode),
+                                   env=env)
+                self.assertExit(proc, 0)
+                self.assertEqual(proc.stdout, "device 12\n")
+                r = self.load_report(run_dir)
+                device = [s for s in r["leak_suspects"] if s["kind"] == "device"]
+                self.assertEqual(len(device), 1, r["leak_suspects"])
+                self.assertEqual(device[0]["bytes_per_step"], 3 << 20)
+                self.assertEqual(device[0]["site"], "grow_device at device.py:%d" % marker_line(DEVICE, "LEAK_DEVICE"))
+                self.assertEqual([f["function"] for f in python_frames(device[0]["stack"])], ["grow_device", "<module>"])
+                self.assertGreater(len(device[0]["stack"]), 2)
+
+    def test_unreadable_frame_memory(self):
+        for python, version in self.interpreters:
+            if version != "3.11":
+                continue
+            with self.subTest(python=python):
+                run_dir = os.path.join(self.tmpdir(), "fault")
+                proc = self.traced(run_dir, [python, self.fault])
+                self.assertExit(proc, 0)
+                self.assertEqual(proc.stdout, "survived 100\n")
+                r = self.load_report(run_dir)
+                poked = [s for s in r["exit_leaks"]["sites"] if s["bytes"] == 100 * 345_678]
+                self.assertEqual(len(poked), 1, [(s["site"], s["bytes"]) for s in r["exit_leaks"]["sites"]])
+                self.assertEqual(python_frames(poked[0]["stack"]), [], "the walk was abandoned")
+                self.assertTrue(poked[0]["stack"])
+                # Everything else still has its Python frames.
+                self.assertTrue(any(python_frames(s["stack"]) for s in r["exit_leaks"]["sites"]))
+
+    def test_shutdown_with_busy_daemon_threads(self):
+        python = "/usr/bin/python3"
+        for mode in ("full", "sampled"):
+            for attempt in range(3):
+                with self.subTest(mode=mode, attempt=attempt):
+                    run_dir = os.path.join(self.tmpdir(), "shutdown")
+                    proc = self.traced(run_dir, [python, self.shutdown], options=("--host", mode))
+                    self.assertExit(proc, 0)
+                    self.assertEqual(proc.stdout, "exiting\n")
+                    r = self.load_report(run_dir)
+                    self.assertEqual(r["verdict"]["kind"], "exit")
+                    self.assertEqual(r["verdict"]["exit_code"], 0)
+
+    def test_unknown_interpreter_falls_back_to_native_stacks(self):
+        pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+        old = sorted(glob.glob(os.path.join(pyenv, "versions", "3.[5-8].*", "bin", "python3.[5-8]")))
+        if not old:
+            self.skipTest("no CPython older than 3.9 installed (pyenv)")
+        run_dir = os.path.join(self.tmpdir(), "old")
+        proc = self.traced(run_dir, [old[-1], self.leaks, str(self.STEPS)])
+        self.assertExit(proc, 0)
+        self.assertEqual(proc.stdout, "done %d %d\n" % (self.STEPS, 2 * self.STEPS))
+        r = self.load_report(run_dir)
+        notes = [n for n in r["notes"] if "Python frames are not recorded" in n]
+        self.assertEqual(len(notes), 1, r["notes"])
+        self.assertRegex(notes[0], r"CPython 3\.[5-8]\.\d+ is not supported \(3\.9 to 3\.13 are\); "
+                                   r"stacks are native only")
+        gil = suspect_of(r, 100_000)
+        self.assertEqual(python_frames(gil["stack"]), [])
+        self.assertTrue(gil["stack"])
+        text = self.memledger("report", run_dir)
+        self.assertEqual(text.stdout.count("Python frames are not recorded"), 1, text.stdout)
+
+
+if __name__ == "__main__":
+    mltest.main()
