@@ -43,10 +43,10 @@ void* memledger_libc_dlvsym(void* handle, const char* name, const char* version)
 
 }  // namespace
 
-extern "C" __attribute__((visibility("hidden"))) void* memledger_libc_dlsym_address() {
+extern "C" __attribute__((visibility("hidden"), used)) void* memledger_libc_dlsym_address() {
   return memledger::interposer::libc_dlsym_address();
 }
-extern "C" __attribute__((visibility("hidden"))) void* memledger_libc_dlvsym_address() {
+extern "C" __attribute__((visibility("hidden"), used)) void* memledger_libc_dlvsym_address() {
   return memledger::interposer::libc_dlvsym_address();
 }
 
@@ -900,14 +900,14 @@ MEMLEDGER_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol
 // function (a tail jump keeps the caller's return address), so another
 // interposer's dlsym(RTLD_NEXT, ...) still finds what lies after *it*.
 
-extern "C" __attribute__((visibility("hidden"))) void* memledger_dlsym_impl(void* handle, const char* name) {
+extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlsym_impl(void* handle, const char* name) {
   void* p = memledger_libc_dlsym(handle, name);
   if (p == nullptr || name == nullptr || name[0] != 'c') return p;
   HookGuard guard;
   return wrap_looked_up(name, p);
 }
 
-extern "C" __attribute__((visibility("hidden"))) void* memledger_dlvsym_impl(void* handle, const char* name,
+extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlvsym_impl(void* handle, const char* name,
                                                                             const char* version) {
   void* p = memledger_libc_dlvsym(handle, name, version);
   if (p == nullptr || name == nullptr || name[0] != 'c') return p;

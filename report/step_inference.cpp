@@ -176,9 +176,19 @@ bool counts_as_allocation(const TraceEvent& e) { return e.type == EvType::kAlloc
 }  // namespace
 
 void AllocationSequence::observe(const TraceEvent* events, size_t count) {
+  if (saw_steps_) return;  // markers decide; nothing to infer
   for (size_t i = 0; i < count; ++i) {
     const TraceEvent& e = events[i];
-    if (e.type == EvType::kStep) saw_steps_ = true;
+    if (e.type == EvType::kStep) {
+      // The trace has step events of its own: the sequence will not be
+      // used, so stop collecting and give its memory back.
+      saw_steps_ = true;
+      std::vector<uint64_t>().swap(symbols_);
+      std::vector<uint64_t>().swap(event_index_);
+      std::vector<Free>().swap(frees_);
+      absl::flat_hash_map<uint64_t, uint64_t>().swap(live_);
+      return;
+    }
     const uint64_t address = e.addr ^ (static_cast<uint64_t>(e.kind) << 58);
     if (e.type == EvType::kFree) {
       auto it = live_.find(address);

@@ -112,6 +112,31 @@ class RunCommand(mltest.TestCase):
         self.assertTrue(any(run_dir in l for l in lines), proc.stderr)
         self.assertTrue(any("clean exit (code 0)" in l for l in lines), proc.stderr)
 
+    def test_run_folder_holding_a_run(self):
+        run_dir = os.path.join(self.tmpdir(), "run")
+        prog = mltest.program("exit_code")
+        self.assertExit(self.traced(run_dir, [prog, "0"]), 0)
+        first = sorted(f for f in os.listdir(run_dir) if f.startswith("trace."))
+        self.assertEqual(len(first), 1)
+        keep = os.path.join(run_dir, "notes.txt")
+        with open(keep, "w") as f:
+            f.write("mine")
+        # A second run into the same folder would be reported as one job with the first.
+        proc = self.traced(run_dir, [prog, "0"])
+        self.assertExit(proc, 2)
+        self.assertIn("already holds a run", proc.stderr)
+        self.assertIn("--overwrite", proc.stderr)
+        self.assertEqual(sorted(f for f in os.listdir(run_dir) if f.startswith("trace.")), first)
+        # --overwrite replaces the run's own files and nothing else.
+        proc = self.traced(run_dir, [prog, "0"], options=("--host", "full", "--overwrite"))
+        self.assertExit(proc, 0)
+        traces = sorted(f for f in os.listdir(run_dir) if f.startswith("trace."))
+        self.assertEqual(len(traces), 1)
+        self.assertNotEqual(traces, first)
+        self.assertEqual(len(self.load_report(run_dir)["processes"]), 1)
+        with open(keep) as f:
+            self.assertEqual(f.read(), "mine")
+
     def test_quiet_and_no_report(self):
         run_dir = os.path.join(self.tmpdir(), "run")
         proc = self.memledger("run", "-q", "--no-report", "-o", run_dir, "--", mltest.program("exit_code"), "5")
