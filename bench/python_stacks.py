@@ -3,6 +3,11 @@
 frames: MEMLEDGER_PYTHON_FRAMES=0), median of several runs, wall and CPU time.
 
     python3 bench/python_stacks.py [--memledger build/tools/memledger] [--python /usr/bin/python3] [--runs 5]
+                                   [--memray-path DIR]
+
+memray (PyPI) runs the same scripts in the same invocation, as the reference
+(`python -m memray run`, Python stacks; and `--native`), when the interpreter
+can import it, or from DIR (`pip install --target DIR memray`).
 
 Workloads: `objects` (pure Python building and dropping containers, deep
 call stacks), and `torch_cpu` (a small MLP trained on CPU with PyTorch, when
@@ -75,6 +80,7 @@ def main():
     parser.add_argument("--memledger", default=os.path.join(here, "..", "build", "tools", "memledger"))
     parser.add_argument("--python", default="/usr/bin/python3")
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--memray-path", help="folder holding the memray package (pip install --target)")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="memledger-pybench-")
     try:
@@ -87,6 +93,12 @@ def main():
                    ("sampled, no Python frames", "sampled", {"MEMLEDGER_PYTHON_FRAMES": "0"}),
                    ("full", "full", {}),
                    ("full, no Python frames", "full", {"MEMLEDGER_PYTHON_FRAMES": "0"})]
+        memray_env = {"PYTHONPATH": args.memray_path} if args.memray_path else {}
+        if subprocess.run([args.python, "-c", "import memray"], capture_output=True,
+                          env=dict(env, **memray_env)).returncode == 0:
+            configs += [("memray", "memray", memray_env), ("memray --native", "memray-native", memray_env)]
+        else:
+            print("memray: skipped (not importable by %s; see --memray-path)" % args.python)
         print("%-10s %-28s %10s %8s %10s %8s" % ("workload", "mode", "wall s", "x", "cpu s", "x"))
         for name, source, steps in workloads:
             script = os.path.join(tmp, name + ".py")
@@ -98,6 +110,12 @@ def main():
                 for i in range(args.runs):
                     if host is None:
                         cmd = [args.python, script, steps]
+                    elif host.startswith("memray"):
+                        out = os.path.join(tmp, "memray-%s-%d.bin" % (name, i))
+                        if os.path.exists(out):
+                            os.unlink(out)
+                        cmd = [args.python, "-m", "memray", "run", "-q", "-o", out,
+                               *(["--native"] if host == "memray-native" else []), script, steps]
                     else:
                         out = os.path.join(tmp, "run-%s-%d" % (name, i))
                         shutil.rmtree(out, ignore_errors=True)

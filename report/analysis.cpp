@@ -857,11 +857,30 @@ bool is_cuda_api(const std::string& function) {
 
 // Index of the first frame that is the user's code rather than allocator
 // plumbing: past the outermost CUDA API frame, then past allocator frames.
-size_t user_frame_index(const std::vector<Frame>& frames) {
-  // Python frames come first: the innermost one is the program's line.
-  for (size_t i = 0; i < frames.size() && frames[i].python; ++i) {
-    if (!frames[i].function.empty()) return i;
+// Python source that belongs to the interpreter or an installed package
+// (the standard library, site-packages, dist-packages, frozen modules), not
+// to the program being traced.
+bool is_library_python_file(const std::string& file) {
+  if (file.empty() || file.front() == '<') return true;
+  if (file.find("/site-packages/") != std::string::npos || file.find("/dist-packages/") != std::string::npos) {
+    return true;
   }
+  // The standard library: .../lib/python3.11/...
+  const size_t lib = file.find("/lib/python");
+  return lib != std::string::npos && lib + 11 < file.size() && std::isdigit(static_cast<unsigned char>(file[lib + 11]));
+}
+
+size_t user_frame_index(const std::vector<Frame>& frames) {
+  // Python frames come first: the innermost one in the program's own files
+  // (not in a framework or the standard library) is the program's line;
+  // else the innermost Python frame.
+  size_t first_python = frames.size();
+  for (size_t i = 0; i < frames.size() && frames[i].python; ++i) {
+    if (frames[i].function.empty()) continue;
+    if (first_python == frames.size()) first_python = i;
+    if (!is_library_python_file(frames[i].file)) return i;
+  }
+  if (first_python != frames.size()) return first_python;
   size_t start = 0;
   for (size_t i = 0; i < frames.size(); ++i) {
     if (is_cuda_api(frames[i].function)) start = i + 1;

@@ -257,3 +257,32 @@ TEST_CASE("an interpreter memledger does not read leaves one note", "[python]") 
   for (const std::string& n : r.notes) notes += n == trace.python_note;
   CHECK(notes == 1);
 }
+
+TEST_CASE("a suspect is named by the program's own Python line, not a framework's", "[python]") {
+  auto python = [](const char* function, const char* file, int line) {
+    Frame f;
+    f.python = true;
+    f.function = function;
+    f.file = file;
+    f.line = line;
+    return f;
+  };
+  Frame native;
+  native.function = "c10::alloc_cpu(unsigned long)";
+  std::vector<Frame> frames = {
+      python("Linear.forward", "/usr/lib/python3/dist-packages/torch/nn/modules/linear.py", 114),
+      python("Module._call_impl", "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py", 1194),
+      python("deepcopy", "/usr/lib/python3.11/copy.py", 172),
+      python("Classifier.forward", "/home/me/train.py", 36),
+      python("<module>", "/home/me/train.py", 80),
+      native,
+  };
+  CHECK(user_frame_index(frames) == 3);
+  // Only library frames: the innermost Python frame.
+  std::vector<Frame> library_only(frames.begin(), frames.begin() + 3);
+  CHECK(user_frame_index(library_only) == 0);
+  // Frozen import machinery is not the program either.
+  std::vector<Frame> frozen = {python("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
+                               python("<module>", "/srv/job/main.py", 3)};
+  CHECK(user_frame_index(frozen) == 1);
+}
