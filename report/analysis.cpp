@@ -529,6 +529,14 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const Ex
       std::vector<double> y(series.begin() + static_cast<long>(first - 1), series.end());
       const double growth = y.back() - y.front();
       if (growth <= 0) continue;
+      // In sampled mode one sampled allocation weighs about the sample
+      // interval: a site whose estimate moves by a sample or so between step
+      // ends is sampling noise (a per-step temporary caught live at some step
+      // ends and not others), not growth. A leak must gain at least two.
+      if (sampled && acc.kind == static_cast<uint8_t>(fmt::Kind::kHost) &&
+          growth < 2.0 * static_cast<double>(r.sample_interval)) {
+        continue;
+      }
       LinearFit fit = fit_line(y);
       if (fit.slope <= 0 || fit.slope * static_cast<double>(window) < 1024) continue;
       size_t non_decreasing = 0;
