@@ -12,7 +12,7 @@ namespace memledger::interposer {
 
 class StackTable {
  public:
-  static constexpr uint32_t kMaxStacks = 1u << 19;
+  static constexpr uint32_t kMaxStacks = 1u << 21;
   // Native frames (--stack-depth at most 128) plus as many Python frames.
   static constexpr uint32_t kMaxNativeDepth = 128;
   static constexpr uint32_t kMaxDepth = 256;

@@ -248,6 +248,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const Ex
   };
   std::vector<std::pair<uint32_t, TraceEvent>> oom_points;  // (index into r.ooms, event)
   bool pool_allocs = false;  // the program allocates from memory pools itself
+  uint64_t stackless = 0;    // allocations recorded without a stack
 
   auto on_event = [&](const TraceEvent& e) {
     catch_up(e.seq);
@@ -298,6 +299,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const Ex
         }
         const uint64_t weight = e.size;
         const uint32_t s = site_of(e.stack, e.kind);
+        if (e.stack == 0) ++stackless;
         if (e.flags & fmt::kAllocPool) pool_allocs = true;
         if (const uint64_t h = held_for(e.kind, e.flags, e.size)) {
           held_plain += static_cast<int64_t>(h);
@@ -767,6 +769,12 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const Ex
   if (r.dropped) {
     r.notes.push_back(std::to_string(r.dropped) +
                       " events were dropped because a thread's buffer was full: per-site figures may be low");
+  }
+  if (stackless > 0 && trace.header_value("stack_depth", "1") != "0") {
+    r.notes.push_back(std::to_string(stackless) + " of " + std::to_string(r.events) +
+                      " events are allocations recorded without a call stack (the tracer's table of distinct "
+                      "stacks was full, or the stack was taken while a fork was under way); they are grouped "
+                      "under one unnamed site");
   }
   if (r.unknown_frees && !sampled) {
     r.notes.push_back(std::to_string(r.unknown_frees) +
