@@ -532,11 +532,12 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const Ex
       const double growth = y.back() - y.front();
       if (growth <= 0) continue;
       // In sampled mode one sampled allocation weighs about the sample
-      // interval: a site whose estimate moves by a sample or so between step
-      // ends is sampling noise (a per-step temporary caught live at some step
-      // ends and not others), not growth. A leak must gain at least two.
+      // interval: a site whose estimate moves by a few samples between step
+      // ends may be sampling noise (a per-step temporary caught live at some
+      // step ends and not others, a bounded prefetch queue), not growth. A
+      // leak must gain at least four samples' worth over the window.
       if (sampled && acc.kind == static_cast<uint8_t>(fmt::Kind::kHost) &&
-          growth < 2.0 * static_cast<double>(r.sample_interval)) {
+          growth < 4.0 * static_cast<double>(r.sample_interval)) {
         continue;
       }
       LinearFit fit = fit_line(y);
