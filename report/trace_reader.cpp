@@ -770,7 +770,7 @@ void stream_trace(Trace& trace, const EventBatchFn& on_events) {
       }
       queue.give_back(std::move(chunk));
     }
-    deliver_below(UINT64_MAX);
+    // The end of the trace: everything still held back, in order.
     if (pending_begin < pending.size()) on_events(pending.data() + pending_begin, pending.size() - pending_begin);
   } catch (...) {
     queue.cancel();
