@@ -38,3 +38,18 @@ if ! "$venv/bin/python3" -c "import importlib.util as u, sys; sys.exit(not (u.fi
   "$venv/bin/pip" install --quiet --disable-pip-version-check tensorflow-cpu 'jax[cpu]' ||
     echo "memledger setup: pip could not install tensorflow-cpu and jax[cpu]; their client tests will be skipped" >&2
 fi
+
+# PyTorch Lightning for the Lightning callback's test, in an environment of
+# its own on Debian's PyTorch 1.13: Lightning 1.9 and later import
+# torch.distributed's sharding modules, which fail on Python 3.11 with
+# PyTorch 1.13, and newer torchmetrics pull PyTorch 2 from PyPI.
+lightning_venv="$root/.venv-lightning"
+if [[ ! -x "$lightning_venv/bin/python3" ]]; then
+  /usr/bin/python3 -m venv --system-site-packages "$lightning_venv"
+fi
+if ! "$lightning_venv/bin/python3" -c "import importlib.util as u, sys; sys.exit(not u.find_spec('pytorch_lightning'))"; then
+  echo "memledger setup: installing pytorch-lightning into $lightning_venv" >&2
+  "$lightning_venv/bin/pip" install --quiet --disable-pip-version-check \
+    'pytorch-lightning==1.6.5' 'torchmetrics==0.11.4' 'setuptools<70' ||
+    echo "memledger setup: pip could not install pytorch-lightning; its test will be skipped" >&2
+fi

@@ -5,7 +5,8 @@ itself.
 The interpreters come from tests/integration/meson.build: MLTEST_PYTHON_TORCH
 (Debian's /usr/bin/python3 with python3-torch) and MLTEST_PYTHON_ML (the
 virtual environment scripts/install-deps.sh makes, with tensorflow-cpu and
-jax). A framework that is missing skips its tests with a message naming what
+jax), and MLTEST_PYTHON_LIGHTNING (the one with pytorch-lightning on
+Debian's PyTorch). A framework that is missing skips its tests with a message naming what
 to install.
 """
 
@@ -18,6 +19,8 @@ import mltest
 CLIENTS_DIR = os.environ.get("MLTEST_CLIENTS_DIR", str(mltest.SOURCE_DIR / "tests" / "clients"))
 PYTHON_TORCH = os.environ.get("MLTEST_PYTHON_TORCH", "/usr/bin/python3")
 PYTHON_ML = os.environ.get("MLTEST_PYTHON_ML", str(mltest.SOURCE_DIR / ".venv" / "bin" / "python3"))
+PYTHON_LIGHTNING = os.environ.get("MLTEST_PYTHON_LIGHTNING",
+                                  str(mltest.SOURCE_DIR / ".venv-lightning" / "bin" / "python3"))
 
 # Frameworks keep their logs to themselves.
 QUIET = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONWARNINGS": "ignore"}
