@@ -147,6 +147,39 @@ LinearFit fit_line(const std::vector<double>& y) {
 
 namespace {
 
+// Past this many points a series is thinned evenly before the pairwise
+// slopes are taken (n^2/2 pairs: 2M at 2000 points).
+constexpr size_t kTheilSenPoints = 2000;
+
+}  // namespace
+
+double theil_sen_slope(const std::vector<double>& y) {
+  std::vector<size_t> xs;
+  const size_t n = y.size();
+  if (n <= kTheilSenPoints) {
+    for (size_t i = 0; i < n; ++i) xs.push_back(i);
+  } else {
+    for (size_t i = 0; i < kTheilSenPoints; ++i) xs.push_back(i * (n - 1) / (kTheilSenPoints - 1));
+  }
+  std::vector<double> slopes;
+  slopes.reserve(xs.size() * (xs.size() - 1) / 2);
+  for (size_t a = 0; a < xs.size(); ++a) {
+    for (size_t b = a + 1; b < xs.size(); ++b) {
+      slopes.push_back((y[xs[b]] - y[xs[a]]) / static_cast<double>(xs[b] - xs[a]));
+    }
+  }
+  if (slopes.empty()) return 0;
+  const size_t mid = slopes.size() / 2;
+  std::nth_element(slopes.begin(), slopes.begin() + static_cast<long>(mid), slopes.end());
+  const double upper = slopes[mid];
+  if (slopes.size() % 2) return upper;
+  const double lower = *std::max_element(slopes.begin(), slopes.begin() + static_cast<long>(mid));
+  return (lower + upper) / 2;
+}
+
+
+namespace {
+
 // Hands the trace's events to the replay, in sequence order, a batch at a time.
 using EventFeed = std::function<void(const EventBatchFn&)>;
 
@@ -556,6 +589,10 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const Ex
       std::vector<double> last(y.end() - static_cast<long>(tail), y.end());
       const LinearFit tail_fit = fit_line(last);
       if (last.back() <= last.front() || tail_fit.slope < 0.25 * fit.slope) continue;
+      // Most pairs of steps must show growth: a series that stays level
+      // between a few jumps (the last step ending as teardown begins, a
+      // worker's burst caught live twice) has a Theil-Sen slope of zero.
+      if (theil_sen_slope(y) <= 0) continue;
       LeakSuspect s;
       s.site.stack = acc.stack;
       s.site.kind = acc.kind;
@@ -815,7 +852,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const Ex
 // steps. `rewind` puts the trace back as it was before the first replay.
 ProcessReport analyze_with_auto_steps(const Trace& trace, const EventFeed& feed, const std::function<void()>& rewind,
                                       const ExitInfo& exit_info, const AnalysisOptions& options) {
-  AllocationSequence sequence;
+  AllocationSequence sequence(trace);
   ProcessReport r = analyze_events(
       trace,
       [&](const EventBatchFn& on_events) {
@@ -826,7 +863,7 @@ ProcessReport analyze_with_auto_steps(const Trace& trace, const EventFeed& feed,
       },
       exit_info, options);
   if (sequence.saw_steps()) return r;
-  InferredSteps inferred = infer_steps(sequence.symbols());
+  InferredSteps inferred = infer_steps(sequence.symbols(), sequence.freed_at());
   if (inferred.ends.empty()) {
     r.notes.push_back("automatic steps: " + inferred.description);
     return r;

@@ -519,42 +519,6 @@ RunData load_run_data(const std::string& path, const LoadOptions& options) {
 
 // --- Figures --------------------------------------------------------------------
 
-namespace {
-
-// Past this many points a series is thinned evenly before the pairwise
-// slopes are taken (n^2/2 pairs: 2M at 2000 points).
-constexpr size_t kTheilSenPoints = 2000;
-
-// The Theil-Sen estimator: the median of the slopes between every pair of
-// points (x = step index). Up to 29% of the points can be arbitrarily far off
-// (a step that ends during a checkpoint, an allocator that caches a burst)
-// without moving it much, where one such point can swing a least-squares fit.
-double theil_sen_slope(const std::vector<double>& y) {
-  std::vector<size_t> xs;
-  const size_t n = y.size();
-  if (n <= kTheilSenPoints) {
-    for (size_t i = 0; i < n; ++i) xs.push_back(i);
-  } else {
-    for (size_t i = 0; i < kTheilSenPoints; ++i) xs.push_back(i * (n - 1) / (kTheilSenPoints - 1));
-  }
-  std::vector<double> slopes;
-  slopes.reserve(xs.size() * (xs.size() - 1) / 2);
-  for (size_t a = 0; a < xs.size(); ++a) {
-    for (size_t b = a + 1; b < xs.size(); ++b) {
-      slopes.push_back((y[xs[b]] - y[xs[a]]) / static_cast<double>(xs[b] - xs[a]));
-    }
-  }
-  if (slopes.empty()) return 0;
-  const size_t mid = slopes.size() / 2;
-  std::nth_element(slopes.begin(), slopes.begin() + static_cast<long>(mid), slopes.end());
-  const double upper = slopes[mid];
-  if (slopes.size() % 2) return upper;
-  const double lower = *std::max_element(slopes.begin(), slopes.begin() + static_cast<long>(mid));
-  return (lower + upper) / 2;
-}
-
-}  // namespace
-
 GrowthFit fit_growth(const std::vector<double>& series, int warmup_steps) {
   GrowthFit fit;
   const size_t warmup = static_cast<size_t>(std::max(0, warmup_steps));

@@ -90,6 +90,39 @@ bool nests(const std::vector<uint32_t>& coarse, const std::vector<uint32_t>& fin
   return f == fine.size();
 }
 
+// True when `part`'s members recur in a run of consecutive windows of
+// `whole`'s head, once per window: the same loop, with iterations at its
+// start or end that allocate differently (warm-up and compilation on the
+// first ones, a last partial batch).
+bool runs_within(const AnchorGroup& part, const AnchorGroup& whole, const std::vector<std::vector<uint32_t>>& occurrences) {
+  const std::vector<uint32_t>& h = occurrences[whole.head];
+  auto window = [&](uint32_t position) -> long {
+    return static_cast<long>(std::upper_bound(h.begin(), h.end(), position) - h.begin()) - 1;
+  };
+  const long first = window(occurrences[part.head].front());
+  if (first < 0 || static_cast<size_t>(first) + part.count > whole.count) return false;
+  for (uint32_t m : part.members) {
+    const std::vector<uint32_t>& x = occurrences[m];
+    for (size_t i = 0; i < x.size(); ++i) {
+      if (window(x[i]) != first + static_cast<long>(i)) return false;
+    }
+  }
+  return true;
+}
+// True when some anchor of `g` is freed again before the iteration after
+// next begins, in at least three in four iterations (see infer_steps).
+bool frees_what_it_allocates(const AnchorGroup& g, const std::vector<std::vector<uint32_t>>& occurrences,
+                             const std::vector<uint32_t>& freed_at) {
+  if (freed_at.empty() || g.count < 3) return true;
+  const std::vector<uint32_t>& h = occurrences[g.head];
+  const size_t judged = g.count - 2;
+  for (uint32_t m : g.members) {
+    size_t freed = 0;
+    for (size_t i = 0; i < judged; ++i) freed += freed_at[occurrences[m][i]] <= h[i + 2];
+    if (freed * 4 >= judged * 3) return true;
+  }
+  return false;
+}
 
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
@@ -102,7 +135,8 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser
 
 }  // namespace
 
-InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const StepInferenceOptions& options) {
+InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const std::vector<uint32_t>& freed_at,
+                          const StepInferenceOptions& options) {
   InferredSteps out;
   const size_t n = symbols.size();
   absl::flat_hash_map<uint64_t, uint32_t> ids;
@@ -114,7 +148,9 @@ InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const StepInfere
   }
   std::map<size_t, std::vector<uint32_t>> by_count;
   for (uint32_t id = 0; id < occurrences.size(); ++id) {
-    if (occurrences[id].size() >= options.min_steps) by_count[occurrences[id].size()].push_back(id);
+    if (occurrences[id].size() >= options.min_steps && !(symbols[occurrences[id].front()] & kNeverAnchor)) {
+      by_count[occurrences[id].size()].push_back(id);
+    }
   }
   std::vector<AnchorGroup> groups;
   for (auto& [count, ids_with_count] : by_count) {
@@ -123,7 +159,16 @@ InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const StepInfere
     std::sort(ids_with_count.begin(), ids_with_count.end(),
               [&](uint32_t a, uint32_t b) { return occurrences[a].front() < occurrences[b].front(); });
     AnchorGroup g = best_group(count, ids_with_count, occurrences, options);
-    if (g.members.size() >= min_anchors) groups.push_back(std::move(g));
+    if (g.members.size() >= min_anchors && frees_what_it_allocates(g, occurrences, freed_at)) groups.push_back(std::move(g));
+  }
+  // In a Python program, the loops with an anchor allocated under Python.
+  auto python_anchored = [&](const AnchorGroup& g) {
+    return std::any_of(g.members.begin(), g.members.end(),
+                       [&](uint32_t m) { return (symbols[occurrences[m].front()] & kUnderPython) != 0; });
+  };
+  if (std::any_of(groups.begin(), groups.end(), python_anchored)) {
+    groups.erase(std::remove_if(groups.begin(), groups.end(), [&](const AnchorGroup& g) { return !python_anchored(g); }),
+                 groups.end());
   }
   if (groups.empty()) {
     out.description = "no repeating allocation pattern found in " + std::to_string(n) + " allocations";
@@ -133,8 +178,21 @@ InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const StepInfere
   const AnchorGroup* chosen = &*std::max_element(groups.begin(), groups.end(), [](const AnchorGroup& a, const AnchorGroup& b) {
     return a.score() != b.score() ? a.score() < b.score() : a.count > b.count;
   });
-  // ...unless it nests in a coarser loop with a fair share of anchors of its
-  // own: then the fine loop is a part of each step (layers run twice,
+  // ...counted in full: when its anchors recur in consecutive iterations of
+  // a loop that runs more often, they are that loop's anchors, missing from
+  // its first or last iterations.
+  for (bool grown = true; grown;) {
+    grown = false;
+    for (const AnchorGroup& g : groups) {
+      if (g.count > chosen->count && runs_within(*chosen, g, occurrences)) {
+        chosen = &g;
+        grown = true;
+        break;
+      }
+    }
+  }
+  // It is the step unless it nests in a coarser loop with a fair share of
+  // anchors of its own: then the fine loop is a part of each step (layers run twice,
   // micro-batches) and the coarse one is the step. An epoch loop has few
   // anchors of its own and does not qualify.
   const AnchorGroup* coarse = nullptr;
@@ -186,28 +244,46 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
       std::vector<uint64_t>().swap(symbols_);
       std::vector<uint64_t>().swap(event_index_);
       std::vector<Free>().swap(frees_);
-      absl::flat_hash_map<uint64_t, uint64_t>().swap(live_);
+      std::vector<uint32_t>().swap(freed_at_);
+      absl::flat_hash_map<uint32_t, bool>().swap(stack_under_python_);
+      absl::flat_hash_map<uint64_t, uint32_t>().swap(live_);
       return;
     }
     const uint64_t address = e.addr ^ (static_cast<uint64_t>(e.kind) << 58);
     if (e.type == EvType::kFree) {
       auto it = live_.find(address);
       if (it != live_.end()) {
-        frees_.push_back(Free{events_ + i, mix(it->second)});
+        frees_.push_back(Free{events_ + i, mix(symbols_[it->second])});
+        freed_at_[it->second] = static_cast<uint32_t>(symbols_.size());
         live_.erase(it);
       }
       continue;
     }
     if (!counts_as_allocation(e)) continue;
-    if (symbols_.size() >= limit_) {
+    if (symbols_.size() >= std::min<size_t>(limit_, kNeverFreed)) {
       truncated_ = true;
       continue;
     }
-    symbols_.push_back(mix((static_cast<uint64_t>(e.stack) << 8 | e.kind) ^ mix(e.size)));
+    uint64_t symbol = mix((static_cast<uint64_t>(e.stack) << 8 | e.kind) ^ mix(e.size)) & ~(kNeverAnchor | kUnderPython);
+    if (e.flags & kAllocByChance) symbol |= kNeverAnchor;
+    if (under_python(e.stack)) symbol |= kUnderPython;
+    symbols_.push_back(symbol);
     event_index_.push_back(events_ + i);
-    live_[address] = symbols_.back();
+    freed_at_.push_back(kNeverFreed);
+    live_[address] = static_cast<uint32_t>(symbols_.size() - 1);
   }
   events_ += count;
+}
+
+bool AllocationSequence::under_python(uint32_t stack) {
+  if (stack == 0) return false;
+  auto [it, inserted] = stack_under_python_.try_emplace(stack, false);
+  if (inserted) {
+    auto frames = trace_.stacks.find(stack);
+    it->second = frames != trace_.stacks.end() &&
+                 std::any_of(frames->second.begin(), frames->second.end(), fmt::is_python_frame);
+  }
+  return it->second;
 }
 
 std::vector<uint64_t> AllocationSequence::step_end_events(const InferredSteps& steps) const {

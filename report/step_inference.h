@@ -47,8 +47,28 @@ struct InferredSteps {
 };
 
 // Finds the loop in a sequence of allocation symbols (one per allocation, in
-// order; equal symbols = same site and size).
-InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const StepInferenceOptions& options = {});
+// order; equal symbols = same site and size). A symbol with kNeverAnchor set
+// takes its place in the sequence but is never an anchor: an allocation that
+// sampling recorded by chance recurs a random number of times.
+//
+// `freed_at`, when given, holds for each allocation how many allocations had
+// been made when it was freed (kNeverFreed: never). A training step frees
+// most of what it allocates within a step or two (activations, gradients,
+// batches, the previous parameters of a functional update); a loop that
+// builds something (the layers of a model, tables at import) keeps it. A
+// loop is then the step only if at least one of its anchors is freed again
+// within two iterations, in most of them.
+//
+// A symbol with kUnderPython set was allocated under Python code (its stack
+// has Python frames). In a Python program the training loop is Python code:
+// when some loop has an anchor allocated under Python, loops without one (a
+// compiler's passes or a thread pool's tasks on threads of their own) are
+// not the step.
+inline constexpr uint64_t kNeverAnchor = uint64_t{1} << 63;
+inline constexpr uint64_t kUnderPython = uint64_t{1} << 62;
+inline constexpr uint32_t kNeverFreed = UINT32_MAX;
+InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const std::vector<uint32_t>& freed_at = {},
+                          const StepInferenceOptions& options = {});
 
 // An inferred step event has this source (in `flags`); it is never written
 // to a trace.
@@ -61,11 +81,13 @@ inline constexpr uint8_t kInferredStepSource = 0xff;
 // inference then sees only the beginning of the run.
 class AllocationSequence {
  public:
-  explicit AllocationSequence(size_t limit = size_t{1} << 24) : limit_(limit) {}
+  // `trace` gives the stacks of the events (to tell Python frames).
+  explicit AllocationSequence(const Trace& trace, size_t limit = size_t{1} << 24) : trace_(trace), limit_(limit) {}
   void observe(const TraceEvent* events, size_t count);
   bool saw_steps() const { return saw_steps_; }
   bool truncated() const { return truncated_; }
   const std::vector<uint64_t>& symbols() const { return symbols_; }
+  const std::vector<uint32_t>& freed_at() const { return freed_at_; }
   // Step ends as event positions: a step event goes before the event at
   // each position (a position past the last event: after it). Steps end
   // before the allocation that begins the next one. The last step ends
@@ -76,9 +98,14 @@ class AllocationSequence {
   std::vector<uint64_t> step_end_events(const InferredSteps& steps) const;
 
  private:
+  bool under_python(uint32_t stack);
+
+  const Trace& trace_;
   size_t limit_;
+  absl::flat_hash_map<uint32_t, bool> stack_under_python_;
   std::vector<uint64_t> symbols_;
   std::vector<uint64_t> event_index_;  // of each allocation
+  std::vector<uint32_t> freed_at_;     // of each allocation: symbols_.size() at its free
   struct Free {
     uint64_t event;
     uint64_t symbol;  // of the allocation it frees, marked as a free
@@ -86,7 +113,7 @@ class AllocationSequence {
   std::vector<Free> frees_;
   // Allocations and frees with event positions in [from, to), in order.
   std::vector<Free> symbol_events(uint64_t from, uint64_t to) const;
-  absl::flat_hash_map<uint64_t, uint64_t> live_;  // address -> symbol
+  absl::flat_hash_map<uint64_t, uint32_t> live_;  // address -> allocation index
   uint64_t events_ = 0;
   bool saw_steps_ = false;
   bool truncated_ = false;

@@ -140,6 +140,7 @@ class RecordDecoder {
           e.flags = static_cast<uint8_t>(c.varint());
           const uint64_t weight = c.varint();
           e.size = (e.flags & fmt::kAllocSampled) ? weight : size;
+          if ((e.flags & fmt::kAllocSampled) && weight != size) e.flags |= kAllocByChance;
           if (e.flags & fmt::kAllocFailed) e.addr = weight;  // the error code
           if (!c.ok()) return false;
           note_ts(e.ts);
@@ -846,7 +847,7 @@ void dump_trace(const std::string& path, std::FILE* out) {
                        "alloc seq=%" PRIu64 " ts=%" PRIu64 " kind=%s device=%u addr=0x%" PRIx64
                        " bytes=%" PRIu64 " stack=%u flags=%u\n",
                        e.seq, e.ts, fmt::kind_name(static_cast<fmt::Kind>(e.kind)), e.device, e.addr, e.size,
-                       e.stack, e.flags);
+                       e.stack, e.flags & ~kAllocByChance);
           break;
         case EvType::kFree:
           std::fprintf(out, "free seq=%" PRIu64 " ts=%" PRIu64 " kind=%s addr=0x%" PRIx64 "\n", e.seq, e.ts,

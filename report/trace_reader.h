@@ -33,10 +33,15 @@ struct TraceEvent {
   uint32_t stack = 0;
   EvType type = EvType::kAlloc;
   uint8_t kind = 0;
-  uint8_t flags = 0;   // format::kAlloc* ; kStep: source
+  uint8_t flags = 0;   // format::kAlloc* and kAllocByChance; kStep: source
   uint8_t device = 0;
 };
 static_assert(sizeof(TraceEvent) == 40);
+
+// Set by the reader on a sampled allocation smaller than the sample interval
+// (its estimate differs from its size): whether it was recorded at all was
+// chance, so how often its site shows up says nothing about the program.
+inline constexpr uint8_t kAllocByChance = 1u << 7;
 
 struct TraceSample {
   uint64_t ts = 0;

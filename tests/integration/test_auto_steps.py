@@ -7,7 +7,6 @@ run with their markers removed. The planted leaks are still the top growth
 suspects, and clean controls have none."""
 
 import os
-import unittest
 
 import clients
 import mltest
@@ -71,19 +70,11 @@ class AutoSteps(clients.ClientTestCase):
     def test_keras_clean(self):
         self.check_client("tensorflow", "none")
 
-    # JAX hands most of its work to XLA's threads and caches: the sampled
-    # trace of a JAX loop repeats only two or three allocation sites per step
-    # (too few for the inference to be exact run after run), and the full
-    # trace holds thousands of sites that recur once per compilation as well
-    # as once per step. Automatic steps on JAX are not reliable yet (README,
-    # Limits): these tests say so rather than pass by chance.
-    JAX_UNRELIABLE = "automatic steps are not reliable on JAX yet (see README, Limits)"
-
-    @unittest.skip(JAX_UNRELIABLE)
+    # JAX compiles on threads of its own, in bursts that repeat allocation
+    # patterns too; the loop is the one anchored in Python code.
     def test_jax_cache_leak(self):
         self.check_client("jax", "cache")
 
-    @unittest.skip(JAX_UNRELIABLE)
     def test_jax_clean(self):
         self.check_client("jax", "none")
 

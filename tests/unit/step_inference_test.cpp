@@ -246,3 +246,51 @@ TEST_CASE("two anchors make a loop only when it is long", "[step_inference]") {
   CHECK(all_but_last(steps.ends) == long_loop.expected_ends());
   CHECK(infer_steps(loop(5).symbols).ends.empty());
 }
+
+TEST_CASE("anchors missing from the first iterations (compilation) still count the whole loop", "[step_inference]") {
+  // A JIT-compiled step: two sites recur in every iteration; three richer
+  // ones only once the compiled fast path runs, from the third iteration
+  // on, among allocations that sampling recorded by chance.
+  std::mt19937_64 rng(7);
+  Sequence s;
+  for (uint64_t i = 0; i < 50; ++i) s.add(kSetup + i);
+  for (int step = 0; step < 20; ++step) {
+    s.begin_iteration();
+    s.add(kBody);
+    if (step < 2) {
+      for (uint64_t i = 0; i < 30; ++i) s.add(kOnce + static_cast<uint64_t>(step) * 100 + i);  // compiling
+    } else {
+      for (uint64_t i = 0; i < 3; ++i) s.add(kInner + i);
+    }
+    for (int i = 0; i < 4; ++i) s.add((kNoise + rng() % 6) | kNeverAnchor);
+    s.add(kBody + 1);
+  }
+  InferredSteps steps = infer_steps(s.symbols);
+  REQUIRE(steps.ends.size() == 20);
+  CHECK(all_but_last(steps.ends) == s.expected_ends());
+}
+
+TEST_CASE("a last partial batch does not take a step away", "[step_inference]") {
+  Sequence s;
+  for (int step = 0; step < 16; ++step) {
+    s.begin_iteration();
+    s.add(kBody);  // the same in every step (parameters, optimizer state)
+    const uint64_t batch_sized = step < 15 ? kInner : kEpoch;  // the last batch is smaller
+    for (uint64_t i = 0; i < 8; ++i) s.add(batch_sized + i);
+    s.add(kBody + 1);
+  }
+  InferredSteps steps = infer_steps(s.symbols);
+  REQUIRE(steps.ends.size() == 16);
+  CHECK(all_but_last(steps.ends) == s.expected_ends());
+}
+
+TEST_CASE("allocations recorded by chance are never anchors", "[step_inference]") {
+  Sequence s;
+  for (int step = 0; step < 20; ++step) {
+    for (uint64_t i = 0; i < 5; ++i) s.add((kBody + i) | kNeverAnchor);
+  }
+  InferredSteps steps = infer_steps(s.symbols);
+  CHECK(steps.ends.empty());
+  for (uint64_t& symbol : s.symbols) symbol &= ~kNeverAnchor;
+  CHECK(infer_steps(s.symbols).ends.size() == 20);
+}
