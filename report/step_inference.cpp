@@ -3,6 +3,7 @@
 #include <absl/container/flat_hash_map.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 
 #include "trace_format.h"
@@ -45,32 +46,34 @@ bool interleaves(const std::vector<uint32_t>& h, const std::vector<uint32_t>& x)
   return true;
 }
 
-// The largest group of interleaving symbols among those that occur `count`
-// times, `symbols` sorted by first occurrence.
-AnchorGroup best_group(size_t count, const std::vector<uint32_t>& symbols,
-                       const std::vector<std::vector<uint32_t>>& occurrences, const StepInferenceOptions& options) {
-  AnchorGroup best;
-  best.count = count;
-  const size_t heads = std::min(symbols.size(), options.max_heads_tried);
-  for (size_t j = 0; j < heads; ++j) {
-    if (symbols.size() - j <= best.members.size()) break;  // cannot do better from here
+// The groups of interleaving symbols among those that occur `count` times,
+// `symbols` sorted by first occurrence: each group's head is the earliest
+// symbol not in an earlier group, its members the later ones whose first
+// occurrence lies in the head's first window and that interleave with it.
+std::vector<AnchorGroup> find_groups(size_t count, const std::vector<uint32_t>& symbols,
+                                     const std::vector<std::vector<uint32_t>>& occurrences, size_t min_anchors) {
+  std::vector<AnchorGroup> groups;
+  std::vector<bool> taken(symbols.size(), false);
+  for (size_t j = 0; j < symbols.size(); ++j) {
+    if (taken[j]) continue;
     const std::vector<uint32_t>& h = occurrences[symbols[j]];
-    std::vector<uint32_t> members{symbols[j]};
-    for (size_t m = j + 1; m < symbols.size(); ++m) {
-      if (interleaves(h, occurrences[symbols[m]])) members.push_back(symbols[m]);
+    AnchorGroup g;
+    g.count = count;
+    g.head = symbols[j];
+    g.members.push_back(symbols[j]);
+    for (size_t m = j + 1; m < symbols.size() && occurrences[symbols[m]].front() < h[1]; ++m) {
+      if (!taken[m] && interleaves(h, occurrences[symbols[m]])) {
+        g.members.push_back(symbols[m]);
+        taken[m] = true;
+      }
     }
-    if (members.size() > best.members.size()) {
-      best.head = symbols[j];
-      best.members = std::move(members);
-    }
-  }
-  if (!best.members.empty()) {
-    const std::vector<uint32_t>& h = occurrences[best.head];
+    if (g.members.size() < min_anchors) continue;
     std::vector<size_t> periods;
     for (size_t i = 0; i + 1 < h.size(); ++i) periods.push_back(h[i + 1] - h[i]);
-    best.period = median(std::move(periods));
+    g.period = median(std::move(periods));
+    groups.push_back(std::move(g));
   }
-  return best;
+  return groups;
 }
 
 // True when each window of `coarse`'s head holds exactly `per_window`
@@ -123,7 +126,6 @@ bool frees_what_it_allocates(const AnchorGroup& g, const std::vector<std::vector
   }
   return false;
 }
-
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ull;
@@ -158,17 +160,26 @@ InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const std::vecto
     if (ids_with_count.size() < min_anchors) continue;
     std::sort(ids_with_count.begin(), ids_with_count.end(),
               [&](uint32_t a, uint32_t b) { return occurrences[a].front() < occurrences[b].front(); });
-    AnchorGroup g = best_group(count, ids_with_count, occurrences, options);
-    if (g.members.size() >= min_anchors && frees_what_it_allocates(g, occurrences, freed_at)) groups.push_back(std::move(g));
+    for (AnchorGroup& g : find_groups(count, ids_with_count, occurrences, min_anchors)) {
+      if (frees_what_it_allocates(g, occurrences, freed_at)) groups.push_back(std::move(g));
+    }
   }
   // In a Python program, the loops with an anchor allocated under Python.
   auto python_anchored = [&](const AnchorGroup& g) {
     return std::any_of(g.members.begin(), g.members.end(),
                        [&](uint32_t m) { return (symbols[occurrences[m].front()] & kUnderPython) != 0; });
   };
-  if (std::any_of(groups.begin(), groups.end(), python_anchored)) {
-    groups.erase(std::remove_if(groups.begin(), groups.end(), [&](const AnchorGroup& g) { return !python_anchored(g); }),
-                 groups.end());
+  // ...and, among those, the loops with an anchor allocated outside imports.
+  auto anchored_outside_imports = [&](const AnchorGroup& g) {
+    return std::any_of(g.members.begin(), g.members.end(),
+                       [&](uint32_t m) { return (symbols[occurrences[m].front()] & kUnderImport) == 0; });
+  };
+  for (auto keep : {std::function<bool(const AnchorGroup&)>(python_anchored),
+                    std::function<bool(const AnchorGroup&)>(anchored_outside_imports)}) {
+    if (std::any_of(groups.begin(), groups.end(), keep)) {
+      groups.erase(std::remove_if(groups.begin(), groups.end(), [&](const AnchorGroup& g) { return !keep(g); }),
+                   groups.end());
+    }
   }
   if (groups.empty()) {
     out.description = "no repeating allocation pattern found in " + std::to_string(n) + " allocations";
@@ -245,7 +256,7 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
       std::vector<uint64_t>().swap(event_index_);
       std::vector<Free>().swap(frees_);
       std::vector<uint32_t>().swap(freed_at_);
-      absl::flat_hash_map<uint32_t, bool>().swap(stack_under_python_);
+      absl::flat_hash_map<uint32_t, uint64_t>().swap(stack_traits_);
       absl::flat_hash_map<uint64_t, uint32_t>().swap(live_);
       return;
     }
@@ -264,9 +275,10 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
       truncated_ = true;
       continue;
     }
-    uint64_t symbol = mix((static_cast<uint64_t>(e.stack) << 8 | e.kind) ^ mix(e.size)) & ~(kNeverAnchor | kUnderPython);
+    uint64_t symbol = mix((static_cast<uint64_t>(e.stack) << 8 | e.kind) ^ mix(e.size)) &
+                      ~(kNeverAnchor | kUnderPython | kUnderImport);
     if (e.flags & kAllocByChance) symbol |= kNeverAnchor;
-    if (under_python(e.stack)) symbol |= kUnderPython;
+    symbol |= stack_traits(e.stack);
     symbols_.push_back(symbol);
     event_index_.push_back(events_ + i);
     freed_at_.push_back(kNeverFreed);
@@ -275,13 +287,20 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
   events_ += count;
 }
 
-bool AllocationSequence::under_python(uint32_t stack) {
-  if (stack == 0) return false;
-  auto [it, inserted] = stack_under_python_.try_emplace(stack, false);
-  if (inserted) {
-    auto frames = trace_.stacks.find(stack);
-    it->second = frames != trace_.stacks.end() &&
-                 std::any_of(frames->second.begin(), frames->second.end(), fmt::is_python_frame);
+uint64_t AllocationSequence::stack_traits(uint32_t stack) {
+  if (stack == 0) return 0;
+  auto [it, inserted] = stack_traits_.try_emplace(stack, 0);
+  if (!inserted) return it->second;
+  auto frames = trace_.stacks.find(stack);
+  if (frames == trace_.stacks.end()) return 0;
+  for (uint64_t word : frames->second) {
+    if (!fmt::is_python_frame(word)) continue;
+    it->second |= kUnderPython;
+    auto code = trace_.python_codes.find(fmt::python_code_id(word));
+    if (code != trace_.python_codes.end() && code->second.filename.starts_with("<frozen importlib._bootstrap")) {
+      it->second |= kUnderImport;
+      break;
+    }
   }
   return it->second;
 }

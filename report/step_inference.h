@@ -29,7 +29,6 @@ struct StepInferenceOptions {
   size_t min_anchors = 3;       // symbols that must recur once per step...
   size_t min_anchors_long = 2;  // ...or this many, in a loop of at least long_loop steps
   size_t long_loop = 8;         // (two symbols interleaving 8 times is no coincidence)
-  size_t max_heads_tried = 256;  // candidate first anchors per repetition count
 };
 
 // What inference found, in allocation indices (positions in the sequence).
@@ -63,9 +62,13 @@ struct InferredSteps {
 // has Python frames). In a Python program the training loop is Python code:
 // when some loop has an anchor allocated under Python, loops without one (a
 // compiler's passes or a thread pool's tasks on threads of their own) are
-// not the step.
+// not the step. A symbol with kUnderImport set was allocated while a module
+// was being imported (importlib's frames are on its stack): a loop all of
+// whose anchors are such (a package registering its operators, one module
+// after another) is not the step either, when another loop qualifies.
 inline constexpr uint64_t kNeverAnchor = uint64_t{1} << 63;
 inline constexpr uint64_t kUnderPython = uint64_t{1} << 62;
+inline constexpr uint64_t kUnderImport = uint64_t{1} << 61;
 inline constexpr uint32_t kNeverFreed = UINT32_MAX;
 InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const std::vector<uint32_t>& freed_at = {},
                           const StepInferenceOptions& options = {});
@@ -98,11 +101,11 @@ class AllocationSequence {
   std::vector<uint64_t> step_end_events(const InferredSteps& steps) const;
 
  private:
-  bool under_python(uint32_t stack);
+  uint64_t stack_traits(uint32_t stack);  // kUnderPython, kUnderImport
 
   const Trace& trace_;
   size_t limit_;
-  absl::flat_hash_map<uint32_t, bool> stack_under_python_;
+  absl::flat_hash_map<uint32_t, uint64_t> stack_traits_;
   std::vector<uint64_t> symbols_;
   std::vector<uint64_t> event_index_;  // of each allocation
   std::vector<uint32_t> freed_at_;     // of each allocation: symbols_.size() at its free

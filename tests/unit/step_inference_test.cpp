@@ -294,3 +294,19 @@ TEST_CASE("allocations recorded by chance are never anchors", "[step_inference]"
   for (uint64_t& symbol : s.symbols) symbol &= ~kNeverAnchor;
   CHECK(infer_steps(s.symbols).ends.size() == 20);
 }
+
+TEST_CASE("a loop is found behind many earlier symbols that recur as often", "[step_inference]") {
+  // Start-up runs 600 procedures that each allocate one site 20 times in a
+  // row (as often as the loop runs, but not interleaving with anything).
+  Sequence s;
+  for (uint64_t site = 0; site < 600; ++site) {
+    for (int i = 0; i < 20; ++i) s.add(kSetup + site);
+  }
+  for (int step = 0; step < 20; ++step) {
+    s.begin_iteration();
+    for (uint64_t i = 0; i < 5; ++i) s.add(kBody + i);
+  }
+  InferredSteps steps = infer_steps(s.symbols);
+  REQUIRE(steps.ends.size() == 20);
+  CHECK(all_but_last(steps.ends) == s.expected_ends());
+}
