@@ -3,7 +3,6 @@
 #include <absl/container/flat_hash_map.h>
 
 #include <algorithm>
-#include <functional>
 #include <map>
 
 #include "trace_format.h"
@@ -112,6 +111,7 @@ bool runs_within(const AnchorGroup& part, const AnchorGroup& whole, const std::v
   }
   return true;
 }
+
 // True when some anchor of `g` is freed again before the iteration after
 // next begins, in at least three in four iterations (see infer_steps).
 bool frees_what_it_allocates(const AnchorGroup& g, const std::vector<std::vector<uint32_t>>& occurrences,
@@ -126,6 +126,16 @@ bool frees_what_it_allocates(const AnchorGroup& g, const std::vector<std::vector
   }
   return false;
 }
+
+// Keeps the groups `wanted` holds for, when there are any.
+template <typename Predicate>
+void prefer(std::vector<AnchorGroup>& groups, Predicate wanted) {
+  if (std::any_of(groups.begin(), groups.end(), wanted)) {
+    groups.erase(std::remove_if(groups.begin(), groups.end(), [&](const AnchorGroup& g) { return !wanted(g); }),
+                 groups.end());
+  }
+}
+
 uint64_t mix(uint64_t x) {  // splitmix64's finaliser
   x ^= x >> 30;
   x *= 0xbf58476d1ce4e5b9ull;
@@ -164,23 +174,14 @@ InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const std::vecto
       if (frees_what_it_allocates(g, occurrences, freed_at)) groups.push_back(std::move(g));
     }
   }
-  // In a Python program, the loops with an anchor allocated under Python.
-  auto python_anchored = [&](const AnchorGroup& g) {
+  // In a Python program, the loops with an anchor allocated under Python,
+  // and among those, the loops with an anchor allocated outside imports.
+  auto has_anchor = [&](const AnchorGroup& g, uint64_t bit, bool set) {
     return std::any_of(g.members.begin(), g.members.end(),
-                       [&](uint32_t m) { return (symbols[occurrences[m].front()] & kUnderPython) != 0; });
+                       [&](uint32_t m) { return ((symbols[occurrences[m].front()] & bit) != 0) == set; });
   };
-  // ...and, among those, the loops with an anchor allocated outside imports.
-  auto anchored_outside_imports = [&](const AnchorGroup& g) {
-    return std::any_of(g.members.begin(), g.members.end(),
-                       [&](uint32_t m) { return (symbols[occurrences[m].front()] & kUnderImport) == 0; });
-  };
-  for (auto keep : {std::function<bool(const AnchorGroup&)>(python_anchored),
-                    std::function<bool(const AnchorGroup&)>(anchored_outside_imports)}) {
-    if (std::any_of(groups.begin(), groups.end(), keep)) {
-      groups.erase(std::remove_if(groups.begin(), groups.end(), [&](const AnchorGroup& g) { return !keep(g); }),
-                   groups.end());
-    }
-  }
+  prefer(groups, [&](const AnchorGroup& g) { return has_anchor(g, kUnderPython, true); });
+  prefer(groups, [&](const AnchorGroup& g) { return has_anchor(g, kUnderImport, false); });
   if (groups.empty()) {
     out.description = "no repeating allocation pattern found in " + std::to_string(n) + " allocations";
     return out;
@@ -203,8 +204,8 @@ InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const std::vecto
     }
   }
   // It is the step unless it nests in a coarser loop with a fair share of
-  // anchors of its own: then the fine loop is a part of each step (layers run twice,
-  // micro-batches) and the coarse one is the step. An epoch loop has few
+  // anchors of its own: then the fine loop is a part of each step (layers
+  // run twice, micro-batches) and the coarse one is the step. An epoch loop has few
   // anchors of its own and does not qualify.
   const AnchorGroup* coarse = nullptr;
   for (const AnchorGroup& g : groups) {
