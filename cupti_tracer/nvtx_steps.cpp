@@ -84,19 +84,17 @@ int push_named(const char* name) {
 
 int NVTX_API range_push_a(const char* message) { return push_named(message ? message : ""); }
 
-int NVTX_API range_push_w(const wchar_t* message) {
-  nvtxEventAttributes_t attr{};
-  attr.messageType = NVTX_MESSAGE_TYPE_UNICODE;
-  attr.message.unicode = message;
-  char name[128];
-  copy_message(name, sizeof name, &attr);
-  return push_named(name);
-}
-
 int NVTX_API range_push_ex(const nvtxEventAttributes_t* attr) {
   char name[128];
   copy_message(name, sizeof name, attr);
   return push_named(name);
+}
+
+int NVTX_API range_push_w(const wchar_t* message) {
+  nvtxEventAttributes_t attr{};
+  attr.messageType = NVTX_MESSAGE_TYPE_UNICODE;
+  attr.message.unicode = message;
+  return range_push_ex(&attr);
 }
 
 int NVTX_API range_pop() {
@@ -129,19 +127,17 @@ nvtxRangeId_t start_named(const char* name) {
 
 nvtxRangeId_t NVTX_API range_start_a(const char* message) { return start_named(message ? message : ""); }
 
-nvtxRangeId_t NVTX_API range_start_w(const wchar_t* message) {
-  nvtxEventAttributes_t attr{};
-  attr.messageType = NVTX_MESSAGE_TYPE_UNICODE;
-  attr.message.unicode = message;
-  char name[128];
-  copy_message(name, sizeof name, &attr);
-  return start_named(name);
-}
-
 nvtxRangeId_t NVTX_API range_start_ex(const nvtxEventAttributes_t* attr) {
   char name[128];
   copy_message(name, sizeof name, attr);
   return start_named(name);
+}
+
+nvtxRangeId_t NVTX_API range_start_w(const wchar_t* message) {
+  nvtxEventAttributes_t attr{};
+  attr.messageType = NVTX_MESSAGE_TYPE_UNICODE;
+  attr.message.unicode = message;
+  return range_start_ex(&attr);
 }
 
 void NVTX_API range_end(nvtxRangeId_t id) {
