@@ -18,6 +18,8 @@ STEPS, then DONE.
 import argparse
 import os
 
+import planted
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -44,14 +46,6 @@ def loss_fn(params, x, y):
 def train_step(params, x, y):
     loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
     return jax.tree_util.tree_map(lambda p, g: p - 0.05 * g, params, grads), loss
-
-
-def leak_line(mode):
-    with open(__file__) as f:
-        for number, text in enumerate(f, 1):
-            if "# LEAK_SITE(%s)" % mode in text:
-                return number
-    return 0
 
 
 def main():
@@ -83,7 +77,7 @@ def main():
         if memledger is not None and args.markers == "step":
             memledger.step()
     print("LEAK_FILE=%s" % os.path.basename(__file__))
-    print("LEAK_LINE=%d" % leak_line(args.leak))
+    print("LEAK_LINE=%d" % planted.leak_line(__file__, args.leak))
     print("LEAK_BYTES=%d" % (BATCH * FEATURES * 4))
     print("STEPS=%d" % args.steps)
     print("DONE loss=%.4f cached=%d" % (float(loss), len(normalized_cache)), flush=True)

@@ -19,6 +19,8 @@ STEPS, then DONE.
 import argparse
 import os
 
+import planted
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
@@ -66,14 +68,6 @@ class ProbePredictions(tf.keras.callbacks.Callback):
             self.last = predictions
 
 
-def leak_line(mode):
-    with open(__file__) as f:
-        for number, text in enumerate(f, 1):
-            if "# LEAK_SITE(%s)" % mode in text:
-                return number
-    return 0
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
@@ -99,7 +93,7 @@ def main():
     history = model.fit(make_dataset(generator_kept), epochs=1, steps_per_epoch=args.steps,
                         callbacks=callbacks, shuffle=False, verbose=0)
     print("LEAK_FILE=%s" % os.path.basename(__file__))
-    print("LEAK_LINE=%d" % leak_line(args.leak))
+    print("LEAK_LINE=%d" % planted.leak_line(__file__, args.leak))
     print("LEAK_BYTES=%d" % (PROBE * CLASSES * 4 if args.leak == "callback" else BATCH * FEATURES * 4))
     print("STEPS=%d" % args.steps)
     print("DONE loss=%.4f" % history.history["loss"][-1], flush=True)

@@ -20,6 +20,8 @@ per step), STEPS, then DONE.
 import argparse
 import os
 
+import planted
+
 import torch
 from torch import nn
 
@@ -40,14 +42,6 @@ class Net(nn.Module):
     def forward(self, x):
         hidden = torch.relu(self.fc1(x))
         return self.fc2(hidden)  # LEAK_SITE(graph)
-
-
-def leak_line(mode):
-    with open(__file__) as f:
-        for number, text in enumerate(f, 1):
-            if "# LEAK_SITE(%s)" % mode in text:
-                return number
-    return 0
 
 
 def main():
@@ -87,7 +81,7 @@ def main():
         if memledger is not None and args.markers == "step":
             memledger.step()
     print("LEAK_FILE=%s" % os.path.basename(__file__))
-    print("LEAK_LINE=%d" % leak_line(args.leak))
+    print("LEAK_LINE=%d" % planted.leak_line(__file__, args.leak))
     print("LEAK_BYTES=%d" % (BATCH * CLASSES * 4))
     print("STEPS=%d" % args.steps)
     print("DONE train_loss=%.4f val_loss=%.4f kept=%d" %
