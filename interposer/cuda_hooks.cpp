@@ -23,6 +23,7 @@
 #include "cupti_bridge.h"
 #include "recorder.h"
 #include "spin_lock.h"
+#include "vmm_ledger.h"
 
 #include "libc_symbols.h"
 
@@ -56,6 +57,8 @@ using memledger::interposer::EventType;
 using memledger::interposer::HookGuard;
 using memledger::interposer::recorder;
 using memledger::interposer::ThreadState;
+using memledger::interposer::VmmLedger;
+using memledger::interposer::vmm_ledger;
 namespace fmt = memledger::format;
 
 #define MEMLEDGER_EXPORT extern "C" __attribute__((visibility("default")))
@@ -83,6 +86,10 @@ namespace fmt = memledger::format;
   X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, false)                  \
   X(cuMemCreate, "cuMemCreate", 10020, false)                            \
   X(cuMemRelease, "cuMemRelease", 10020, false)                          \
+  X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, false) \
+  X(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020, false) \
+  X(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020, false) \
+  X(cuMulticastCreate, "cuMulticastCreate", 12010, false)                \
   X(cuMemMap, "cuMemMap", 10020, false)                                  \
   X(cuMemUnmap, "cuMemUnmap", 10020, false)                              \
   X(cuMemAddressReserve, "cuMemAddressReserve", 10020, false)            \
@@ -159,6 +166,10 @@ CUresult cuMemPoolCreate(CUmemoryPool*, const void*);
 CUresult cuMemPoolDestroy(CUmemoryPool);
 CUresult cuMemCreate(CUmemGenericAllocationHandle*, size_t, const void*, unsigned long long);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle*, void*);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle*, void*, int);
+CUresult cuMemExportToShareableHandle(void*, CUmemGenericAllocationHandle, int, unsigned long long);
+CUresult cuMulticastCreate(CUmemGenericAllocationHandle*, const void*);
 CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
 CUresult cuMemUnmap(CUdeviceptr, size_t);
 CUresult cuMemAddressReserve(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
@@ -237,17 +248,114 @@ void* find_real(std::atomic<void*>& slot, const char* name, bool runtime) {
   return p;
 }
 
+// `name` as the loader binds it for the object holding `caller`: the
+// global scope, then that object and its dependencies. This is what
+// dlsym(RTLD_DEFAULT) means for a library loaded RTLD_LOCAL, whose own
+// dependencies are outside the global scope that a look-up made from
+// libmemledger searches.
+void* find_in_caller_scope(const char* name, const void* caller) {
+  Dl_info info;
+  if (caller == nullptr || dladdr(caller, &info) == 0 || info.dli_fname == nullptr || info.dli_fname[0] == '\0') {
+    return nullptr;
+  }
+  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  void* p = memledger_libc_dlsym(handle, name);
+  dlclose(handle);
+  return p;
+}
+
+// Any loaded libcudart, in load order: the last resort for a caller whose
+// scope does not hold the runtime (a function pointer handed around).
+struct RuntimeSearch {
+  const char* name;
+  void* result;
+};
+int search_loaded_runtime(dl_phdr_info* info, size_t, void* data) {
+  auto* search = static_cast<RuntimeSearch*>(data);
+  const char* path = info->dlpi_name;
+  const char* base = path != nullptr ? strrchr(path, '/') : nullptr;
+  base = base != nullptr ? base + 1 : path;
+  if (base == nullptr || strncmp(base, "libcudart.so", 12) != 0) return 0;
+  void* handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return 0;
+  search->result = memledger_libc_dlsym(handle, search->name);
+  dlclose(handle);
+  return search->result != nullptr ? 1 : 0;
+}
+
+// Runtime functions found outside the global scope, by the caller's object:
+// two runtimes may be loaded side by side (PyTorch's and the JAX plugin's),
+// each caller gets the one it linked.
+struct ScopedRuntime {
+  memledger::interposer::SpinLock lock;
+  struct Entry {
+    const void* caller_base;
+    const std::atomic<void*>* slot;
+    void* fn;
+  };
+  Entry entries[64] = {};
+  int count = 0;
+};
+ScopedRuntime g_scoped_runtime;
+
+void* scoped_runtime_lookup(const void* caller_base, const std::atomic<void*>* slot) {
+  memledger::interposer::SpinGuard guard(g_scoped_runtime.lock);
+  for (int i = 0; i < g_scoped_runtime.count; ++i) {
+    const ScopedRuntime::Entry& e = g_scoped_runtime.entries[i];
+    if (e.caller_base == caller_base && e.slot == slot) return e.fn;
+  }
+  return nullptr;
+}
+
+void scoped_runtime_store(const void* caller_base, const std::atomic<void*>* slot, void* fn) {
+  memledger::interposer::SpinGuard guard(g_scoped_runtime.lock);
+  const int n = g_scoped_runtime.count;
+  // Full: the oldest entries make room (a look-up again costs only time).
+  const int i = n < 64 ? n : static_cast<int>(reinterpret_cast<uintptr_t>(fn) >> 4) % 64;
+  g_scoped_runtime.entries[i] = {caller_base, slot, fn};
+  if (n < 64) g_scoped_runtime.count = n + 1;
+}
+
+// The real runtime function for a hook called from `caller`: the next
+// definition after memledger in the global scope (cached for everyone), or
+// else the runtime the caller's own object linked, as a library loaded
+// RTLD_LOCAL sees it (cached per calling object, checked to be still loaded).
+void* find_real_runtime(std::atomic<void*>& slot, const char* name, const void* caller) {
+  void* p = slot.load(std::memory_order_acquire);
+  if (p != nullptr) return p;
+  Dl_info info;
+  const void* caller_base = nullptr;
+  if (caller != nullptr && dladdr(caller, &info) != 0) caller_base = info.dli_fbase;
+  if (caller_base != nullptr) {
+    p = scoped_runtime_lookup(caller_base, &slot);
+    if (p != nullptr && lives_in(p, "libcudart")) return p;
+  }
+  p = find_real(slot, name, true);
+  if (p != nullptr) return p;
+  p = find_in_caller_scope(name, caller);
+  if (p == nullptr) {
+    RuntimeSearch search{name, nullptr};
+    dl_iterate_phdr(search_loaded_runtime, &search);
+    p = search.result;
+  }
+  if (p == nullptr || is_wrapper(p)) return nullptr;
+  if (caller_base != nullptr) scoped_runtime_store(caller_base, &slot, p);
+  return p;
+}
+
 template <typename Fn>
 Fn real_driver(std::atomic<void*>& slot, const char* name) {
   return reinterpret_cast<Fn>(find_real(slot, name, false));
 }
 template <typename Fn>
-Fn real_runtime(std::atomic<void*>& slot, const char* name) {
-  return reinterpret_cast<Fn>(find_real(slot, name, true));
+Fn real_runtime(std::atomic<void*>& slot, const char* name, const void* caller) {
+  return reinterpret_cast<Fn>(find_real_runtime(slot, name, caller));
 }
 
 #define REAL_DRIVER(name) real_driver<decltype(&::name)>(real_##name, #name)
-#define REAL_RUNTIME(name) real_runtime<decltype(&::name)>(real_##name, #name)
+// In an exported hook: the caller's return address picks the runtime it linked.
+#define REAL_RUNTIME(name) real_runtime<decltype(&::name)>(real_##name, #name, __builtin_return_address(0))
 
 // Hands back memledger's wrapper for a real driver function obtained through
 // cuGetProcAddress or cudaGetDriverEntryPoint. The exported name found by
@@ -403,6 +511,9 @@ class DriverScope {
     record_ = guard_.entered() && guard_.thread().cuda_depth == 0 && recorder().active();
   }
   bool record() const { return record_; }
+  // Also inside a hooked runtime call: for the ledger's frees of handles
+  // recorded at the driver level.
+  bool may_record() const { return guard_.entered() && recorder().active(); }
   ThreadState& thread() { return guard_.thread(); }
 
  private:
@@ -439,8 +550,15 @@ void driver_alloc(DriverScope& s, Kind kind, int device, uint64_t addr, uint64_t
   recorder().on_device_alloc(s.thread(), kind, device, addr, size, flags, r);
 }
 
-void driver_free(DriverScope& s, Kind kind, uint64_t addr, uint32_t flags) {
-  if (s.record() && addr != 0) recorder().on_device_free(s.thread(), kind, addr, flags);
+// A free-type call: numbered before the real call (so that an allocation
+// reusing the address on another thread comes after it), recorded only when
+// the real call succeeded.
+template <typename Call>
+CUresult driver_free(DriverScope& s, Kind kind, uint64_t addr, uint32_t flags, Call&& call) {
+  const uint64_t seq = s.record() && addr != 0 ? recorder().next_seq() : 0;
+  const CUresult r = call();
+  if (seq != 0 && r == CUDA_SUCCESS) recorder().on_device_free(s.thread(), kind, addr, flags, seq);
+  return r;
 }
 
 void runtime_alloc(RuntimeScope& s, Kind kind, int device, uint64_t addr, uint64_t size, uint32_t flags,
@@ -450,9 +568,14 @@ void runtime_alloc(RuntimeScope& s, Kind kind, int device, uint64_t addr, uint64
   s.with_guard([&](ThreadState& t) { recorder().on_device_alloc(t, kind, device, addr, size, flags, r); });
 }
 
-void runtime_free(RuntimeScope& s, Kind kind, uint64_t addr, uint32_t flags) {
-  if (!s.record() || addr == 0) return;
-  s.with_guard([&](ThreadState& t) { recorder().on_device_free(t, kind, addr, flags); });
+template <typename Call>
+cudaError_t runtime_free(RuntimeScope& s, Kind kind, uint64_t addr, uint32_t flags, Call&& call) {
+  const uint64_t seq = s.record() && addr != 0 ? recorder().next_seq() : 0;
+  const cudaError_t r = call();
+  if (seq != 0 && r == cudaSuccess) {
+    s.with_guard([&](ThreadState& t) { recorder().on_device_free(t, kind, addr, flags, seq); });
+  }
+  return r;
 }
 
 int location_device(const void* props) {
@@ -492,8 +615,7 @@ MEMLEDGER_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
   DriverScope s;
   auto real = REAL_DRIVER(cuMemFree_v2);
   if (real == nullptr) return 3;
-  driver_free(s, Kind::kDevice, dptr, 0);
-  return real(dptr);
+  return driver_free(s, Kind::kDevice, dptr, 0, [&] { return real(dptr); });
 }
 
 MEMLEDGER_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, size_t* pitch, size_t width, size_t height,
@@ -538,8 +660,7 @@ MEMLEDGER_EXPORT CUresult cuMemFreeHost(void* p) {
   DriverScope s;
   auto real = REAL_DRIVER(cuMemFreeHost);
   if (real == nullptr) return 3;
-  driver_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(p), 0);
-  return real(p);
+  return driver_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(p), 0, [&] { return real(p); });
 }
 
 MEMLEDGER_EXPORT CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int flags) {
@@ -555,8 +676,8 @@ MEMLEDGER_EXPORT CUresult cuMemHostUnregister(void* p) {
   DriverScope s;
   auto real = REAL_DRIVER(cuMemHostUnregister);
   if (real == nullptr) return 3;
-  driver_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(p), fmt::kAllocRegistered);
-  return real(p);
+  return driver_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(p), fmt::kAllocRegistered,
+                     [&] { return real(p); });
 }
 
 namespace {
@@ -575,8 +696,7 @@ template <typename Fn>
 CUresult free_async(Fn real, CUdeviceptr dptr, CUstream stream) {
   DriverScope s;
   if (real == nullptr) return 3;
-  driver_free(s, Kind::kDevice, dptr, fmt::kAllocAsync);
-  return real(dptr, stream);
+  return driver_free(s, Kind::kDevice, dptr, fmt::kAllocAsync, [&] { return real(dptr, stream); });
 }
 
 template <typename Fn>
@@ -638,19 +758,96 @@ MEMLEDGER_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size
   if (real == nullptr) return 3;
   CUresult r = real(handle, size, prop, flags);
   // Physical memory is counted here, by handle; a host (NUMA) location is
-  // pinned host memory, not a device.
+  // pinned host memory, not a device. Its free is decided by the ledger.
   const int device = location_device(prop);
-  driver_alloc(s, device >= 0 ? Kind::kDevice : Kind::kPinnedHost, device,
-               r == CUDA_SUCCESS && handle ? *handle : 0, size, fmt::kAllocPhysical, r);
+  const Kind kind = device >= 0 ? Kind::kDevice : Kind::kPinnedHost;
+  if (r == CUDA_SUCCESS && handle != nullptr && s.record()) vmm_ledger().created(*handle, kind, true);
+  driver_alloc(s, kind, device, r == CUDA_SUCCESS && handle ? *handle : 0, size, fmt::kAllocPhysical, r);
   return r;
 }
 
+namespace {
+
+void record_physical_free(DriverScope& s, Kind kind, uint64_t handle, uint64_t seq) {
+  if (s.may_record()) recorder().on_device_free(s.thread(), kind, handle, fmt::kAllocPhysical, seq);
+}
+
+}  // namespace
+
+// Drops one handle reference; the memory is freed only by the last one once
+// nothing maps it (VmmLedger). Unknown handles (made before memledger
+// started, or past the ledger's capacity) count as freed here.
 MEMLEDGER_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   DriverScope s;
   auto real = REAL_DRIVER(cuMemRelease);
   if (real == nullptr) return 3;
-  driver_free(s, Kind::kDevice, handle, fmt::kAllocPhysical);
-  return real(handle);
+  const uint64_t seq = s.may_record() ? recorder().next_seq() : 0;
+  const CUresult r = real(handle);
+  if (r != CUDA_SUCCESS) return r;
+  Kind kind = Kind::kDevice;
+  switch (vmm_ledger().released(handle, &kind)) {
+    case VmmLedger::Release::kFreed:
+      record_physical_free(s, kind, handle, seq);
+      break;
+    case VmmLedger::Release::kUnknown:
+      if (s.record()) record_physical_free(s, kind, handle, seq);
+      break;
+    case VmmLedger::Release::kKept:
+      break;
+  }
+  return r;
+}
+
+// Takes a reference on the handle mapped at `addr` (NCCL frees its buffers
+// so: retain, release, unmap, release).
+MEMLEDGER_EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle, void* addr) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemRetainAllocationHandle);
+  if (real == nullptr) return 3;
+  const CUresult r = real(handle, addr);
+  if (r == CUDA_SUCCESS && handle != nullptr) vmm_ledger().retained(*handle);
+  return r;
+}
+
+// Another reference to memory that some process made: to this process's
+// own handle (a reference more), or to another's, which is tracked only so
+// that its release is no free of this process's memory (DESIGN.md:
+// imported handles are not the process's own allocations).
+MEMLEDGER_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* os_handle,
+                                                         int handle_type) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemImportFromShareableHandle);
+  if (real == nullptr) return 3;
+  const CUresult r = real(handle, os_handle, handle_type);
+  if (r == CUDA_SUCCESS && handle != nullptr && !vmm_ledger().retained(*handle)) {
+    vmm_ledger().created(*handle, Kind::kDevice, false);
+  }
+  return r;
+}
+
+// Exporting takes no reference (cuda.h: the memory is released once every
+// shareable handle is closed *and* the allocation released; another
+// process's reference keeps it on the device, not in this process's
+// ledger). Hooked so that the handle is known as shared: its free is still
+// decided by this process's own references.
+MEMLEDGER_EXPORT CUresult cuMemExportToShareableHandle(void* shareable, CUmemGenericAllocationHandle handle,
+                                                       int handle_type, unsigned long long flags) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMemExportToShareableHandle);
+  if (real == nullptr) return 3;
+  return real(shareable, handle, handle_type, flags);
+}
+
+// A multicast object is a handle without memory of its own (the memory
+// bound to it is counted where it was created): tracked so that its
+// cuMemRelease is not taken for a free.
+MEMLEDGER_EXPORT CUresult cuMulticastCreate(CUmemGenericAllocationHandle* handle, const void* prop) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuMulticastCreate);
+  if (real == nullptr) return 3;
+  const CUresult r = real(handle, prop);
+  if (r == CUDA_SUCCESS && handle != nullptr) vmm_ledger().created(*handle, Kind::kDevice, false);
+  return r;
 }
 
 MEMLEDGER_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
@@ -659,18 +856,44 @@ MEMLEDGER_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, 
   auto real = REAL_DRIVER(cuMemMap);
   if (real == nullptr) return 3;
   CUresult r = real(ptr, size, offset, handle, flags);
+  if (r == CUDA_SUCCESS) vmm_ledger().mapped(ptr, size, handle);
   if (r == CUDA_SUCCESS && s.record()) {
     recorder().on_device_event(s.thread(), EventType::kMap, current_device(), ptr, size, handle);
   }
   return r;
 }
 
+namespace {
+
+// Numbers taken before cuMemUnmap for the frees it may cause (see
+// driver_free); more frees than this in one call are numbered after it.
+constexpr uint64_t kUnmapNumbers = 8;
+
+struct UnmapFrees {
+  DriverScope* scope;
+  uint64_t next_seq;
+  uint64_t end_seq;
+};
+
+void record_unmap_free(void* context, const VmmLedger::Freed& freed) {
+  auto* u = static_cast<UnmapFrees*>(context);
+  const uint64_t seq = u->next_seq < u->end_seq ? u->next_seq++ : 0;
+  record_physical_free(*u->scope, freed.kind, freed.handle, seq);
+}
+
+}  // namespace
+
 MEMLEDGER_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   DriverScope s;
   auto real = REAL_DRIVER(cuMemUnmap);
   if (real == nullptr) return 3;
-  if (s.record()) recorder().on_device_event(s.thread(), EventType::kUnmap, 0, ptr, size, 0);
-  return real(ptr, size);
+  const uint64_t seq = s.may_record() ? recorder().next_seqs(1 + kUnmapNumbers) : 0;
+  const CUresult r = real(ptr, size);
+  if (r != CUDA_SUCCESS) return r;
+  if (s.record()) recorder().on_device_event(s.thread(), EventType::kUnmap, 0, ptr, size, 0, seq);
+  UnmapFrees frees{&s, seq != 0 ? seq + 1 : 0, seq != 0 ? seq + 1 + kUnmapNumbers : 0};
+  vmm_ledger().unmapped(ptr, size, record_unmap_free, &frees);
+  return r;
 }
 
 MEMLEDGER_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
@@ -689,8 +912,10 @@ MEMLEDGER_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   DriverScope s;
   auto real = REAL_DRIVER(cuMemAddressFree);
   if (real == nullptr) return 3;
-  if (s.record()) recorder().on_device_event(s.thread(), EventType::kUnreserve, 0, ptr, size, 0);
-  return real(ptr, size);
+  const uint64_t seq = s.record() ? recorder().next_seq() : 0;
+  const CUresult r = real(ptr, size);
+  if (seq != 0 && r == CUDA_SUCCESS) recorder().on_device_event(s.thread(), EventType::kUnreserve, 0, ptr, size, 0, seq);
+  return r;
 }
 
 MEMLEDGER_EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, cuuint64_t flags,
@@ -733,8 +958,7 @@ MEMLEDGER_EXPORT cudaError_t cudaFree(void* ptr) {
   RuntimeScope s;
   auto real = REAL_RUNTIME(cudaFree);
   if (real == nullptr) return 35;
-  runtime_free(s, Kind::kDevice, reinterpret_cast<uint64_t>(ptr), 0);
-  return real(ptr);
+  return runtime_free(s, Kind::kDevice, reinterpret_cast<uint64_t>(ptr), 0, [&] { return real(ptr); });
 }
 
 namespace {
@@ -753,8 +977,8 @@ template <typename Fn>
 cudaError_t runtime_free_async(Fn real, void* ptr, cudaStream_t stream) {
   RuntimeScope s;
   if (real == nullptr) return 35;
-  runtime_free(s, Kind::kDevice, reinterpret_cast<uint64_t>(ptr), fmt::kAllocAsync);
-  return real(ptr, stream);
+  return runtime_free(s, Kind::kDevice, reinterpret_cast<uint64_t>(ptr), fmt::kAllocAsync,
+                      [&] { return real(ptr, stream); });
 }
 
 template <typename Fn>
@@ -824,8 +1048,7 @@ MEMLEDGER_EXPORT cudaError_t cudaFreeHost(void* ptr) {
   RuntimeScope s;
   auto real = REAL_RUNTIME(cudaFreeHost);
   if (real == nullptr) return 35;
-  runtime_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(ptr), 0);
-  return real(ptr);
+  return runtime_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(ptr), 0, [&] { return real(ptr); });
 }
 
 MEMLEDGER_EXPORT cudaError_t cudaHostRegister(void* ptr, size_t size, unsigned int flags) {
@@ -841,8 +1064,8 @@ MEMLEDGER_EXPORT cudaError_t cudaHostUnregister(void* ptr) {
   RuntimeScope s;
   auto real = REAL_RUNTIME(cudaHostUnregister);
   if (real == nullptr) return 35;
-  runtime_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(ptr), fmt::kAllocRegistered);
-  return real(ptr);
+  return runtime_free(s, Kind::kPinnedHost, reinterpret_cast<uint64_t>(ptr), fmt::kAllocRegistered,
+                      [&] { return real(ptr); });
 }
 
 MEMLEDGER_EXPORT cudaError_t cudaMallocPitch(void** ptr, size_t* pitch, size_t width, size_t height) {
@@ -900,8 +1123,39 @@ MEMLEDGER_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol
 // function (a tail jump keeps the caller's return address), so another
 // interposer's dlsym(RTLD_NEXT, ...) still finds what lies after *it*.
 
+//
+// RTLD_DEFAULT look-ups are also resolved from the caller's scope: called
+// from here, libc would search only the global scope (libmemledger's), and a
+// library loaded RTLD_LOCAL would no longer find its own dependencies. The
+// global scope is searched first, then the caller's object and its
+// dependencies, which is the order of such a library's scopes. The other
+// handles name their object and need no caller.
+
+namespace {
+
+void* default_scope_lookup(const char* name, const char* version, const void* caller) {
+  void* p = version == nullptr ? memledger_libc_dlsym(RTLD_DEFAULT, name)
+                               : memledger_libc_dlvsym(RTLD_DEFAULT, name, version);
+  if (p != nullptr || name == nullptr) return p;
+  Dl_info info;
+  if (caller == nullptr || dladdr(caller, &info) == 0 || info.dli_fname == nullptr || info.dli_fname[0] == '\0') {
+    return nullptr;
+  }
+  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  p = version == nullptr ? memledger_libc_dlsym(handle, name) : memledger_libc_dlvsym(handle, name, version);
+  dlclose(handle);
+  // The failed search sets the error dlerror() reports, as libc's would have.
+  if (p == nullptr) (void)memledger_libc_dlsym(RTLD_DEFAULT, name);
+  return p;
+}
+
+}  // namespace
+
 extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlsym_impl(void* handle, const char* name) {
-  void* p = memledger_libc_dlsym(handle, name);
+  // Reached by a tail jump from dlsym: the return address is the caller's.
+  void* p = handle == RTLD_DEFAULT ? default_scope_lookup(name, nullptr, __builtin_return_address(0))
+                                   : memledger_libc_dlsym(handle, name);
   if (p == nullptr || name == nullptr || name[0] != 'c') return p;
   HookGuard guard;
   return wrap_looked_up(name, p);
@@ -909,7 +1163,8 @@ extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlsym_imp
 
 extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlvsym_impl(void* handle, const char* name,
                                                                             const char* version) {
-  void* p = memledger_libc_dlvsym(handle, name, version);
+  void* p = handle == RTLD_DEFAULT ? default_scope_lookup(name, version, __builtin_return_address(0))
+                                   : memledger_libc_dlvsym(handle, name, version);
   if (p == nullptr || name == nullptr || name[0] != 'c') return p;
   HookGuard guard;
   return wrap_looked_up(name, p);

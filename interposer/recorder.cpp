@@ -361,7 +361,9 @@ bool Recorder::push(ThreadState& t, Event& event) {
       return false;
     }
   }
-  event.seq = next_seq();
+  // A free recorded after its real call took its number before that call
+  // (see on_device_free); everything else is numbered here.
+  if (event.seq == 0) event.seq = next_seq();
   // Allocation times need no more than millisecond precision (the order is
   // the sequence number); the coarse clock costs a few nanoseconds.
   // CUPTI's records bring their own time and fields (event_ring.h).
@@ -524,8 +526,9 @@ void Recorder::on_device_alloc(ThreadState& t, format::Kind kind, int device, ui
   if (error) trace_writer().wake();
 }
 
-void Recorder::on_device_free(ThreadState& t, format::Kind kind, uint64_t addr, uint32_t flags) {
+void Recorder::on_device_free(ThreadState& t, format::Kind kind, uint64_t addr, uint32_t flags, uint64_t seq) {
   Event e{};
+  e.seq = seq;
   e.type = EventType::kFree;
   e.kind = static_cast<uint8_t>(kind);
   e.addr = addr;
@@ -534,8 +537,9 @@ void Recorder::on_device_free(ThreadState& t, format::Kind kind, uint64_t addr, 
 }
 
 void Recorder::on_device_event(ThreadState& t, EventType type, int device, uint64_t addr, uint64_t size,
-                               uint64_t extra) {
+                               uint64_t extra, uint64_t seq) {
   Event e{};
+  e.seq = seq;
   e.type = type;
   e.kind = static_cast<uint8_t>(format::Kind::kDevice);
   e.aux = static_cast<uint32_t>(device < 0 ? 0 : device);

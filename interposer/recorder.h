@@ -64,9 +64,15 @@ class Recorder {
   // they are rare and large. `error` != 0 records a failed allocation.
   void on_device_alloc(ThreadState& t, format::Kind kind, int device, uint64_t addr, uint64_t size,
                        uint32_t flags, int error);
-  void on_device_free(ThreadState& t, format::Kind kind, uint64_t addr, uint32_t flags);
+  // A free is recorded only once the real call succeeded, with the sequence
+  // number `seq` taken (next_seq) *before* that call: the address may be
+  // handed out again by another thread's allocation in between, which then
+  // comes after the free in sequence order. 0: numbered now.
+  void on_device_free(ThreadState& t, format::Kind kind, uint64_t addr, uint32_t flags, uint64_t seq = 0);
   // Reserve/unreserve/map/unmap and device/pool samples (no stack except reserve).
-  void on_device_event(ThreadState& t, EventType type, int device, uint64_t addr, uint64_t size, uint64_t extra);
+  // `seq`: as for on_device_free (unmap, unreserve).
+  void on_device_event(ThreadState& t, EventType type, int device, uint64_t addr, uint64_t size, uint64_t extra,
+                       uint64_t seq = 0);
 
   void on_step(const char* label, format::StepSource source);
   // Records an event built by the CUPTI module's bridge (cupti_bridge.cpp).
@@ -85,6 +91,8 @@ class Recorder {
   void disable(const char* why);
 
   uint64_t next_seq() { return seq_.fetch_add(1, std::memory_order_relaxed); }
+  // `n` consecutive numbers, the first returned.
+  uint64_t next_seqs(uint64_t n) { return seq_.fetch_add(n, std::memory_order_relaxed); }
   StackTable& stacks() { return stacks_; }
   ThreadRing* rings() const { return rings_.load(std::memory_order_acquire); }
   ThreadRing* shared_ring() { return shared_ring_; }

@@ -6,6 +6,7 @@ leak and a planted out-of-memory.
     cuda_runtime_static    runtime linked statically: only cuGetProcAddress shows the driver calls
     cuda_driver_dlopen     dlopen(libcuda) + dlsym of each function (TensorFlow/XLA style), pools, VMM
     cuda_driver_linked     linked against libcuda (exported symbols)
+    libcuda_plugin.so      a library linked against the shared runtime, loaded RTLD_LOCAL by ctypes
 """
 import ctypes  # noqa: F401  (used by the child script below)
 import json
@@ -21,6 +22,7 @@ from mltest import BUILD_DIR, MEMLEDGER, LIBRARY, TIMEOUT, clean_env, parse_kv
 
 SIM_DIR = BUILD_DIR / "tests" / "sim_cuda"
 DRIVER_DIR = SIM_DIR / "driver"
+PLUGIN = SIM_DIR / "programs" / "libcuda_plugin.so"
 STEPS = 12
 LEAK = 3 << 20  # not a multiple of the 2 MiB granularity: rounding shows as fragmentation
 
@@ -104,6 +106,13 @@ class CudaHooks(unittest.TestCase):
         self.assertGreater(last.get("reserved_address_space", 0), 0)
         self.assertLess(last["held"]["device"], last["reserved_address_space"])
 
+    def test_driver_dlopen_vmm_handle_references(self):
+        # NCCL's VMM sequence, handles released while mapped, a retain and an
+        # import: memory is freed by the last release of a handle *and* the
+        # last unmap, never by the first release.
+        report, _ = self.check_leak("cuda_driver_dlopen", "nccl", allocations_per_step=2.0)
+        self.assertEqual(report["stats"].get("unknown_frees", 0), 0, report["stats"])
+
     def test_driver_linked(self):
         self.check_leak("cuda_driver_linked", "normal")
 
@@ -117,6 +126,57 @@ class CudaHooks(unittest.TestCase):
             self.assertEqual(s["device_memory"]["total"], total)
         frees = [s["device_memory"]["free"] for s in report["steps"]]
         self.assertLess(frees[-1], frees[0])
+
+    # -- a runtime outside the global scope ------------------------------------
+    def run_plugin(self, body, traced):
+        """Python loads the plugin RTLD_LOCAL (ctypes' default, as the JAX CUDA
+        plugin loads its runtime) and runs `body`; its printed lines."""
+        script = textwrap.dedent(f"""
+            import ctypes, os
+            plugin = ctypes.CDLL({str(PLUGIN)!r}, mode=os.RTLD_LOCAL)
+            step = getattr(ctypes.CDLL(None), "memledger_step", None)
+        """) + textwrap.dedent(body)
+        run_dir = tempfile.mkdtemp(prefix="memledger-plugin-")
+        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
+        if traced:
+            cmd = [MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", sys.executable, "-c", script]
+        else:
+            cmd = [sys.executable, "-c", script]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=sim_env())
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        report = None
+        if traced:
+            with open(os.path.join(run_dir, "report.json")) as f:
+                report = json.load(f)
+        return proc.stdout.split(), report
+
+    def test_runtime_loaded_rtld_local(self):
+        # The runtime hooks' real functions are not in the global scope: they
+        # come from the runtime the calling library linked, never an error
+        # the runtime would not return.
+        codes, report = self.run_plugin(f"""
+            for i in range(8):
+                print(plugin.plugin_leak(ctypes.c_size_t({LEAK})), plugin.plugin_alloc_free(ctypes.c_size_t(1 << 20)))
+                step(b"train")
+        """, traced=True)
+        self.assertEqual(set(codes), {"0"}, codes)
+        self.assertEqual(len(report["steps"]), 8)
+        suspects = [s for s in report["leak_suspects"] if s["kind"] == "device"]
+        self.assertTrue(suspects, report["notes"])
+        self.assertEqual(suspects[0]["bytes_per_step"], LEAK)
+        lives = [s["live"].get("device", 0) for s in report["steps"]]
+        self.assertEqual(lives[-1] - lives[0], 7 * LEAK, lives)
+
+    def test_default_lookup_from_rtld_local_library(self):
+        # dlsym(RTLD_DEFAULT) made by a library loaded RTLD_LOCAL searches its
+        # own scope too, as without memledger.
+        body = """
+            print(plugin.plugin_default_lookup())
+        """
+        plain, _ = self.run_plugin(body, traced=False)
+        traced, _ = self.run_plugin(body, traced=True)
+        self.assertEqual(plain, ["2"])
+        self.assertEqual(traced, plain)
 
     # -- out of memory ---------------------------------------------------------
     def check_oom(self, program):
@@ -171,6 +231,36 @@ class CudaHooks(unittest.TestCase):
                                 env=sim_env(LD_PRELOAD=LIBRARY, MEMLEDGER_DIR=run_dir))
         self.assertEqual(plain.returncode, 0, plain.stderr)
         self.assertEqual(traced.stdout, plain.stdout, traced.stderr)
+
+    def test_failed_free_keeps_the_allocation_live(self):
+        # A free the driver refuses (a stream-ordered free on a stream that
+        # does not exist) frees nothing: the live set keeps the block.
+        script = textwrap.dedent(f"""
+            import ctypes
+            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
+            step = ctypes.CDLL(None).memledger_step
+            cuda.cuInit(0)
+            ctx = ctypes.c_void_p()
+            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+            cuda.cuCtxSetCurrent(ctx)
+            p = ctypes.c_ulonglong(0)
+            assert cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(4 << 20)) == 0
+            print(cuda.cuMemFreeAsync(p, ctypes.c_void_p(0x5eed)))
+            step(b"train")
+            print(cuda.cuMemFree_v2(p))
+            step(b"train")
+        """)
+        run_dir = tempfile.mkdtemp(prefix="memledger-free-")
+        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
+        proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", sys.executable, "-c",
+                               script], capture_output=True, text=True, timeout=TIMEOUT, env=sim_env())
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        codes = proc.stdout.split()
+        self.assertNotEqual(codes[0], "0")
+        self.assertEqual(codes[1], "0")
+        with open(os.path.join(run_dir, "report.json")) as f:
+            report = json.load(f)
+        self.assertEqual([s["live"].get("device", 0) for s in report["steps"]], [4 << 20, 0])
 
     def test_unknown_free_is_counted_not_fatal(self):
         proc, out, report = self.trace("cuda_driver_linked", "normal")

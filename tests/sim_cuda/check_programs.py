@@ -33,7 +33,7 @@ PROGRAMS = {
     "cuda_driver_linked": ("cuda_driver_linked.cpp", {
         "normal": "cuMemAlloc", "async": "cuMemAllocAsync", "managed": "cuMemAllocManaged", "oom": "cuMemAlloc"}),
     "cuda_driver_dlopen": ("cuda_driver_dlopen.cpp", {
-        "normal": "cuMemAlloc_v2", "pool": "cuMemAllocFromPoolAsync", "vmm": "cuMemCreate",
+        "normal": "cuMemAlloc_v2", "pool": "cuMemAllocFromPoolAsync", "vmm": "cuMemCreate", "nccl": "cuMemCreate",
         "oom": "cuMemAlloc_v2"}),
 }
 

@@ -101,7 +101,11 @@
   X(cuMemUnmap, cuMemUnmap, 10020, kLegacy)                                    \
   X(cuMemSetAccess, cuMemSetAccess, 10020, kLegacy)                            \
   X(cuMemRetainAllocationHandle, cuMemRetainAllocationHandle, 11000, kLegacy)  \
-  X(cuMemGetAllocationPropertiesFromHandle, cuMemGetAllocationPropertiesFromHandle, 10020, kLegacy)
+  X(cuMemGetAllocationPropertiesFromHandle, cuMemGetAllocationPropertiesFromHandle, 10020, kLegacy) \
+  X(cuMemExportToShareableHandle, cuMemExportToShareableHandle, 10020, kLegacy) \
+  X(cuMemImportFromShareableHandle, cuMemImportFromShareableHandle, 10020, kLegacy) \
+  X(cuMulticastCreate, cuMulticastCreate, 12010, kLegacy)                      \
+  X(cuMulticastGetGranularity, cuMulticastGetGranularity, 12010, kLegacy)
 
 namespace memledger::simcuda {
 

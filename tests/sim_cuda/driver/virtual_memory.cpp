@@ -1,6 +1,7 @@
 #include "virtual_memory.h"
 
 #include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -126,7 +127,7 @@ CUresult VirtualMemory::create(size_t size, const CUmemAllocationProp& prop, Dev
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const CUmemGenericAllocationHandle handle = next_handle_++;
-  handles_.emplace(handle, Handle{device, size, *offset, 1, 0, prop});
+  handles_.emplace(handle, Handle{device, size, *offset, 1, 0, prop, false});
   *out = handle;
   return CUDA_SUCCESS;
 }
@@ -134,8 +135,13 @@ CUresult VirtualMemory::create(size_t size, const CUmemAllocationProp& prop, Dev
 void VirtualMemory::free_if_unused(InternalMap<CUmemGenericAllocationHandle, Handle>::iterator it) {
   Handle& h = it->second;
   if (h.refs > 0 || h.mappings > 0) return;
-  store_for(h.device).release(h.offset, h.size);
-  if (h.device) h.device->unhold(h.size);
+  if (!h.multicast) {
+    store_for(h.device).release(h.offset, h.size);
+    if (h.device) h.device->unhold(h.size);
+  }
+  for (auto e = exported_.begin(); e != exported_.end();) {
+    e = e->second == it->first ? exported_.erase(e) : std::next(e);
+  }
   handles_.erase(it);
 }
 
@@ -235,6 +241,40 @@ CUresult VirtualMemory::properties(CUmemGenericAllocationHandle handle, CUmemAll
   auto it = handles_.find(handle);
   if (it == handles_.end()) return CUDA_ERROR_INVALID_VALUE;
   *out = it->second.prop;
+  return CUDA_SUCCESS;
+}
+
+CUresult VirtualMemory::export_fd(CUmemGenericAllocationHandle handle, int* fd) {
+  auto it = handles_.find(handle);
+  if (it == handles_.end() || it->second.refs == 0) return CUDA_ERROR_INVALID_VALUE;
+  // Only the types the allocation asked for (CUmemAllocationProp::requestedHandleTypes).
+  if (!it->second.multicast && (it->second.prop.requestedHandleTypes & CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) == 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const int made = eventfd(0, EFD_CLOEXEC);
+  if (made < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  exported_[made] = handle;
+  *fd = made;
+  return CUDA_SUCCESS;
+}
+
+CUresult VirtualMemory::import_fd(int fd, CUmemGenericAllocationHandle* out) {
+  auto it = exported_.find(fd);
+  if (it == exported_.end()) return CUDA_ERROR_INVALID_VALUE;
+  auto handle = handles_.find(it->second);
+  if (handle == handles_.end()) return CUDA_ERROR_INVALID_VALUE;
+  ++handle->second.refs;
+  *out = handle->first;
+  return CUDA_SUCCESS;
+}
+
+CUresult VirtualMemory::create_multicast(size_t size, CUmemGenericAllocationHandle* out) {
+  if (size == 0 || size % kGranularity != 0) return CUDA_ERROR_INVALID_VALUE;
+  const CUmemGenericAllocationHandle handle = next_handle_++;
+  CUmemAllocationProp prop{};
+  prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  handles_.emplace(handle, Handle{nullptr, size, 0, 1, 0, prop, true});
+  *out = handle;
   return CUDA_SUCCESS;
 }
 

@@ -8,8 +8,8 @@
 // (host locations count against no device). It lives in one sparse memfd per
 // location, carved into handles, so that a handle mapped at two addresses
 // shows the same bytes, as on the real driver. A handle's memory is freed
-// when its last reference (cuMemCreate, cuMemRetainAllocationHandle) is
-// released and its last mapping is gone.
+// when its last reference (cuMemCreate, cuMemRetainAllocationHandle,
+// cuMemImportFromShareableHandle) is released and its last mapping is gone.
 #pragma once
 
 #include <cuda.h>
@@ -64,6 +64,12 @@ class VirtualMemory {
   CUresult set_access(uintptr_t addr, size_t size, int prot);
   CUresult retain(uintptr_t addr, CUmemGenericAllocationHandle* out);
   CUresult properties(CUmemGenericAllocationHandle handle, CUmemAllocationProp* out) const;
+  // A POSIX file descriptor standing for the handle (only this process can
+  // import it), and its import: one more reference to the same handle.
+  CUresult export_fd(CUmemGenericAllocationHandle handle, int* fd);
+  CUresult import_fd(int fd, CUmemGenericAllocationHandle* out);
+  // A multicast object: a handle with references but no memory.
+  CUresult create_multicast(size_t size, CUmemGenericAllocationHandle* out);
   std::optional<MappingInfo> find_mapping(uintptr_t addr) const;
 
  private:
@@ -74,6 +80,7 @@ class VirtualMemory {
     int refs;      // cuMemCreate + cuMemRetainAllocationHandle - cuMemRelease
     int mappings;  // live cuMemMap mappings
     CUmemAllocationProp prop;
+    bool multicast;  // no memory (cuMulticastCreate)
   };
   struct Reservation {
     size_t size;  // as requested, what cuMemAddressFree must repeat
@@ -98,6 +105,7 @@ class VirtualMemory {
   InternalMap<uintptr_t, Reservation> reservations_;
   InternalMap<uintptr_t, Mapping> mappings_;
   InternalMap<CUmemGenericAllocationHandle, Handle> handles_;
+  InternalMap<int, CUmemGenericAllocationHandle> exported_;  // fd -> handle
   PhysicalStore stores_[kMaxDevices + 1];  // one per device, then the host
   // Recognisable handle values that are no address and never 0.
   CUmemGenericAllocationHandle next_handle_ = 0x5100000000000001ull;

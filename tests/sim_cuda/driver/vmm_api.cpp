@@ -129,3 +129,45 @@ CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp* prop, CUmem
   if (prop == nullptr) return CUDA_ERROR_INVALID_VALUE;
   return call.st.vmm.properties(handle, prop);
 }
+
+CUresult cuMemExportToShareableHandle(void* shareableHandle, CUmemGenericAllocationHandle handle,
+                                      CUmemAllocationHandleType handleType, unsigned long long flags) {
+  Call call(Sym::cuMemExportToShareableHandle);
+  if (CUresult r = call.initialized()) return r;
+  if (shareableHandle == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (handleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  return call.st.vmm.export_fd(handle, static_cast<int*>(shareableHandle));
+}
+
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle* handle, void* osHandle,
+                                        CUmemAllocationHandleType shHandleType) {
+  Call call(Sym::cuMemImportFromShareableHandle);
+  if (CUresult r = call.initialized()) return r;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (shHandleType != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR) return CUDA_ERROR_NOT_SUPPORTED;
+  // The file descriptor travels as the pointer's value, as the CUDA samples
+  // (memMapIPCDrv) pass it.
+  return call.st.vmm.import_fd(static_cast<int>(reinterpret_cast<uintptr_t>(osHandle)), handle);
+}
+
+CUresult cuMulticastGetGranularity(size_t* granularity, const CUmulticastObjectProp* prop,
+                                   CUmulticastGranularity_flags option) {
+  Call call(Sym::cuMulticastGetGranularity);
+  if (CUresult r = call.initialized()) return r;
+  if (granularity == nullptr || prop == nullptr ||
+      (option != CU_MULTICAST_GRANULARITY_MINIMUM && option != CU_MULTICAST_GRANULARITY_RECOMMENDED)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *granularity = kGranularity;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMulticastCreate(CUmemGenericAllocationHandle* mcHandle, const CUmulticastObjectProp* prop) {
+  Call call(Sym::cuMulticastCreate);
+  if (CUresult r = call.initialized()) return r;
+  if (mcHandle == nullptr || prop == nullptr || prop->numDevices == 0 ||
+      static_cast<int>(prop->numDevices) > call.st.device_count) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  return call.st.vmm.create_multicast(prop->size, mcHandle);
+}

@@ -14,10 +14,18 @@
 //   pool    cuMemAllocFromPoolAsync of LEAK_BYTES
 //   vmm     the expandable segment grows: LEAK_BYTES rounded up to whole
 //           2 MiB chunks (at least one) are created and mapped, never unmapped
+//   nccl    as vmm, but each chunk's handle is released once mapped (the
+//           mapping keeps the memory), after a retain/release pair (NCCL's
+//           handle query) and an export/import/release; each step also
+//           frees a buffer as NCCL's ncclCuMemFree does (retain, release,
+//           unmap, release, address free) and makes and releases a
+//           multicast object
 //   oom     cuMemAlloc_v2, and after the steps asks for more than device 0 has.
 // Output format: program_common.h.
 
 #include <cudaTypedefs.h>
+
+#include <unistd.h>
 
 #include <cstdint>
 
@@ -27,7 +35,7 @@ using namespace simcuda_programs;
 
 namespace {
 
-const char* const kModes[] = {"normal", "pool", "vmm", "oom", nullptr};
+const char* const kModes[] = {"normal", "pool", "vmm", "nccl", "oom", nullptr};
 
 // X(exported name, typedef of that ABI)
 #define DRIVER_FUNCTIONS(X)                                                  \
@@ -54,7 +62,12 @@ const char* const kModes[] = {"normal", "pool", "vmm", "oom", nullptr};
   X(cuMemRelease, PFN_cuMemRelease_v10020)                                   \
   X(cuMemMap, PFN_cuMemMap_v10020)                                           \
   X(cuMemUnmap, PFN_cuMemUnmap_v10020)                                       \
-  X(cuMemSetAccess, PFN_cuMemSetAccess_v10020)
+  X(cuMemSetAccess, PFN_cuMemSetAccess_v10020)                               \
+  X(cuMemRetainAllocationHandle, PFN_cuMemRetainAllocationHandle_v11000)     \
+  X(cuMemGetAddressRange_v2, PFN_cuMemGetAddressRange_v3020)                 \
+  X(cuMemExportToShareableHandle, PFN_cuMemExportToShareableHandle_v10020)   \
+  X(cuMemImportFromShareableHandle, PFN_cuMemImportFromShareableHandle_v10020) \
+  X(cuMulticastCreate, PFN_cuMulticastCreate_v12010)
 
 struct Driver {
 #define DRIVER_MEMBER(name, pfn) pfn name = nullptr;
@@ -112,7 +125,7 @@ void map_chunks(const Segment& seg, CUdeviceptr where, size_t count, const CUmem
   }
 }
 
-enum class LeakApi { kMalloc, kPool, kVmm };
+enum class LeakApi { kMalloc, kPool, kVmm, kNccl };
 
 // The planted leak. Each API's call is on the line kLeakLineBase + its enum
 // value names, and carries the "PLANTED LEAK" comment (the tests check). In
@@ -128,15 +141,63 @@ __attribute__((noinline, noipa)) void plant_device_leak(LeakApi api, size_t byte
     case LeakApi::kMalloc: check(drv.cuMemAlloc_v2(&p, bytes), "cuMemAlloc_v2"); break;  // PLANTED LEAK cuMemAlloc_v2
     case LeakApi::kPool: check(drv.cuMemAllocFromPoolAsync(&p, bytes, res.pool, res.stream), "cuMemAllocFromPoolAsync"); break;  // PLANTED LEAK cuMemAllocFromPoolAsync
     case LeakApi::kVmm: for (size_t i = 0; i < bytes / seg.chunk; ++i) check(drv.cuMemCreate(&handles[i], seg.chunk, &seg.prop, 0), "cuMemCreate"); break;  // PLANTED LEAK cuMemCreate
+    case LeakApi::kNccl: for (size_t i = 0; i < bytes / seg.chunk; ++i) check(drv.cuMemCreate(&handles[i], seg.chunk, &seg.prop, 0), "cuMemCreate"); break;  // PLANTED LEAK cuMemCreate
       // clang-format on
   }
-  if (api == LeakApi::kVmm) {
+  if (api == LeakApi::kVmm || api == LeakApi::kNccl) {
     map_chunks(seg, seg.base + seg.mapped, bytes / seg.chunk, handles);
     seg.mapped += bytes;
   }
+  if (api != LeakApi::kNccl) return;
+  for (size_t i = 0; i < bytes / seg.chunk; ++i) {
+    const CUdeviceptr at = seg.base + seg.mapped - bytes + i * seg.chunk;
+    CUmemGenericAllocationHandle queried = 0;
+    check(drv.cuMemRetainAllocationHandle(&queried, reinterpret_cast<void*>(at)), "cuMemRetainAllocationHandle");
+    check(drv.cuMemRelease(queried), "cuMemRelease");
+    int fd = -1;
+    check(drv.cuMemExportToShareableHandle(&fd, handles[i], CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0),
+          "cuMemExportToShareableHandle");
+    CUmemGenericAllocationHandle imported = 0;
+    check(drv.cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                             CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR),
+          "cuMemImportFromShareableHandle");
+    check(drv.cuMemRelease(imported), "cuMemRelease");
+    close(fd);
+    // Mapped memory outlives its handle.
+    check(drv.cuMemRelease(handles[i]), "cuMemRelease");
+  }
 }
 
-__attribute__((noinline)) void forward_pass(Resources& res, long step) {
+// NCCL's buffers (src/include/alloc.h): ncclCuMemAlloc creates, reserves,
+// maps and keeps the handle; ncclCuMemFree retains it again from the
+// address, releases, unmaps, releases and frees the address range.
+void nccl_buffer_round_trip(const Segment& seg) {
+  CUmemGenericAllocationHandle handle = 0;
+  check(drv.cuMemCreate(&handle, seg.chunk, &seg.prop, 0), "cuMemCreate");
+  CUdeviceptr ptr = 0;
+  check(drv.cuMemAddressReserve(&ptr, seg.chunk, seg.chunk, 0, 0), "cuMemAddressReserve");
+  map_chunks(seg, ptr, 1, &handle);
+  touch(reinterpret_cast<void*>(ptr), seg.chunk);
+  CUmemGenericAllocationHandle again = 0;
+  check(drv.cuMemRetainAllocationHandle(&again, reinterpret_cast<void*>(ptr)), "cuMemRetainAllocationHandle");
+  check(drv.cuMemRelease(again), "cuMemRelease");
+  size_t size = 0;
+  check(drv.cuMemGetAddressRange_v2(nullptr, &size, ptr), "cuMemGetAddressRange_v2");
+  check(drv.cuMemUnmap(ptr, size), "cuMemUnmap");
+  check(drv.cuMemRelease(again), "cuMemRelease");
+  check(drv.cuMemAddressFree(ptr, size), "cuMemAddressFree");
+  // A multicast object (NVLS) holds no memory of its own.
+  CUmulticastObjectProp mc{};
+  mc.numDevices = 1;
+  mc.size = seg.chunk;
+  mc.handleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CUmemGenericAllocationHandle multicast = 0;
+  check(drv.cuMulticastCreate(&multicast, &mc), "cuMulticastCreate");
+  check(drv.cuMemRelease(multicast), "cuMemRelease");
+}
+
+__attribute__((noinline)) void forward_pass(Resources& res, long step, bool nccl) {
+  if (nccl) nccl_buffer_round_trip(res.segment);
   CUdeviceptr blocks[2] = {};
   check(drv.cuMemAlloc_v2(&blocks[0], 2 * kMiB), "cuMemAlloc_v2");
   check(drv.cuMemAlloc_v2(&blocks[1], 256 * 1024 + static_cast<size_t>(step % 5) * 512), "cuMemAlloc_v2");
@@ -171,8 +232,9 @@ size_t device0_free(size_t* total = nullptr) {
 int main(int argc, char** argv) {
   const Args args = parse_args(argc, argv, kModes);
   const LeakApi leak_api = mode_is(args, "pool") ? LeakApi::kPool
-                           : mode_is(args, "vmm") ? LeakApi::kVmm
-                                                  : LeakApi::kMalloc;
+                           : mode_is(args, "vmm")  ? LeakApi::kVmm
+                           : mode_is(args, "nccl") ? LeakApi::kNccl
+                                                   : LeakApi::kMalloc;
   const StepFn marker = find_step_marker();
   load_driver();
 
@@ -197,6 +259,7 @@ int main(int argc, char** argv) {
   Segment& seg = res.segment;
   seg.prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   seg.prop.location = {CU_MEM_LOCATION_TYPE_DEVICE, device};
+  if (leak_api == LeakApi::kNccl) seg.prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   seg.access.location = seg.prop.location;
   seg.access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
   check(drv.cuMemGetAllocationGranularity(&seg.chunk, &seg.prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED),
@@ -204,7 +267,7 @@ int main(int argc, char** argv) {
   check(drv.cuMemAddressReserve(&seg.base, kReserve, 0, 0, 0), "cuMemAddressReserve");
 
   size_t leak_per_step = args.leak_bytes;
-  if (leak_api == LeakApi::kVmm) {
+  if (leak_api == LeakApi::kVmm || leak_api == LeakApi::kNccl) {
     const size_t chunks = args.leak_bytes == 0 ? 1 : (args.leak_bytes + seg.chunk - 1) / seg.chunk;
     leak_per_step = chunks * seg.chunk;
     // The transient chunk lives in the top chunk of the reservation.
@@ -220,7 +283,7 @@ int main(int argc, char** argv) {
   print_value("TOTAL", total);
 
   for (long step = 1; step <= args.steps; ++step) {
-    forward_pass(res, step);
+    forward_pass(res, step, leak_api == LeakApi::kNccl);
     if (leak_per_step > 0) plant_device_leak(leak_api, leak_per_step, res);
     end_step(marker, step);
   }
