@@ -282,7 +282,6 @@ void Recorder::start() {
   install_signal_handlers();
   pthread_atfork([] { recorder().before_fork(); }, [] { recorder().after_fork_parent(); },
                  [] { recorder().after_fork_child(); });
-  on_exit([](int status, void*) { recorder().on_exit_status(status); }, nullptr);
   if (!trace_writer().start_thread()) {
     disable("cannot start the writer thread; tracing is off, the program goes on");
     return;
@@ -574,7 +573,7 @@ void Recorder::flush_and_wait(int timeout_ms) {
 }
 
 void Recorder::on_exit_status(int status) {
-  if (!active()) return;
+  if (!active() || getpid() != pid_) return;  // a vfork child shares our memory: stay out
   trace_writer().note_exit(status);
   trace_writer().flush_and_wait(2000);
 }

@@ -719,7 +719,7 @@ void job_section(const RunReport& run, const JobSummary& job, std::ostringstream
     if (r.suspects) o << esc(bytes(r.suspect_bytes_per_step)) << "/step<br><span class=\"note\">" << esc(r.top_site) << "</span>";
     o << "</td><td class=\"n\">" << esc(bytes(double(r.exit_leak_bytes))) << "</td><td>"
       << sparkline(total_live_series(p), r.suspects ? "#c0392b" : "#2962a8", "total live bytes at each step end")
-      << "</td><td>" << esc(r.verdict_kind) << "</td></tr>\n";
+      << "</td><td>" << esc(r.status) << "</td></tr>\n";
   }
   o << "</tbody></table>\n";
 }

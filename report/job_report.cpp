@@ -22,6 +22,16 @@ long rank_number(const std::string& rank) {
   return rank.empty() || *end != '\0' ? -1 : v;
 }
 
+// The verdict in a table cell: its kind, with the exit code or the signal.
+std::string short_status(const Verdict& v) {
+  if (v.kind == "exit") {
+    if (v.summary.find("not recorded") != std::string::npos) return "exit ?";
+    return "exit " + std::to_string(v.exit_code);
+  }
+  if (!v.signal_name.empty() && v.kind != "cuda_oom") return v.kind + " " + v.signal_name;
+  return v.kind;
+}
+
 }  // namespace
 
 JobSummary summarize_job(const RunReport& run) {
@@ -63,6 +73,7 @@ JobSummary summarize_job(const RunReport& run) {
     if (!p.leak_suspects.empty()) row.top_site = site_name(p.leak_suspects.front().site);
     row.exit_leak_bytes = p.exit_leak_bytes;
     row.verdict_kind = p.verdict.kind;
+    row.status = short_status(p.verdict);
     row.verdict = p.verdict.summary;
     job.rows.push_back(std::move(row));
   }
@@ -124,6 +135,7 @@ nlohmann::json job_json(const JobSummary& job) {
                     {"top_site", r.top_site},
                     {"exit_leak_bytes", r.exit_leak_bytes},
                     {"verdict_kind", r.verdict_kind},
+                    {"status", r.status},
                     {"verdict", r.verdict}});
   }
   nlohmann::json growing = nlohmann::json::array();
@@ -141,7 +153,7 @@ std::string render_job_text(const JobSummary& job) {
                   human_bytes(double(r.peak_bytes)).c_str(),
                   r.suspects ? human_bytes(r.suspect_bytes_per_step).c_str() : "-", r.suspects,
                   human_bytes(double(r.exit_leak_bytes)).c_str());
-    out << line << r.verdict_kind << (r.role == "root" ? " (root)" : "") << "\n";
+    out << line << r.status << (r.role == "root" ? " (root)" : "") << "\n";
   }
   return out.str();
 }

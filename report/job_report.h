@@ -28,6 +28,7 @@ struct ProcessRow {
   std::string top_site;               // the first suspect's site
   int64_t exit_leak_bytes = 0;
   std::string verdict_kind;
+  std::string status;  // the verdict in short: "exit 4", "signal SIGTERM", "exec"
   std::string verdict;
 };
 
