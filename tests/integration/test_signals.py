@@ -105,13 +105,9 @@ class SignalOutcomes(mltest.TestCase):
                 else:
                     self.assertEqual(v["exit_code"], code)
 
-    # Known bug (reported): a normal exit (return from main, exit()) never
-    # records its status in the trace: the on_exit() handler the library
-    # registers in its constructor runs after ld.so's _dl_fini has already run
-    # the library's destructor, which closed the trace. Without run.json the
-    # report then takes the handled SIGINT for the cause of death:
-    # "terminated by SIGINT" for a program that exited 0.
-    @unittest.expectedFailure
+    # A normal exit after a handled signal: the trace's exit record (written
+    # from the handler registered at the start of main, before ld.so's
+    # _dl_fini closes the trace) wins over the handled SIGINT.
     def test_handled_signal_then_exit_from_the_trace_alone(self):
         v = self.raw_verdict("python-style")
         self.assertEqual((v["kind"], v["exit_code"]), ("exit", 0), v["summary"])
