@@ -3,6 +3,9 @@
 
 #include "memledger.h"
 
+#include <cstddef>
+#include <cstring>
+
 #include "recorder.h"
 
 using memledger::interposer::recorder;
@@ -19,4 +22,17 @@ MEMLEDGER_EXPORT void memledger_flush(void) { recorder().flush_and_wait(2000); }
 
 MEMLEDGER_EXPORT const char* memledger_run_dir(void) {
   return recorder().active() ? recorder().config().dir : nullptr;
+}
+
+MEMLEDGER_EXPORT int memledger_live(struct memledger_live* out) {
+  if (out == nullptr || out->size < offsetof(struct memledger_live, gpus)) return -1;
+  // Filled in a copy: a caller built against an older, shorter struct gets
+  // its own fields only.
+  struct memledger_live now;
+  std::memset(&now, 0, sizeof now);
+  recorder().read_live(now);
+  const uint32_t size = out->size < sizeof now ? out->size : static_cast<uint32_t>(sizeof now);
+  now.size = size;
+  std::memcpy(out, &now, size);
+  return (now.flags & MEMLEDGER_LIVE_TRACING) ? 0 : 1;
 }

@@ -4,6 +4,8 @@
 #ifndef MEMLEDGER_H
 #define MEMLEDGER_H
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -16,6 +18,35 @@ int memledger_active(void);
 void memledger_flush(void);
 /* The run folder the traces go to, or NULL when not traced. */
 const char *memledger_run_dir(void);
+
+/* This process's memory as the tracer knows it now, for a program that
+ * checks itself (a test's growth, a step's budget): a few relaxed loads and
+ * one mallinfo2(), cheap enough for every step. Kinds are indexed host,
+ * device (all GPUs), managed, pinned host. Live: bytes allocated and not yet
+ * freed; held: bytes the allocators hold from the system (host: the glibc
+ * heap's arenas and mmap'ed blocks, mallinfo2; device: allocations rounded
+ * to the 2 MiB granularity, VMM physical memory, memory pools' reserve at
+ * their last sample). Host live bytes are exact (usable sizes) in sampled
+ * mode too: only the trace's per-site figures are estimates there. */
+#define MEMLEDGER_LIVE_MAX_GPUS 16
+#define MEMLEDGER_LIVE_TRACING 1u      /* traced: the figures below are meaningful */
+#define MEMLEDGER_LIVE_HOST 2u         /* the host heap is tracked (not --host off) */
+#define MEMLEDGER_LIVE_HOST_SAMPLED 4u /* sampled host mode (the trace's host sites are estimates) */
+struct memledger_live {
+  uint32_t size;  /* in: sizeof(struct memledger_live); at most that much is written */
+  uint32_t flags; /* MEMLEDGER_LIVE_*; 0 when not traced */
+  uint64_t seq;   /* the trace's sequence number now: later events have larger ones */
+  uint64_t steps; /* steps ended so far */
+  int64_t live[4];
+  uint64_t held[4];
+  uint32_t gpus;  /* entries of device_live/device_held in use */
+  uint32_t reserved;
+  int64_t device_live[MEMLEDGER_LIVE_MAX_GPUS];
+  uint64_t device_held[MEMLEDGER_LIVE_MAX_GPUS];
+};
+/* Fills *out: 0 when traced, 1 when not (flags 0, figures 0), -1 when out is
+ * NULL or out->size is too small for the fields up to `held`. */
+int memledger_live(struct memledger_live *out);
 
 #ifdef __cplusplus
 }

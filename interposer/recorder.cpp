@@ -20,6 +20,8 @@
 #include <libunwind.h>
 
 #include "internal_alloc.h"
+#include "live_ledger.h"
+#include "memledger.h"
 #include "python_frames.h"
 #include "signals.h"
 #include "spin_lock.h"
@@ -522,10 +524,15 @@ void Recorder::on_device_alloc(ThreadState& t, format::Kind kind, int device, ui
   e.stack = capture_stack();
   push(t, e);
   // An out-of-memory is the likely end of the run: make it durable now.
-  if (error) trace_writer().wake();
+  if (error) {
+    trace_writer().wake();
+  } else {
+    live_ledger().on_alloc(kind, flags, device, addr, size, e.seq);
+  }
 }
 
 void Recorder::on_device_free(ThreadState& t, format::Kind kind, uint64_t addr, uint32_t flags, uint64_t seq) {
+  live_ledger().on_free(kind, flags, addr, seq);
   Event e{};
   e.seq = seq;
   e.type = EventType::kFree;
@@ -546,7 +553,35 @@ void Recorder::on_device_event(ThreadState& t, EventType type, int device, uint6
   e.size = size;
   e.weight = extra;
   if (type == EventType::kReserve) e.stack = capture_stack();
+  if (type == EventType::kPoolSample) live_ledger().on_pool_sample(device, addr, size);
   push(t, e);
+}
+
+void Recorder::read_live(struct memledger_live& out) const {
+  if (!active()) return;
+  out.flags = MEMLEDGER_LIVE_TRACING;
+  if (config_.host_mode != HostMode::kOff) out.flags |= MEMLEDGER_LIVE_HOST;
+  if (config_.host_mode == HostMode::kSampled) out.flags |= MEMLEDGER_LIVE_HOST_SAMPLED;
+  out.seq = seq_.load(std::memory_order_relaxed);
+  out.steps = step_index_.load(std::memory_order_relaxed);
+  LiveLedger::Totals totals;
+  live_ledger().read(totals);
+  for (int k = 0; k < format::kKindCount; ++k) {
+    out.live[k] = totals.live[k];
+    out.held[k] = totals.held[k];
+  }
+  int64_t host_live = 0;
+  for (ThreadRing* ring = rings(); ring != nullptr; ring = ring->next) {
+    host_live += ring->host_live.load(std::memory_order_relaxed);
+  }
+  out.live[static_cast<int>(format::Kind::kHost)] = host_live;
+  const struct mallinfo2 mi = mallinfo2();  // as the trace's samples read it (trace_writer.cpp)
+  out.held[static_cast<int>(format::Kind::kHost)] = mi.arena + mi.hblkhd;
+  out.gpus = totals.gpus;
+  for (int d = 0; d < LiveLedger::kMaxGpus; ++d) {
+    out.device_live[d] = totals.device_live[d];
+    out.device_held[d] = totals.device_held[d];
+  }
 }
 
 void Recorder::on_step(const char* label, format::StepSource source) {
@@ -616,6 +651,7 @@ void Recorder::after_fork_child() {
   g_forking.store(false, std::memory_order_seq_cst);
   g_shared_lock.reset();
   for (SampledShard& shard : g_sampled) shard.lock.reset();
+  live_ledger().reset_after_fork();
   const pid_t parent = pid_;
   pid_ = getpid();
   if (lifecycle_.load(std::memory_order_acquire) != Lifecycle::kActive) return;

@@ -12,6 +12,8 @@
 #include "stack_table.h"
 #include "trace_format.h"
 
+struct memledger_live;
+
 namespace memledger::interposer {
 
 enum class HostMode : uint8_t { kOff = 0, kSampled = 1, kFull = 2 };
@@ -75,6 +77,8 @@ class Recorder {
                        uint64_t seq = 0);
 
   void on_step(const char* label, format::StepSource source);
+  // This process's live and held bytes now (memledger.h, memledger_live).
+  void read_live(struct memledger_live& out) const;
   // Records an event built by the CUPTI module's bridge (cupti_bridge.cpp).
   void on_external_event(ThreadState& t, Event& event) { push(t, event); }
   // Called at every step end, before the step is recorded: lets the CUDA

@@ -54,7 +54,8 @@ class ExportedSymbols(mltest.TestCase):
     def test_c_abi_exported(self):
         header = (INTERPOSER / "memledger.h").read_text()
         abi = set(re.findall(r"\b(memledger_\w+)\s*\(", header))
-        self.assertEqual(abi, {"memledger_step", "memledger_active", "memledger_flush", "memledger_run_dir"})
+        self.assertEqual(abi, {"memledger_step", "memledger_active", "memledger_flush", "memledger_run_dir",
+                               "memledger_live"})
         for name in abi:
             self.assertEqual(self.dynamic.get(name), "T", name)
 

@@ -22,13 +22,42 @@ The report lists each step's label (`steps[i].label` in its JSON).
 
 Keras: `memledger.keras.StepCallback()`; PyTorch Lightning:
 `memledger.lightning.StepCallback()`.
+
+`memledger.live()` gives this process's live and held bytes by kind now,
+as the tracer counts them (cheap enough for every step):
+
+    now = memledger.live()
+    if now.tracing:
+        print(now.live["device"], now.device_live, now.held["host"])
 """
 
 import contextlib
 import ctypes
 import threading
 
-__all__ = ["active", "step", "phase", "current_phase", "flush", "run_dir"]
+__all__ = ["active", "step", "phase", "current_phase", "flush", "run_dir", "live", "Live", "KINDS"]
+
+# The memory kinds, in the order of the C ABI's arrays (memledger.h).
+KINDS = ("host", "device", "managed", "pinned")
+_MAX_GPUS = 16
+_LIVE_TRACING, _LIVE_HOST, _LIVE_HOST_SAMPLED = 1, 2, 4
+
+
+class _LiveStruct(ctypes.Structure):
+    """struct memledger_live (interposer/memledger.h)."""
+
+    _fields_ = [
+        ("size", ctypes.c_uint32),
+        ("flags", ctypes.c_uint32),
+        ("seq", ctypes.c_uint64),
+        ("steps", ctypes.c_uint64),
+        ("live", ctypes.c_int64 * 4),
+        ("held", ctypes.c_uint64 * 4),
+        ("gpus", ctypes.c_uint32),
+        ("reserved", ctypes.c_uint32),
+        ("device_live", ctypes.c_int64 * _MAX_GPUS),
+        ("device_held", ctypes.c_uint64 * _MAX_GPUS),
+    ]
 
 
 def _resolve():
@@ -52,8 +81,73 @@ def _resolve():
     return step_fn, active_fn, flush_fn, run_dir_fn
 
 
+def _resolve_live():
+    """memledger_live, or None when the preload library is absent."""
+    try:
+        fn = ctypes.CDLL(None).memledger_live
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.POINTER(_LiveStruct)]
+    fn.restype = ctypes.c_int
+    return fn
+
+
 _abi = _resolve()
+_live_fn = _resolve_live()
 _phases = threading.local()
+
+
+class Live:
+    """This process's memory at one moment, as memledger counts it.
+
+    tracing: False outside `memledger run` (every figure is then 0).
+    live, held: bytes by kind ("host", "device", "managed", "pinned");
+      live = allocated and not freed, held = what the allocators hold from
+      the system (host: glibc's arenas; device: allocations rounded to the
+      2 MiB granularity, VMM memory, pools' reserve at their last sample).
+    device_live, device_held: the device kind per GPU ordinal.
+    host_tracked: False under `--host off` (host figures are then 0).
+    host_exact: host live bytes are exact (usable sizes) in every host mode;
+      host_sampled says that the trace's per-site host figures are estimates.
+    seq, steps: the trace's sequence number now and the steps ended so far.
+    """
+
+    __slots__ = ("tracing", "host_tracked", "host_sampled", "seq", "steps", "live", "held",
+                 "device_live", "device_held")
+
+    def __init__(self, raw=None):
+        flags = raw.flags if raw is not None else 0
+        self.tracing = bool(flags & _LIVE_TRACING)
+        self.host_tracked = bool(flags & _LIVE_HOST)
+        self.host_sampled = bool(flags & _LIVE_HOST_SAMPLED)
+        self.seq = raw.seq if self.tracing else 0
+        self.steps = raw.steps if self.tracing else 0
+        self.live = {k: (raw.live[i] if self.tracing else 0) for i, k in enumerate(KINDS)}
+        self.held = {k: (raw.held[i] if self.tracing else 0) for i, k in enumerate(KINDS)}
+        gpus = min(raw.gpus, _MAX_GPUS) if self.tracing else 0
+        self.device_live = [raw.device_live[i] for i in range(gpus)]
+        self.device_held = [raw.device_held[i] for i in range(gpus)]
+
+    @property
+    def host_exact(self):
+        return self.host_tracked
+
+    def __repr__(self):
+        if not self.tracing:
+            return "memledger.Live(tracing=False)"
+        return "memledger.Live(live=%r, held=%r, device_live=%r, host_sampled=%r, steps=%d)" % (
+            self.live, self.held, self.device_live, self.host_sampled, self.steps)
+
+
+def live():
+    """This process's live and held bytes now (a Live). Outside `memledger
+    run`, Live.tracing is False and every figure 0."""
+    if _live_fn is None:
+        return Live()
+    raw = _LiveStruct()
+    raw.size = ctypes.sizeof(_LiveStruct)
+    _live_fn(ctypes.byref(raw))
+    return Live(raw)
 
 
 def active():
