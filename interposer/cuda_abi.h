@@ -33,7 +33,11 @@ inline constexpr int CU_GET_PROC_ADDRESS_SUCCESS = 0;
 inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5;
 inline constexpr int CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7;
 
+inline constexpr int CU_MEM_LOCATION_TYPE_NONE = 0;
 inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 1;
+inline constexpr int CU_MEM_LOCATION_TYPE_HOST = 2;
+inline constexpr int CU_MEM_ALLOCATION_TYPE_PINNED = 1;
+inline constexpr int CU_MEM_ALLOCATION_TYPE_MANAGED = 2;
 
 // CUmemLocation, and the leading fields of CUmemAllocationProp and
 // CUmemPoolProps (both start with two enums, then a CUmemLocation).

@@ -129,6 +129,8 @@ std::atomic<void*> real_cuCtxGetDevice{nullptr};
 std::atomic<void*> real_cuMemGetInfo_v2{nullptr};
 std::atomic<void*> real_cuMemPoolGetAttribute{nullptr};
 std::atomic<void*> real_cuDeviceGetDefaultMemPool{nullptr};
+std::atomic<void*> real_cuDeviceGetMemPool{nullptr};
+std::atomic<void*> real_cuMemGetDefaultMemPool{nullptr};
 std::atomic<void*> real_cudaGetDevice{nullptr};
 
 std::atomic<bool> g_cuda_used{false};
@@ -416,11 +418,20 @@ int runtime_device() {
   return dev;
 }
 
-// Pools seen, with their device, for the step-time samples.
+// What a pool's allocations are: its location and allocation type decide
+// (CUDA 13 has host, NUMA and managed pools beside the devices' ones), never
+// the device current when it is used.
+struct PoolLabel {
+  Kind kind;
+  int device;  // -1: a host location, or managed memory without one
+};
+
+// Pools seen, with their label, for the allocations' labels and the
+// step-time samples.
 struct PoolTable {
   memledger::interposer::SpinLock lock;
   CUmemoryPool pools[64] = {};
-  int devices[64] = {};
+  PoolLabel labels[64] = {};
   int count = 0;
   uint64_t devices_seen = 0;  // bit per device ordinal
 };
@@ -432,7 +443,7 @@ void note_device(int device) {
   }
 }
 
-void note_pool(CUmemoryPool pool, int device) {
+void note_pool(CUmemoryPool pool, PoolLabel label) {
   if (pool == nullptr) return;
   memledger::interposer::SpinGuard guard(g_pools.lock);
   for (int i = 0; i < g_pools.count; ++i) {
@@ -440,9 +451,20 @@ void note_pool(CUmemoryPool pool, int device) {
   }
   if (g_pools.count < 64) {
     g_pools.pools[g_pools.count] = pool;
-    g_pools.devices[g_pools.count] = device;
+    g_pools.labels[g_pools.count] = label;
     ++g_pools.count;
   }
+}
+
+bool known_pool(CUmemoryPool pool, PoolLabel* label) {
+  memledger::interposer::SpinGuard guard(g_pools.lock);
+  for (int i = 0; i < g_pools.count; ++i) {
+    if (g_pools.pools[i] == pool) {
+      *label = g_pools.labels[i];
+      return true;
+    }
+  }
+  return false;
 }
 
 void forget_pool(CUmemoryPool pool) {
@@ -450,11 +472,72 @@ void forget_pool(CUmemoryPool pool) {
   for (int i = 0; i < g_pools.count; ++i) {
     if (g_pools.pools[i] == pool) {
       g_pools.pools[i] = g_pools.pools[g_pools.count - 1];
-      g_pools.devices[i] = g_pools.devices[g_pools.count - 1];
+      g_pools.labels[i] = g_pools.labels[g_pools.count - 1];
       --g_pools.count;
       return;
     }
   }
+}
+
+// CUmemPoolProps (and CUmemAllocationProp) start with the allocation type,
+// the handle types, then the location.
+PoolLabel label_from_props(const void* props) {
+  if (props == nullptr) return {Kind::kDevice, 0};
+  PropsPrefix prefix;
+  memcpy(&prefix, props, sizeof prefix);
+  const int device = prefix.location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prefix.location.id : -1;
+  if (prefix.type == CU_MEM_ALLOCATION_TYPE_MANAGED) return {Kind::kManaged, device};
+  return {device >= 0 ? Kind::kDevice : Kind::kPinnedHost, device};
+}
+
+// A pool memledger did not see created: one of the default pools (found by
+// asking the driver for each location's), else one created before
+// memledger started, taken for the current device's.
+PoolLabel discover_pool(CUmemoryPool pool) {
+  using DevicePool = CUresult (*)(CUmemoryPool*, CUdevice);
+  using LocationPool = CUresult (*)(CUmemoryPool*, MemLocation*, int);
+  auto device_pool = reinterpret_cast<DevicePool>(find_real(real_cuDeviceGetMemPool, "cuDeviceGetMemPool", false));
+  auto default_pool =
+      reinterpret_cast<DevicePool>(find_real(real_cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", false));
+  auto location_pool =
+      reinterpret_cast<LocationPool>(find_real(real_cuMemGetDefaultMemPool, "cuMemGetDefaultMemPool", false));
+  for (int dev = 0; dev < 64; ++dev) {
+    CUmemoryPool p = nullptr, q = nullptr;
+    const bool exists = default_pool != nullptr && default_pool(&p, dev) == CUDA_SUCCESS;
+    if (exists && p == pool) return {Kind::kDevice, dev};
+    if (device_pool != nullptr && device_pool(&q, dev) == CUDA_SUCCESS && q == pool) return {Kind::kDevice, dev};
+    if (!exists) break;
+    MemLocation loc{CU_MEM_LOCATION_TYPE_DEVICE, dev};
+    if (location_pool != nullptr && location_pool(&p, &loc, CU_MEM_ALLOCATION_TYPE_MANAGED) == CUDA_SUCCESS &&
+        p == pool) {
+      return {Kind::kManaged, dev};
+    }
+  }
+  if (location_pool != nullptr) {
+    const struct {
+      MemLocation loc;
+      int type;
+      PoolLabel label;
+    } others[] = {
+        {{CU_MEM_LOCATION_TYPE_HOST, 0}, CU_MEM_ALLOCATION_TYPE_PINNED, {Kind::kPinnedHost, -1}},
+        {{CU_MEM_LOCATION_TYPE_HOST, 0}, CU_MEM_ALLOCATION_TYPE_MANAGED, {Kind::kManaged, -1}},
+        {{CU_MEM_LOCATION_TYPE_NONE, 0}, CU_MEM_ALLOCATION_TYPE_MANAGED, {Kind::kManaged, -1}},
+    };
+    for (const auto& o : others) {
+      MemLocation loc = o.loc;
+      CUmemoryPool p = nullptr;
+      if (location_pool(&p, &loc, o.type) == CUDA_SUCCESS && p == pool) return o.label;
+    }
+  }
+  return {Kind::kDevice, current_device()};
+}
+
+PoolLabel pool_label(CUmemoryPool pool) {
+  PoolLabel label;
+  if (known_pool(pool, &label)) return label;
+  label = discover_pool(pool);
+  note_pool(pool, label);
+  return label;
 }
 
 // At every step end, from the program's own thread (never at exit): device
@@ -479,24 +562,27 @@ void sample_devices() {
     uint64_t seen = __atomic_load_n(&g_pools.devices_seen, __ATOMIC_RELAXED);
     for (int dev = 0; dev < 64; ++dev) {
       CUmemoryPool pool = nullptr;
-      if ((seen >> dev & 1) && default_pool(&pool, dev) == CUDA_SUCCESS) note_pool(pool, dev);
+      if ((seen >> dev & 1) && default_pool(&pool, dev) == CUDA_SUCCESS) note_pool(pool, {Kind::kDevice, dev});
     }
   }
   if (pool_attr == nullptr) return;
   CUmemoryPool pools[64];
-  int devices[64];
+  PoolLabel labels[64];
   int count;
   {
     memledger::interposer::SpinGuard lock(g_pools.lock);
     count = g_pools.count;
     memcpy(pools, g_pools.pools, sizeof(CUmemoryPool) * static_cast<size_t>(count));
-    memcpy(devices, g_pools.devices, sizeof(int) * static_cast<size_t>(count));
+    memcpy(labels, g_pools.labels, sizeof(PoolLabel) * static_cast<size_t>(count));
   }
   for (int i = 0; i < count; ++i) {
+    // Pool samples are device memory held (the report's held device bytes):
+    // host and managed pools' reserves are not.
+    if (labels[i].kind != Kind::kDevice) continue;
     uint64_t reserved = 0, used = 0;
     if (pool_attr(pools[i], CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &reserved) == CUDA_SUCCESS &&
         pool_attr(pools[i], CU_MEMPOOL_ATTR_USED_MEM_CURRENT, &used) == CUDA_SUCCESS) {
-      recorder().on_device_event(t, EventType::kPoolSample, devices[i], reinterpret_cast<uint64_t>(pools[i]),
+      recorder().on_device_event(t, EventType::kPoolSample, labels[i].device, reinterpret_cast<uint64_t>(pools[i]),
                                  reserved, used);
     }
   }
@@ -704,10 +790,10 @@ CUresult alloc_from_pool(Fn real, CUdeviceptr* dptr, size_t bytesize, CUmemoryPo
   DriverScope s;
   if (real == nullptr) return 3;
   CUresult r = real(dptr, bytesize, pool, stream);
-  const int device = current_device();
-  if (s.record()) note_pool(pool, device);
-  driver_alloc(s, Kind::kDevice, device, r == CUDA_SUCCESS ? *dptr : 0, bytesize, fmt::kAllocAsync | fmt::kAllocPool,
-               r);
+  if (!s.record()) return r;
+  const PoolLabel label = pool_label(pool);
+  driver_alloc(s, label.kind, label.device, r == CUDA_SUCCESS ? *dptr : 0, bytesize,
+               fmt::kAllocAsync | fmt::kAllocPool, r);
   return r;
 }
 
@@ -739,7 +825,7 @@ MEMLEDGER_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const void* props)
   auto real = REAL_DRIVER(cuMemPoolCreate);
   if (real == nullptr) return 3;
   CUresult r = real(pool, props);
-  if (r == CUDA_SUCCESS && pool != nullptr) note_pool(*pool, location_device(props));
+  if (r == CUDA_SUCCESS && pool != nullptr) note_pool(*pool, label_from_props(props));
   return r;
 }
 
@@ -986,9 +1072,10 @@ cudaError_t runtime_alloc_from_pool(Fn real, void** ptr, size_t size, cudaMemPoo
   RuntimeScope s;
   if (real == nullptr) return 35;
   cudaError_t r = real(ptr, size, pool, stream);
-  const int device = runtime_device();
-  if (s.record()) note_pool(pool, device);
-  runtime_alloc(s, Kind::kDevice, device, r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size,
+  if (!s.record()) return r;
+  PoolLabel label{Kind::kDevice, 0};
+  s.with_guard([&](ThreadState&) { label = pool_label(pool); });
+  runtime_alloc(s, label.kind, label.device, r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size,
                 fmt::kAllocAsync | fmt::kAllocPool, r);
   return r;
 }

@@ -27,6 +27,7 @@
 #include "chrome_trace.h"
 #include "folded.h"
 #include "html_report.h"
+#include "leak_mode.h"
 #include "pprof.h"
 #include "run_report.h"
 #include "trace_format.h"
@@ -62,8 +63,9 @@ const char* const kUsage =
     "      --step-interval SEC   also end a step every SEC seconds (time-based steps)\n"
     "      --stack-depth N       native frames kept per stack (default 64, at most 128; 0: no stacks)\n"
     "      --leak-mode           make every tensor allocation visible to the driver: sets\n"
-    "                            PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,\n"
-    "                            TF_GPU_ALLOCATOR=cuda_malloc_async, XLA_PYTHON_CLIENT_ALLOCATOR=platform\n"
+    "                            PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,\n"
+    "                            TF_GPU_ALLOCATOR=cuda_malloc_async, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async\n"
+    "                            (platform for a JAX that does not accept it)\n"
     "      --cupti MODE          CUPTI cross-check of device memory: auto (default: when CUPTI\n"
     "                            and a GPU are there), on (say why when it cannot be used), off\n"
     "      --cupti-path PATH     libcupti to use (a file or a folder), instead of searching\n"
@@ -225,31 +227,6 @@ std::vector<fs::path> run_files_in(const fs::path& dir) {
     if (entry.is_regular_file(ec) && is_run_file(entry.path().filename().string())) found.push_back(entry.path());
   }
   return found;
-}
-
-// The switches that make frameworks' caching allocators hand every tensor
-// allocation to the driver's stream-ordered allocator, where the hooks see it.
-// PyTorch's other options are kept, except those that pick another backend
-// (expandable segments cannot be combined with cudaMallocAsync).
-void set_leak_mode_environment() {
-  std::string conf = "backend:cudaMallocAsync";
-  if (const char* old = std::getenv("PYTORCH_CUDA_ALLOC_CONF")) {
-    std::string rest = old;
-    size_t pos = 0;
-    while (pos <= rest.size()) {
-      size_t comma = rest.find(',', pos);
-      if (comma == std::string::npos) comma = rest.size();
-      std::string item = rest.substr(pos, comma - pos);
-      if (!item.empty() && item.rfind("backend:", 0) != 0 && item.rfind("expandable_segments:", 0) != 0) {
-        conf += "," + item;
-      }
-      pos = comma + 1;
-    }
-  }
-  setenv("PYTORCH_CUDA_ALLOC_CONF", conf.c_str(), 1);
-  setenv("TF_GPU_ALLOCATOR", "cuda_malloc_async", 1);
-  setenv("XLA_PYTHON_CLIENT_ALLOCATOR", "platform", 1);
-  setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false", 1);
 }
 
 volatile sig_atomic_t g_forward_signal = 0;
@@ -523,7 +500,7 @@ int cmd_run(int argc, char** argv) {
       if (!opts.stack_depth.empty()) setenv("MEMLEDGER_STACK_DEPTH", opts.stack_depth.c_str(), 1);
       set_cupti_environment(opts, *library);
     }
-    if (opts.leak_mode) set_leak_mode_environment();
+    if (opts.leak_mode) memledger::tools::set_leak_mode_environment(opts.command);
     // `import memledger` works in the traced program without installing it.
     if (python_dir) {
       std::string path = *python_dir;

@@ -15,6 +15,23 @@ try:
 except AttributeError:
     _step = None
 
+if mode == "nccl":
+    # NCCL's VMM buffers (NCCL_CUMEM_ENABLE=1): a one-rank process group
+    # whose all-reduces allocate, retain, release and unmap them.
+    import os
+    import torch.distributed as dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29533")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    t = torch.ones(1 << 20, device="cuda")
+    for s in range(steps):
+        dist.all_reduce(t)
+        torch.cuda.synchronize()
+        if _step:
+            _step(b"train")
+    dist.destroy_process_group()
+    sys.exit(0)
+
 model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024)).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 kept = []

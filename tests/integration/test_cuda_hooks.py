@@ -262,6 +262,56 @@ class CudaHooks(unittest.TestCase):
             report = json.load(f)
         self.assertEqual([s["live"].get("device", 0) for s in report["steps"]], [4 << 20, 0])
 
+    def test_pool_allocations_labelled_by_the_pool(self):
+        # Pools on a host location, managed pools without a location and a
+        # pool on device 1 used while device 0 is current: each allocation
+        # is labelled by its pool, and only device pools count as held
+        # device memory.
+        mib = 1 << 20
+        script = textwrap.dedent(f"""
+            import ctypes
+            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
+            step = ctypes.CDLL(None).memledger_step
+            assert cuda.cuInit(0) == 0
+            ctx = ctypes.c_void_p()
+            cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0)
+            cuda.cuCtxSetCurrent(ctx)
+
+            def create(alloc_type, location_type, location_id):
+                props = (ctypes.c_int * 32)()  # CUmemPoolProps, zeroed
+                props[0], props[2], props[3] = alloc_type, location_type, location_id
+                pool = ctypes.c_void_p()
+                assert cuda.cuMemPoolCreate(ctypes.byref(pool), props) == 0
+                return pool
+
+            def allocate(pool, size):
+                p = ctypes.c_ulonglong(0)
+                assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(size), pool, None) == 0
+
+            PINNED, MANAGED, NONE, DEVICE, HOST = 1, 2, 0, 1, 2
+            host_default = ctypes.c_void_p()
+            location = (ctypes.c_int * 2)(HOST, 0)
+            assert cuda.cuMemGetDefaultMemPool(ctypes.byref(host_default), location, PINNED) == 0
+            allocate(create(PINNED, HOST, 0), 3 * {mib})
+            allocate(host_default, 1 * {mib})
+            allocate(create(MANAGED, NONE, 0), 5 * {mib})
+            allocate(create(PINNED, DEVICE, 1), 7 * {mib})
+            step(b"train")
+        """)
+        run_dir = tempfile.mkdtemp(prefix="memledger-pools-")
+        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
+        proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", sys.executable, "-c",
+                               script], capture_output=True, text=True, timeout=TIMEOUT, env=sim_env())
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        with open(os.path.join(run_dir, "report.json")) as f:
+            step = json.load(f)["steps"][0]
+        self.assertEqual(step["live"].get("pinned_host"), 4 * mib, step["live"])
+        self.assertEqual(step["live"].get("managed"), 5 * mib, step["live"])
+        self.assertEqual(step["live"].get("device"), 7 * mib, step["live"])
+        self.assertEqual(step["live_by_device"], [0, 7 * mib])
+        # The device 1 pool's one 32 MiB chunk; the host pools' are not device memory.
+        self.assertEqual(step["held"]["device"], 32 * mib)
+
     def test_unknown_free_is_counted_not_fatal(self):
         proc, out, report = self.trace("cuda_driver_linked", "normal")
         self.assertEqual(proc.returncode, 0)

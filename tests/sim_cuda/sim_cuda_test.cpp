@@ -445,8 +445,29 @@ TEST_CASE("explicit pools: other devices, current pool, destroy with live blocks
   CU_OK(cuMemPoolDestroy(pool));
   CHECK(free_bytes() == free0);
 
+  // CUDA 13's host and managed pools hold memory of no device.
+  const long long held0 = simcuda_device_held(0);
+  props.maxSize = 0;
   props.location.type = CU_MEM_LOCATION_TYPE_HOST;
-  CHECK(cuMemPoolCreate(&pool, &props) == CUDA_ERROR_NOT_SUPPORTED);
+  CU_OK(cuMemPoolCreate(&pool, &props));
+  CU_OK(cuMemAllocFromPoolAsync(&p, 3 * kMiB, pool, nullptr));
+  std::memset(reinterpret_cast<void*>(p), 1, 3 * kMiB);
+  CHECK(simcuda_device_held(0) == held0);
+  CU_OK(cuMemFreeAsync(p, nullptr));
+  CU_OK(cuMemPoolDestroy(pool));
+  props.location.type = CU_MEM_LOCATION_TYPE_NONE;
+  CHECK(cuMemPoolCreate(&pool, &props) == CUDA_ERROR_INVALID_VALUE);  // pinned memory needs a location
+  props.allocType = CU_MEM_ALLOCATION_TYPE_MANAGED;
+  CU_OK(cuMemPoolCreate(&pool, &props));
+  CU_OK(cuMemPoolDestroy(pool));
+  CUmemLocation host{CU_MEM_LOCATION_TYPE_HOST, 0};
+  CUmemoryPool host_default = nullptr, again = nullptr;
+  CU_OK(cuMemGetDefaultMemPool(&host_default, &host, CU_MEM_ALLOCATION_TYPE_PINNED));
+  CU_OK(cuMemGetMemPool(&again, &host, CU_MEM_ALLOCATION_TYPE_PINNED));
+  CHECK(host_default == again);
+  CHECK(cuMemPoolDestroy(host_default) == CUDA_ERROR_INVALID_VALUE);  // a default pool
+  CHECK(cuMemSetMemPool(&host, CU_MEM_ALLOCATION_TYPE_PINNED, host_default) == CUDA_ERROR_NOT_SUPPORTED);
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
   props.location = {CU_MEM_LOCATION_TYPE_DEVICE, 7};
   CHECK(cuMemPoolCreate(&pool, &props) == CUDA_ERROR_INVALID_DEVICE);
 }
@@ -523,6 +544,34 @@ TEST_CASE("VMM: reservations count nothing, physical memory is counted at cuMemC
   CHECK(simcuda_device_held(0) == held);
   CU_OK(cuMemUnmap(base, kGranule));
   CU_OK(cuMemRelease(handle));
+
+  // An exported handle imported again is one more reference to it.
+  CUmemAllocationProp shareable = device_prop(0);
+  int fd = -1;
+  CU_OK(cuMemCreate(&handle, kGranule, &shareable, 0));
+  CHECK(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0) ==
+        CUDA_ERROR_INVALID_VALUE);  // not requested at creation
+  CU_OK(cuMemRelease(handle));
+  shareable.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+  CU_OK(cuMemCreate(&handle, kGranule, &shareable, 0));
+  CU_OK(cuMemExportToShareableHandle(&fd, handle, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0));
+  CUmemGenericAllocationHandle imported = 0;
+  CU_OK(cuMemImportFromShareableHandle(&imported, reinterpret_cast<void*>(static_cast<uintptr_t>(fd)),
+                                       CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR));
+  CU_OK(cuMemRelease(handle));
+  CHECK(simcuda_device_held(0) == held + 2 * static_cast<long long>(kMiB));
+  CU_OK(cuMemRelease(imported));
+  CHECK(simcuda_device_held(0) == held);
+  close(fd);
+
+  // A multicast object holds no memory.
+  CUmulticastObjectProp mc{};
+  mc.numDevices = 1;
+  mc.size = kGranule;
+  CU_OK(cuMulticastCreate(&handle, &mc));
+  CHECK(simcuda_device_held(0) == held);
+  CU_OK(cuMemRelease(handle));
+  CHECK(cuMemRelease(handle) == CUDA_ERROR_INVALID_VALUE);
 
   CHECK(cuMemAddressFree(base, 1ull << 29) == CUDA_ERROR_INVALID_VALUE);  // wrong size
   CU_OK(cuMemAddressFree(base, 1ull << 30));

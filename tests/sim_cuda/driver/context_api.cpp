@@ -118,6 +118,7 @@ CUresult cuInit(unsigned int Flags) {
     device.current_pool = device.default_pool;
     st.pools.insert(device.default_pool);
   }
+  if (!st.host.init(kMaxDevices, c.memory_bytes)) return CUDA_ERROR_OPERATING_SYSTEM;
   st.device_count = c.device_count;
   st.vmm.init(st.devices, st.device_count);
   st.initialized = true;

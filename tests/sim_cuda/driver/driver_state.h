@@ -64,6 +64,14 @@ struct State {
   InternalMap<uintptr_t, HostBlock> host_blocks;
   InternalMap<uintptr_t, size_t> registered;  // cuMemHostRegister ranges
   VirtualMemory vmm;
+  // Host memory of CUDA 13's host (and host/no-location managed) pools: a
+  // device of its own that no cuMemGetInfo reports, so that pool code needs
+  // no second path. Initialised by cuInit.
+  Device host;
+  // Default pools other than the devices' pinned ones, made at first use:
+  // [0, kMaxDevices) managed on that device, then managed on the host (or
+  // no location), then pinned host memory.
+  MemPool* other_default_pools[kMaxDevices + 2] = {};
   // Address window below 4 GiB for the _v1 entry points, whose CUdeviceptr
   // is 32 bits wide; reserved by cuInit.
   AddressRange low32;

@@ -40,9 +40,11 @@ CUresult free_async(Call& call, CUdeviceptr dptr, CUstream stream) {
   return free_block(call.st, dptr);
 }
 
-// Only device-located pinned pools are simulated; CUDA 13's host and
-// managed pools are answered NOT_SUPPORTED.
-CUresult device_location(Call& call, const CUmemLocation* location, CUmemAllocationType type, Device** out) {
+// Where a pool of this location and allocation type keeps its memory: the
+// device, or the host's stand-in device (host and NUMA locations, and
+// managed memory without a location). Pinned memory needs a device or host
+// location; managed memory may also have none (cuda.h, cuMemGetDefaultMemPool).
+CUresult pool_location(Call& call, const CUmemLocation* location, CUmemAllocationType type, Device** out) {
   if (CUresult r = call.initialized()) return r;
   if (location == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (type != CU_MEM_ALLOCATION_TYPE_PINNED && type != CU_MEM_ALLOCATION_TYPE_MANAGED) {
@@ -50,21 +52,47 @@ CUresult device_location(Call& call, const CUmemLocation* location, CUmemAllocat
   }
   switch (location->type) {
     case CU_MEM_LOCATION_TYPE_DEVICE:
-      if (type == CU_MEM_ALLOCATION_TYPE_MANAGED) return CUDA_ERROR_NOT_SUPPORTED;
       return call.device(location->id, out);
     case CU_MEM_LOCATION_TYPE_HOST:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+      *out = &call.st.host;
+      return CUDA_SUCCESS;
     case CU_MEM_LOCATION_TYPE_NONE:
-      return CUDA_ERROR_NOT_SUPPORTED;
+      if (type != CU_MEM_ALLOCATION_TYPE_MANAGED) return CUDA_ERROR_INVALID_VALUE;
+      *out = &call.st.host;
+      return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }
 }
 
+bool is_device_pinned(const CUmemLocation* location, CUmemAllocationType type) {
+  return location->type == CU_MEM_LOCATION_TYPE_DEVICE && type == CU_MEM_ALLOCATION_TYPE_PINNED;
+}
+
+// The default pool of a location and type other than a device's pinned one.
+MemPool* other_default_pool(Call& call, Device* device, const CUmemLocation* location, CUmemAllocationType type) {
+  const int slot = type == CU_MEM_ALLOCATION_TYPE_PINNED ? kMaxDevices + 1
+                   : device == &call.st.host             ? kMaxDevices
+                                                          : device->ordinal();
+  MemPool*& pool = call.st.other_default_pools[slot];
+  if (pool == nullptr) {
+    CUmemPoolProps props{};
+    props.allocType = type;
+    props.location = *location;
+    pool = internal_new<MemPool>(*device, true, props);
+    call.st.pools.insert(pool);
+  }
+  return pool;
+}
+
 CUresult set_current_pool(Call& call, Device* device, CUmemoryPool handle) {
   MemPool* pool = nullptr;
   if (CUresult r = call.pool(handle, &pool)) return r;
-  if (&pool->device() != device) return CUDA_ERROR_INVALID_VALUE;
+  if (&pool->device() != device || pool->props().allocType != CU_MEM_ALLOCATION_TYPE_PINNED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
   device->current_pool = pool;
   return CUDA_SUCCESS;
 }
@@ -105,7 +133,7 @@ CUresult cuMemPoolCreate(CUmemoryPool* pool, const CUmemPoolProps* poolProps) {
   Call call(Sym::cuMemPoolCreate);
   if (pool == nullptr || poolProps == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Device* device = nullptr;
-  if (CUresult r = device_location(call, &poolProps->location, poolProps->allocType, &device)) return r;
+  if (CUresult r = pool_location(call, &poolProps->location, poolProps->allocType, &device)) return r;
   auto* created = internal_new<MemPool>(*device, false, *poolProps);
   call.st.pools.insert(created);
   *pool = to_handle(created);
@@ -183,24 +211,29 @@ CUresult cuDeviceSetMemPool(CUdevice dev, CUmemoryPool pool) {
 CUresult cuMemGetDefaultMemPool(CUmemoryPool* pool_out, CUmemLocation* location, CUmemAllocationType type) {
   Call call(Sym::cuMemGetDefaultMemPool);
   Device* device = nullptr;
-  if (CUresult r = device_location(call, location, type, &device)) return r;
+  if (CUresult r = pool_location(call, location, type, &device)) return r;
   if (pool_out == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *pool_out = to_handle(device->default_pool);
+  *pool_out = to_handle(is_device_pinned(location, type) ? device->default_pool
+                                                         : other_default_pool(call, device, location, type));
   return CUDA_SUCCESS;
 }
 
+// Only a device's pinned pool can be replaced (cuMemSetMemPool of another
+// location or type is NOT_SUPPORTED here): the others are their defaults.
 CUresult cuMemGetMemPool(CUmemoryPool* pool, CUmemLocation* location, CUmemAllocationType type) {
   Call call(Sym::cuMemGetMemPool);
   Device* device = nullptr;
-  if (CUresult r = device_location(call, location, type, &device)) return r;
+  if (CUresult r = pool_location(call, location, type, &device)) return r;
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *pool = to_handle(device->current_pool);
+  *pool = to_handle(is_device_pinned(location, type) ? device->current_pool
+                                                     : other_default_pool(call, device, location, type));
   return CUDA_SUCCESS;
 }
 
 CUresult cuMemSetMemPool(CUmemLocation* location, CUmemAllocationType type, CUmemoryPool pool) {
   Call call(Sym::cuMemSetMemPool);
   Device* device = nullptr;
-  if (CUresult r = device_location(call, location, type, &device)) return r;
+  if (CUresult r = pool_location(call, location, type, &device)) return r;
+  if (!is_device_pinned(location, type)) return CUDA_ERROR_NOT_SUPPORTED;
   return set_current_pool(call, device, pool);
 }
