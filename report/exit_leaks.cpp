@@ -1,0 +1,82 @@
+#include "exit_leaks.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <absl/container/flat_hash_map.h>
+
+namespace memledger::report {
+namespace {
+
+using BySite = absl::flat_hash_map<uint32_t, std::pair<int64_t, uint64_t>>;  // site -> bytes, count
+
+bool larger(const SiteTotal& a, const SiteTotal& b) {
+  return a.bytes != b.bytes ? a.bytes > b.bytes : a.site.stack < b.site.stack;
+}
+
+void collect(const BySite& by_site, const std::vector<SiteAcc>& sites, size_t max_sites, std::vector<SiteTotal>& out,
+             int64_t& bytes, uint64_t& count) {
+  for (const auto& [s, v] : by_site) {
+    SiteTotal t;
+    t.site.stack = sites[s].stack;
+    t.site.kind = sites[s].kind;
+    t.bytes = v.first;
+    t.count = v.second;
+    bytes += v.first;
+    count += v.second;
+    out.push_back(std::move(t));
+  }
+  std::sort(out.begin(), out.end(), larger);
+  if (out.size() > max_sites) out.resize(max_sites);
+}
+
+}  // namespace
+
+ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites) {
+  BySite exit_by_site, startup_by_site;
+  const bool has_steps = !replay.steps.empty();
+  for (const auto& [addr, a] : replay.live) {
+    auto& bucket = (has_steps && a.step_born == 1) ? startup_by_site[a.site] : exit_by_site[a.site];
+    bucket.first += static_cast<int64_t>(a.weight);
+    bucket.second += 1;
+  }
+  ExitLeaks out;
+  collect(exit_by_site, replay.sites, max_sites, out.leaks, out.leak_bytes, out.leak_count);
+  collect(startup_by_site, replay.sites, max_sites, out.startup, out.startup_bytes, out.startup_count);
+  return out;
+}
+
+namespace {
+
+std::vector<SiteTotal> snapshot(const ReplayOutput& replay, bool at_peak, size_t max_sites, uint64_t& dropped) {
+  std::vector<SiteTotal> out;
+  for (const SiteAcc& acc : replay.sites) {
+    const bool saved = at_peak && acc.peak_epoch == replay.peak_epoch;
+    const int64_t bytes = saved ? acc.peak_live : acc.live;
+    const uint64_t count = saved ? acc.peak_count : acc.count;
+    if (bytes <= 0 && count == 0) continue;
+    SiteTotal t;
+    t.site.stack = acc.stack;
+    t.site.kind = acc.kind;
+    t.bytes = bytes;
+    t.count = count;
+    out.push_back(std::move(t));
+  }
+  std::sort(out.begin(), out.end(), larger);
+  if (out.size() > max_sites) {
+    dropped = std::max<uint64_t>(dropped, out.size() - max_sites);
+    out.resize(max_sites);
+  }
+  return out;
+}
+
+}  // namespace
+
+LiveSets live_sets(const ReplayOutput& replay, size_t max_sites) {
+  LiveSets out;
+  if (replay.peak.bytes > 0) out.at_peak = snapshot(replay, true, max_sites, out.sites_dropped);
+  out.at_end = snapshot(replay, false, max_sites, out.sites_dropped);
+  return out;
+}
+
+}  // namespace memledger::report

@@ -1,0 +1,45 @@
+// Stage "leaks at exit": what was still allocated when the process ended
+// (DESIGN.md, "Exit leak"), and the live sets by site that flame graphs and
+// the pprof export show.
+//
+// In:  the replay's live set at the end, its site accumulators (with each
+//      site's share of the peak) and whether the trace has steps.
+// Out: the exit leaks by site, largest first, apart from the start-up
+//      allocations (made before the first step ended and never freed:
+//      one-off globals), each with its total bytes and count; the live set
+//      by site at the peak and at the end. Sites are unnamed (stack id and
+//      kind).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "analysis.h"
+#include "replay.h"
+
+namespace memledger::report {
+
+struct ExitLeaks {
+  std::vector<SiteTotal> leaks;  // largest first, at most max_sites
+  int64_t leak_bytes = 0;        // of every site, listed or not
+  uint64_t leak_count = 0;
+  std::vector<SiteTotal> startup;
+  int64_t startup_bytes = 0;
+  uint64_t startup_count = 0;
+};
+
+ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites);
+
+// Live bytes and allocations by site at the peak (the moment the running
+// total was highest; empty when nothing was live) and at the end, largest
+// first, at most max_sites each.
+struct LiveSets {
+  std::vector<SiteTotal> at_peak;
+  std::vector<SiteTotal> at_end;
+  uint64_t sites_dropped = 0;  // smallest sites left out past max_sites
+};
+
+LiveSets live_sets(const ReplayOutput& replay, size_t max_sites);
+
+}  // namespace memledger::report

@@ -1,0 +1,192 @@
+#include "growth.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "trace_format.h"
+
+namespace memledger::report {
+
+namespace fmt = memledger::format;
+
+LinearFit fit_line(const std::vector<double>& y) {
+  LinearFit fit;
+  const size_t n = y.size();
+  if (n < 2) return fit;
+  double mean_x = (static_cast<double>(n) - 1) / 2;
+  double mean_y = 0;
+  for (double v : y) mean_y += v;
+  mean_y /= static_cast<double>(n);
+  double sxy = 0, sxx = 0, syy = 0;
+  for (size_t i = 0; i < n; ++i) {
+    double dx = static_cast<double>(i) - mean_x;
+    double dy = y[i] - mean_y;
+    sxy += dx * dy;
+    sxx += dx * dx;
+    syy += dy * dy;
+  }
+  fit.slope = sxy / sxx;
+  fit.intercept = mean_y - fit.slope * mean_x;
+  fit.r_squared = syy == 0 ? 1.0 : (sxy * sxy) / (sxx * syy);
+  return fit;
+}
+
+namespace {
+
+// Past this many points a series is thinned evenly before the pairwise
+// slopes are taken (n^2/2 pairs: 2M at 2000 points).
+constexpr size_t kTheilSenPoints = 2000;
+
+}  // namespace
+
+double theil_sen_slope(const std::vector<double>& y) {
+  std::vector<size_t> xs;
+  const size_t n = y.size();
+  if (n <= kTheilSenPoints) {
+    for (size_t i = 0; i < n; ++i) xs.push_back(i);
+  } else {
+    for (size_t i = 0; i < kTheilSenPoints; ++i) xs.push_back(i * (n - 1) / (kTheilSenPoints - 1));
+  }
+  std::vector<double> slopes;
+  slopes.reserve(xs.size() * (xs.size() - 1) / 2);
+  for (size_t a = 0; a < xs.size(); ++a) {
+    for (size_t b = a + 1; b < xs.size(); ++b) {
+      slopes.push_back((y[xs[b]] - y[xs[a]]) / static_cast<double>(xs[b] - xs[a]));
+    }
+  }
+  if (slopes.empty()) return 0;
+  const size_t mid = slopes.size() / 2;
+  std::nth_element(slopes.begin(), slopes.begin() + static_cast<long>(mid), slopes.end());
+  const double upper = slopes[mid];
+  if (slopes.size() % 2) return upper;
+  const double lower = *std::max_element(slopes.begin(), slopes.begin() + static_cast<long>(mid));
+  return (lower + upper) / 2;
+}
+
+namespace {
+
+// A site's live bytes and cumulative allocations at every step end, from
+// the step ends where they changed.
+struct DenseSeries {
+  std::vector<int64_t> live;
+  std::vector<uint64_t> allocs;
+};
+
+DenseSeries dense_series(const SiteAcc& acc, size_t n_steps) {
+  DenseSeries d{std::vector<int64_t>(n_steps, 0), std::vector<uint64_t>(n_steps, 0)};
+  size_t c = 0;
+  int64_t value = 0;
+  uint64_t count = 0;
+  for (size_t k = 1; k <= n_steps; ++k) {
+    while (c < acc.changes.size() && acc.changes[c].step == k) {
+      value = acc.changes[c].live;
+      count = acc.changes[c].allocs;
+      ++c;
+    }
+    d.live[k - 1] = value;
+    d.allocs[k - 1] = count;
+  }
+  return d;
+}
+
+// The judgement on the window after the warm-up (y: live bytes at its step
+// ends): the least-squares fit and monotone share of a steady growth, or
+// nothing when the site plateaus, jumps, or is sampling noise.
+struct SteadyGrowth {
+  LinearFit fit;
+  double monotonicity = 0;
+};
+
+std::optional<SteadyGrowth> steady_growth(const std::vector<double>& y, const SiteAcc& acc,
+                                          const GrowthOptions& options) {
+  const double growth = y.back() - y.front();
+  if (growth <= 0) return std::nullopt;
+  // In sampled mode one sampled allocation weighs about the sample
+  // interval: a site whose estimate moves by a few samples between step
+  // ends may be sampling noise (a per-step temporary caught live at some
+  // step ends and not others, a bounded prefetch queue), not growth. A
+  // leak must gain at least four samples' worth over the window.
+  if (options.sampled && acc.kind == static_cast<uint8_t>(fmt::Kind::kHost) &&
+      growth < 4.0 * static_cast<double>(options.sample_interval)) {
+    return std::nullopt;
+  }
+  const LinearFit fit = fit_line(y);
+  if (fit.slope <= 0 || fit.slope * static_cast<double>(y.size()) < 1024) return std::nullopt;
+  size_t non_decreasing = 0;
+  for (size_t i = 1; i < y.size(); ++i) non_decreasing += y[i] >= y[i - 1];
+  const double monotonicity = static_cast<double>(non_decreasing) / static_cast<double>(y.size() - 1);
+  if (monotonicity < 0.75) return std::nullopt;
+  // One or two jumps are not steady growth: a long-lived object made late
+  // (in sampled mode, one sample weighs a whole interval) looks like one.
+  size_t rises = 0;
+  for (size_t i = 1; i < y.size(); ++i) rises += y[i] > y[i - 1];
+  if (rises < 3) return std::nullopt;
+  // A cache that fills up and stops is not a leak: the last third must still grow.
+  const size_t tail = std::max<size_t>(2, y.size() / 3);
+  std::vector<double> last(y.end() - static_cast<long>(tail), y.end());
+  const LinearFit tail_fit = fit_line(last);
+  if (last.back() <= last.front() || tail_fit.slope < 0.25 * fit.slope) return std::nullopt;
+  // Most pairs of steps must show growth: a series that stays level
+  // between a few jumps (the last step ending as teardown begins, a
+  // worker's burst caught live twice) has a Theil-Sen slope of zero.
+  if (theil_sen_slope(y) <= 0) return std::nullopt;
+  return SteadyGrowth{fit, monotonicity};
+}
+
+// `first`: the first step of the window (1-based).
+std::optional<LeakSuspect> judge_site(const SiteAcc& acc, size_t n_steps, size_t first, const GrowthOptions& options) {
+  DenseSeries d = dense_series(acc, n_steps);
+  const std::vector<double> y(d.live.begin() + static_cast<long>(first - 1), d.live.end());
+  const std::optional<SteadyGrowth> g = steady_growth(y, acc, options);
+  if (!g) return std::nullopt;
+  const size_t window = n_steps - first + 1;
+  LeakSuspect s;
+  s.site.stack = acc.stack;
+  s.site.kind = acc.kind;
+  s.bytes_per_step = g->fit.slope;
+  s.r_squared = g->fit.r_squared;
+  s.monotonicity = g->monotonicity;
+  s.allocations_per_step =
+      static_cast<double>(d.allocs[n_steps - 1] - d.allocs[first - 2 < n_steps ? first - 2 : 0]) /
+      static_cast<double>(window);
+  for (size_t k = 0; k < n_steps; ++k) {
+    if (d.live[k] > (k == 0 ? 0 : d.live[k - 1])) {
+      s.first_step = k + 1;
+      break;
+    }
+  }
+  s.live_at_end = acc.live;
+  s.series = std::move(d.live);
+  return s;
+}
+
+}  // namespace
+
+Growth find_growth(const std::vector<SiteAcc>& sites, size_t n_steps, const GrowthOptions& options) {
+  Growth out;
+  int warmup = options.warmup_steps;
+  if (warmup < 0) warmup = std::clamp(static_cast<int>(n_steps / 10), 1, 10);
+  out.warmup_steps = warmup;
+  if (n_steps == 0) {
+    out.note =
+        "no steps were recorded: growth per step cannot be judged. Mark steps with memledger_step() / "
+        "memledger.step(), or use --step-interval SECONDS";
+    return out;
+  }
+  if (n_steps < static_cast<size_t>(warmup) + 3) {
+    out.note = "only " + std::to_string(n_steps) + " steps after " + std::to_string(warmup) +
+               " warm-up steps: too few to judge growth (need at least 3 after warm-up)";
+    return out;
+  }
+  const size_t first = static_cast<size_t>(warmup) + 1;
+  for (const SiteAcc& acc : sites) {
+    if (acc.changes.empty()) continue;
+    if (std::optional<LeakSuspect> s = judge_site(acc, n_steps, first, options)) out.suspects.push_back(std::move(*s));
+  }
+  std::sort(out.suspects.begin(), out.suspects.end(),
+            [](const LeakSuspect& a, const LeakSuspect& b) { return a.bytes_per_step > b.bytes_per_step; });
+  if (out.suspects.size() > options.max_suspects) out.suspects.resize(options.max_suspects);
+  return out;
+}
+
+}  // namespace memledger::report

@@ -1,0 +1,45 @@
+// Stage "growth": the sites whose live bytes keep rising from step to step
+// after the warm-up (DESIGN.md, "Growth leak suspect").
+//
+// In:  the replay's site accumulators (each site's live bytes and
+//      cumulative allocations at the step ends where they changed) and the
+//      number of steps.
+// Out: the suspects, steepest first: bytes per step from a least-squares
+//      fit, its r², the share of step-to-step changes that are not
+//      decreases, the first step that grew, allocations per step, the dense
+//      series; or, when growth cannot be judged, why (too few steps, none).
+//
+// A site must grow over the window, steadily (monotone share, at least
+// three rises, a positive Theil-Sen slope) and still in its last third (a
+// cache that fills up and stops is not a leak). Suspects' sites are
+// unnamed (stack id and kind).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "analysis.h"
+#include "replay.h"
+
+namespace memledger::report {
+
+struct GrowthOptions {
+  int warmup_steps = -1;  // -1: automatic (a tenth of the steps, at least 1, at most 10)
+  size_t max_suspects = 20;
+  // Sampled host mode: one sampled allocation weighs about this much, so a
+  // host site must gain several of it to be more than sampling noise.
+  bool sampled = false;
+  uint64_t sample_interval = 0;
+};
+
+struct Growth {
+  int warmup_steps = 0;
+  std::vector<LeakSuspect> suspects;  // steepest first, at most max_suspects
+  std::string note;  // why growth could not be judged (empty when it was)
+};
+
+Growth find_growth(const std::vector<SiteAcc>& sites, size_t steps, const GrowthOptions& options);
+
+}  // namespace memledger::report

@@ -1,0 +1,42 @@
+// Stage "notes": the caveats a reader needs beside the figures, in the
+// order the report prints them.
+//
+// In:  the trace's integrity (problems found reading it, dropped events,
+//      whether stacks were asked for, the tracer's own error, the Python
+//      note), the replay's counts (allocations without a stack, unknown
+//      frees, failed allocations), the other stages' sentences (why growth
+//      was not judged, a hidden caching allocator, automatic steps that
+//      found no loop), CUPTI's comparison with the hooks and the
+//      symbolizer's warnings.
+// Out: the notes, one sentence each.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cupti_view.h"
+#include "trace_reader.h"
+
+namespace memledger::report {
+
+struct NotesInput {
+  const Trace& trace;
+  bool sampled = false;
+  uint64_t sample_interval = 0;
+  // The replay's counts.
+  uint64_t events = 0;
+  uint64_t stackless = 0;
+  uint64_t unknown_frees = 0;
+  uint64_t failed_allocations = 0;
+  uint64_t ooms = 0;
+  std::string growth;            // Growth::note
+  std::string hidden_allocator;  // HiddenAllocator::note
+  const CuptiView& cupti;
+  std::vector<std::string> symbolizer_warnings;
+  std::string steps;  // StepPlan::note
+};
+
+std::vector<std::string> collect_notes(const NotesInput& in);
+
+}  // namespace memledger::report

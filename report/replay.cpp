@@ -1,0 +1,258 @@
+#include "replay.h"
+
+#include <algorithm>
+
+#include "step_inference.h"
+#include "trace_format.h"
+
+namespace memledger::report {
+namespace {
+
+namespace fmt = memledger::format;
+
+bool is_oom(int error) { return error == 2; }  // CUDA_ERROR_OUT_OF_MEMORY == cudaErrorMemoryAllocation
+
+constexpr size_t kMaxOoms = 16;
+constexpr size_t kOomSitesShown = 10;
+
+}  // namespace
+
+uint64_t live_key(uint8_t kind, uint8_t flags, uint64_t addr) {
+  uint64_t space = kind == static_cast<uint8_t>(fmt::Kind::kHost) ? 0 : (flags & fmt::kAllocPhysical) ? 2 : 1;
+  return addr ^ (space << 60);
+}
+
+Replay::Replay(const Trace& trace, bool sampled) : trace_(trace), sampled_(sampled), device_(trace) {
+  out_.live.reserve(1 << 16);
+}
+
+void Replay::observe(const TraceEvent* events, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const TraceEvent& e = events[i];
+    device_.catch_up(e.seq);
+    switch (e.type) {
+      case EvType::kAlloc:
+        if (e.flags & fmt::kAllocFailed) {
+          on_failed_alloc(e);
+        } else {
+          on_alloc(e);
+        }
+        break;
+      case EvType::kFree:
+        on_free(e);
+        break;
+      case EvType::kStep:
+        on_step(e);
+        break;
+    }
+  }
+  out_.events += count;
+}
+
+uint32_t Replay::site_of(uint32_t stack, uint8_t kind) {
+  uint64_t key = (static_cast<uint64_t>(kind) << 32) | stack;
+  auto [it, inserted] = site_index_.try_emplace(key, static_cast<uint32_t>(out_.sites.size()));
+  if (inserted) {
+    SiteAcc acc;
+    acc.stack = stack;
+    acc.kind = kind;
+    acc.peak_epoch = out_.peak_epoch;
+    out_.sites.push_back(std::move(acc));
+  }
+  return it->second;
+}
+
+void Replay::touch(uint32_t site) {
+  SiteAcc& acc = out_.sites[site];
+  if (acc.peak_epoch != out_.peak_epoch) {
+    acc.peak_epoch = out_.peak_epoch;
+    acc.peak_live = acc.live;
+    acc.peak_count = acc.count;
+  }
+  if (!acc.dirty) {
+    acc.dirty = true;
+    dirty_.push_back(site);
+  }
+}
+
+void Replay::retire(const LiveAlloc& a) {
+  touch(a.site);
+  SiteAcc& acc = out_.sites[a.site];
+  acc.live -= static_cast<int64_t>(a.weight);
+  --acc.count;
+  total_[a.kind & 3] -= static_cast<int64_t>(a.weight);
+  if (a.kind == static_cast<uint8_t>(fmt::Kind::kDevice)) device_live_[a.device] -= static_cast<int64_t>(a.weight);
+  running_total_ -= static_cast<int64_t>(a.weight);
+  device_.released(a.kind, a.flags, a.weight);
+}
+
+void Replay::on_alloc(const TraceEvent& e) {
+  const uint64_t weight = e.size;
+  const uint32_t s = site_of(e.stack, e.kind);
+  if (e.stack == 0) ++out_.stackless;
+  if (e.flags & fmt::kAllocPool) out_.pool_allocs = true;
+  device_.allocated(e.kind, e.flags, e.size);
+  const LiveAlloc made{weight, s, current_step_, e.kind, e.flags, e.device};
+  auto [it, inserted] = out_.live.try_emplace(live_key(e.kind, e.flags, e.addr), made);
+  if (!inserted) {
+    // The previous owner of this address was freed without a record
+    // (dropped event): retire it.
+    ++out_.double_allocations;
+    retire(it->second);
+    it->second = made;
+  }
+  touch(s);
+  SiteAcc& acc = out_.sites[s];
+  acc.live += static_cast<int64_t>(weight);
+  ++acc.count;
+  ++acc.allocs;
+  total_[e.kind & 3] += static_cast<int64_t>(weight);
+  if (e.kind == static_cast<uint8_t>(fmt::Kind::kDevice)) {
+    if (e.device >= device_live_.size()) device_live_.resize(e.device + 1u, 0);
+    device_live_[e.device] += static_cast<int64_t>(weight);
+  }
+  running_total_ += static_cast<int64_t>(weight);
+  ++step_allocs_;
+  if (running_total_ > out_.peak.bytes) {
+    ++out_.peak_epoch;
+    out_.peak.bytes = running_total_;
+    out_.peak.step = current_step_;
+    out_.peak.ts_ns = e.ts;
+    out_.peak.kind = e.kind;
+  }
+}
+
+void Replay::on_failed_alloc(const TraceEvent& e) {
+  ++out_.failed_allocations;
+  const int error = static_cast<int>(e.addr);
+  if (!is_oom(error) || out_.ooms.size() >= kMaxOoms) return;
+  OomEvent oom;
+  oom.requested = e.size;
+  oom.error = error;
+  oom.device = e.device;
+  oom.kind = e.kind;
+  oom.step = current_step_;
+  oom.ts_ns = e.ts;
+  oom.device_live = total_[static_cast<int>(fmt::Kind::kDevice)] + total_[static_cast<int>(fmt::Kind::kManaged)];
+  device_.fill_oom(oom);
+  oom.live_by_site = device_live_by_site();
+  out_.ooms.push_back(std::move(oom));
+  Site site;
+  site.stack = e.stack;
+  site.kind = e.kind;
+  out_.oom_sites.push_back(std::move(site));
+}
+
+// The device live set by site, right now, largest first.
+std::vector<SiteTotal> Replay::device_live_by_site() const {
+  absl::flat_hash_map<uint32_t, std::pair<int64_t, uint64_t>> by_site;
+  for (const auto& [key, a] : out_.live) {
+    if (a.kind == static_cast<uint8_t>(fmt::Kind::kHost) || a.kind == static_cast<uint8_t>(fmt::Kind::kPinnedHost)) continue;
+    auto& b = by_site[a.site];
+    b.first += static_cast<int64_t>(a.weight);
+    b.second += 1;
+  }
+  std::vector<SiteTotal> out;
+  for (const auto& [site, v] : by_site) {
+    SiteTotal t;
+    t.site.stack = out_.sites[site].stack;
+    t.site.kind = out_.sites[site].kind;
+    t.bytes = v.first;
+    t.count = v.second;
+    out.push_back(std::move(t));
+  }
+  std::sort(out.begin(), out.end(), [](const SiteTotal& a, const SiteTotal& b) { return a.bytes > b.bytes; });
+  if (out.size() > kOomSitesShown) out.resize(kOomSitesShown);
+  return out;
+}
+
+void Replay::on_free(const TraceEvent& e) {
+  auto it = out_.live.find(live_key(e.kind, e.flags, e.addr));
+  if (it == out_.live.end()) {
+    // Sampled mode records only the frees of sampled allocations, so a
+    // miss there is unusual too.
+    ++out_.unknown_frees;
+    return;
+  }
+  retire(it->second);
+  out_.live.erase(it);
+  ++step_frees_;
+}
+
+void Replay::on_step(const TraceEvent& e) {
+  StepStats st;
+  st.index = out_.steps.size() + 1;
+  st.source = e.flags == kInferredStepSource ? "auto" : fmt::step_source_name(static_cast<fmt::StepSource>(e.flags));
+  if (source_.empty()) {
+    source_ = st.source;
+  } else if (source_ != st.source && source_.find(st.source) == std::string::npos) {
+    source_ += "+" + st.source;
+  }
+  auto label = trace_.strings.find(static_cast<uint32_t>(e.size));
+  if (e.size != 0 && label != trace_.strings.end()) st.label = label->second;
+  st.end_ns = e.ts;
+  for (int k = 0; k < fmt::kKindCount; ++k) st.live[k] = total_[k];
+  st.live_by_device = device_live_;
+  // Device samples are taken just before the step marker (caught up above).
+  device_.fill_step(st);
+  st.allocations = step_allocs_;
+  st.frees = step_frees_;
+  step_allocs_ = step_frees_ = 0;
+  for (uint32_t s : dirty_) {
+    SiteAcc& acc = out_.sites[s];
+    acc.dirty = false;
+    acc.changes.push_back(SeriesPoint{static_cast<uint32_t>(st.index), acc.live, acc.allocs});
+  }
+  dirty_.clear();
+  out_.steps.push_back(std::move(st));
+  ++current_step_;
+}
+
+ReplayOutput Replay::finish() {
+  // The side records are complete once the events are (stream_trace).
+  device_.catch_up(UINT64_MAX);
+  out_.step_source = source_.empty() ? "none" : source_;
+  apply_samples();
+  if (out_.steps.empty()) out_.peak.step = 0;
+  return std::move(out_);
+}
+
+// Held bytes and RSS at each step end from the samples; in sampled mode
+// also the exact host totals and the peak (every 100 ms and at each step end).
+void Replay::apply_samples() {
+  const std::vector<TraceSample>& samples = trace_.samples;
+  size_t si = 0;
+  for (StepStats& st : out_.steps) {
+    while (si < samples.size() && samples[si].ts < st.end_ns) ++si;
+    const TraceSample* s = nullptr;
+    if (si < samples.size()) {
+      s = &samples[si];
+    } else if (!samples.empty()) {
+      s = &samples.back();
+    }
+    if (s != nullptr) {
+      st.held_host = s->heap_held;
+      st.rss = s->rss;
+      if (sampled_) st.live[0] = s->host_live;
+    }
+  }
+  if (!sampled_) return;
+  Peak& peak = out_.peak;
+  peak = Peak{};
+  uint64_t step_at = 1;
+  size_t k = 0;
+  for (const TraceSample& s : samples) {
+    while (k < out_.steps.size() && out_.steps[k].end_ns < s.ts) {
+      ++k;
+      step_at = k + 1;
+    }
+    if (s.host_live > peak.bytes) {
+      peak.bytes = s.host_live;
+      peak.ts_ns = s.ts;
+      peak.step = out_.steps.empty() ? 0 : std::min<uint64_t>(step_at, out_.steps.size() + 1);
+      peak.kind = 0;
+    }
+  }
+}
+
+}  // namespace memledger::report

@@ -1,0 +1,123 @@
+// Stage "replay": the events, in sequence order, replayed into the live set.
+//
+// In:  the events (observe, a batch at a time; step events included, the
+//      trace's own or inferred ones), the trace's side records as they
+//      arrive (labels, VMM and pool records through DeviceLedger), and at
+//      the end its samples (RSS, heap held; sampled mode: exact totals).
+// Out: ReplayOutput: the live set at the end, one accumulator per site
+//      (live bytes and count, allocations, the site's live bytes at each
+//      step end where it changed, its share of the peak), totals per kind
+//      and device at each step end (StepStats), the peak, the failed
+//      allocations that ran out of memory with the picture at that moment,
+//      and counts of what did not add up (unknown frees, reused addresses).
+//
+// Everything after this stage reads ReplayOutput only: a new judgement
+// over the run (growth, roles, windows) is a function of it, never a
+// branch in the event loop. Sites stay unnamed (stack id and kind); the
+// report names only what it shows.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <absl/container/flat_hash_map.h>
+
+#include "analysis.h"
+#include "device_memory.h"
+#include "trace_reader.h"
+
+namespace memledger::report {
+
+// One allocation still live.
+struct LiveAlloc {
+  uint64_t weight;
+  uint32_t site;       // index into ReplayOutput::sites
+  uint32_t step_born;  // 1-based step the allocation was made in
+  uint8_t kind;
+  uint8_t flags;
+  uint8_t device;
+};
+
+// A site's live bytes at a step end where they changed.
+struct SeriesPoint {
+  uint32_t step;
+  int64_t live;
+  uint64_t allocs;  // cumulative allocations of the site
+};
+
+// One allocation site (stack and kind) as the replay left it.
+struct SiteAcc {
+  uint32_t stack = 0;
+  uint8_t kind = 0;
+  int64_t live = 0;
+  uint64_t allocs = 0;
+  bool dirty = false;
+  std::vector<SeriesPoint> changes;  // at step ends where the site changed
+  uint64_t count = 0;  // live allocations
+  // The site's live bytes and count when the running peak was last reached,
+  // valid while peak_epoch is the replay's: saved on the first change after a
+  // new peak, so the peak's live set costs O(1) per event, not a copy per peak.
+  int64_t peak_live = 0;
+  uint64_t peak_count = 0;
+  uint64_t peak_epoch = 0;
+};
+
+struct ReplayOutput {
+  absl::flat_hash_map<uint64_t, LiveAlloc> live;  // at the end, by address (live_key)
+  std::vector<SiteAcc> sites;
+  uint64_t peak_epoch = 0;  // SiteAcc::peak_epoch of the sites that hold their share of the peak
+  std::vector<StepStats> steps;
+  std::string step_source;  // marker, interval, auto, joined by '+'; "none" without steps
+  Peak peak;
+  std::vector<OomEvent> ooms;   // the first out-of-memory failures, stacks unnamed
+  std::vector<Site> oom_sites;  // the stack and kind of each of them
+  uint64_t events = 0;
+  uint64_t failed_allocations = 0;
+  uint64_t unknown_frees = 0;
+  uint64_t double_allocations = 0;  // an address allocated again without a free between
+  uint64_t stackless = 0;           // allocations recorded without a stack
+  bool pool_allocs = false;         // the program allocates from memory pools itself
+};
+
+// The key of an address in the live set: the host heap, device-visible
+// addresses (device, managed, pinned) and VMM physical handles are
+// separate address spaces.
+uint64_t live_key(uint8_t kind, uint8_t flags, uint64_t addr);
+
+class Replay {
+ public:
+  // `sampled`: the trace's host allocations are sampled (host_mode
+  // "sampled"); its samples then give the exact host totals and the peak.
+  Replay(const Trace& trace, bool sampled);
+  void observe(const TraceEvent* events, size_t count);
+  // After the last event, once the side records are complete.
+  ReplayOutput finish();
+
+ private:
+  void on_alloc(const TraceEvent& e);
+  void on_failed_alloc(const TraceEvent& e);
+  void on_free(const TraceEvent& e);
+  void on_step(const TraceEvent& e);
+  void retire(const LiveAlloc& a);  // a live allocation leaves the live set
+  uint32_t site_of(uint32_t stack, uint8_t kind);
+  void touch(uint32_t site);  // the site is about to change
+  std::vector<SiteTotal> device_live_by_site() const;
+  void apply_samples();
+
+  const Trace& trace_;
+  const bool sampled_;
+  ReplayOutput out_;
+  DeviceLedger device_;
+  absl::flat_hash_map<uint64_t, uint32_t> site_index_;  // (kind << 32 | stack) -> index
+  std::vector<uint32_t> dirty_;                         // sites changed since the last step end
+  int64_t total_[4] = {};                               // live bytes per format::Kind
+  std::vector<int64_t> device_live_;                    // device kind, by device ordinal
+  int64_t running_total_ = 0;
+  uint32_t current_step_ = 1;  // allocations before the first marker belong to step 1
+  uint64_t step_allocs_ = 0, step_frees_ = 0;
+  std::string source_;
+};
+
+}  // namespace memledger::report

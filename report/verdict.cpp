@@ -1,0 +1,132 @@
+#include "verdict.h"
+
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+
+namespace memledger::report {
+
+std::string signal_name(int signo) {
+  const char* abbrev = sigabbrev_np(signo);
+  if (abbrev == nullptr) return "signal " + std::to_string(signo);
+  return std::string("SIG") + abbrev;
+}
+
+namespace {
+
+bool is_crash_signal(int signo) {
+  return signo == SIGSEGV || signo == SIGBUS || signo == SIGABRT || signo == SIGFPE || signo == SIGILL;
+}
+
+// Killed from outside: the OOM killer when the last sample was near the
+// cgroup limit, else someone else.
+void killed(Verdict& v, const std::string& how) {
+  const bool near_limit =
+      v.cgroup_limit != 0 && (v.last_rss >= v.cgroup_limit * 9 / 10 || v.cgroup_usage >= v.cgroup_limit * 95 / 100);
+  if (near_limit) {
+    v.kind = "host_oom_kill";
+    v.summary = how + ": host out of memory (OOM killer) likely: last RSS " + human_bytes(double(v.last_rss)) +
+                " against a cgroup limit of " + human_bytes(double(v.cgroup_limit));
+  } else {
+    v.kind = "killed";
+    v.summary = how + (v.cgroup_limit ? "; last RSS " + human_bytes(double(v.last_rss)) + " of a cgroup limit of " +
+                                            human_bytes(double(v.cgroup_limit)) + ", not near the limit"
+                                      : "; last RSS " + human_bytes(double(v.last_rss)) + ", no cgroup memory limit");
+  }
+}
+
+void cuda_oom(Verdict& v, const OomEvent& oom) {
+  v.kind = "cuda_oom";
+  v.summary = "CUDA out of memory: " + human_bytes(double(oom.requested)) + " requested on device " +
+              std::to_string(oom.device) + " in step " + std::to_string(oom.step) + "; " +
+              human_bytes(double(oom.device_live)) + " live";
+  if (oom.device_total) {
+    v.summary += ", " + human_bytes(double(oom.device_free)) + " free of " + human_bytes(double(oom.device_total)) +
+                 " at the last step end";
+  }
+  if (oom.held_unused) v.summary += ", " + human_bytes(double(oom.held_unused)) + " held by pools but unused";
+}
+
+// Ended by signal `signo` (not a CUDA OOM); `sig`: the trace's first
+// signal record, if any.
+void by_signal(StopVerdict& out, int signo, const TraceSignal* sig) {
+  Verdict& v = out.verdict;
+  v.signo = signo;
+  v.signal_name = signal_name(signo);
+  if (is_crash_signal(signo)) {
+    v.kind = "crash";
+    v.summary = "crashed with " + v.signal_name;
+    if (sig != nullptr && sig->signo == signo) {
+      v.fault_addr = sig->fault_addr;
+      if (signo == SIGSEGV || signo == SIGBUS) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, " at address 0x%llx", static_cast<unsigned long long>(sig->fault_addr));
+        v.summary += buf;
+      }
+      out.has_crash_stack = true;
+      out.crash_stack = sig->stack;
+    }
+  } else if (signo == SIGKILL) {
+    killed(v, "killed by SIGKILL");
+  } else {
+    v.kind = "signal";
+    v.summary = "terminated by " + v.signal_name;
+  }
+}
+
+// No signal and no CUDA OOM: the exit status, an exec, or no word at all.
+void without_signal(Verdict& v, const Trace& trace, const ExitInfo& exit_info) {
+  if (exit_info.known) {
+    v.kind = "exit";
+    v.exit_code = exit_info.code;
+    v.summary = exit_info.code == 0 ? "clean exit (code 0)" : "exited with code " + std::to_string(exit_info.code);
+  } else if (trace.has_exit) {
+    v.kind = "exit";
+    v.exit_code = trace.exit_status;
+    v.summary = trace.exit_status == 0 ? "clean exit (code 0)" : "exited with code " + std::to_string(trace.exit_status);
+  } else if (!trace.execs.empty()) {
+    v.kind = "exec";
+    v.summary = "replaced itself with exec(" + trace.execs.back() + ")";
+  } else if (trace.has_end) {
+    v.kind = "exit";
+    v.summary = "exited (status not recorded)";
+  } else {
+    killed(v, "stopped without warning (SIGKILL or a crash of the tracer's writer); the trace covers up to " +
+                  std::to_string(trace.last_ts / 1000000) + " ms");
+  }
+}
+
+}  // namespace
+
+StopVerdict judge_stop(const Trace& trace, const ExitInfo& exit_info, const std::vector<OomEvent>& ooms) {
+  StopVerdict out;
+  Verdict& v = out.verdict;
+  if (!trace.samples.empty()) {
+    const TraceSample& last = trace.samples.back();
+    v.last_rss = last.rss;
+    v.cgroup_limit = last.cgroup_limit;
+    v.cgroup_usage = last.cgroup_usage;
+  }
+  const TraceSignal* sig = trace.signals.empty() ? nullptr : &trace.signals.front();
+  int signo = 0;
+  if (exit_info.known && exit_info.signaled) {
+    signo = exit_info.signo;
+  } else if (!exit_info.known && sig != nullptr && !trace.has_exit) {
+    signo = sig->signo;
+  }
+  const bool ended_badly = (exit_info.known && (exit_info.signaled || exit_info.code != 0)) ||
+                           (!exit_info.known && ((trace.has_exit && trace.exit_status != 0) || sig != nullptr));
+  if (!ooms.empty() && ended_badly && (signo == 0 || signo == SIGABRT || signo == SIGKILL)) {
+    cuda_oom(v, ooms.back());
+    v.exit_code = exit_info.known ? exit_info.code : trace.exit_status;
+    v.signo = signo;
+    if (signo) v.signal_name = signal_name(signo);
+  } else if (signo != 0) {
+    by_signal(out, signo, sig);
+  } else {
+    without_signal(v, trace, exit_info);
+  }
+  return out;
+}
+
+}  // namespace memledger::report
