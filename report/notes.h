@@ -30,11 +30,11 @@ struct NotesInput {
   uint64_t unknown_frees = 0;
   uint64_t failed_allocations = 0;
   uint64_t ooms = 0;
-  std::string growth;            // Growth::note
-  std::string hidden_allocator;  // HiddenAllocator::note
+  std::string growth = {};            // Growth::note
+  std::string hidden_allocator = {};  // HiddenAllocator::note
   const CuptiView& cupti;
-  std::vector<std::string> symbolizer_warnings;
-  std::string steps;  // StepPlan::note
+  std::vector<std::string> symbolizer_warnings = {};
+  std::string steps = {};  // StepPlan::note
 };
 
 std::vector<std::string> collect_notes(const NotesInput& in);

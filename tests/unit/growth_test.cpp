@@ -1,0 +1,118 @@
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "growth.h"
+#include "trace_format.h"
+
+using namespace memledger::report;
+
+namespace {
+
+// A site whose live bytes at step ends 1, 2, ... are `live` (one
+// allocation per step that changed).
+SiteAcc site(uint32_t stack, const std::vector<int64_t>& live, uint8_t kind = 0) {
+  SiteAcc acc;
+  acc.stack = stack;
+  acc.kind = kind;
+  int64_t last = 0;
+  for (size_t k = 0; k < live.size(); ++k) {
+    if (live[k] == last) continue;
+    if (live[k] > last) ++acc.allocs;
+    acc.changes.push_back(SeriesPoint{static_cast<uint32_t>(k + 1), live[k], acc.allocs});
+    last = live[k];
+  }
+  acc.live = last;
+  return acc;
+}
+
+std::vector<int64_t> linear(size_t steps, int64_t per_step) {
+  std::vector<int64_t> v;
+  for (size_t k = 1; k <= steps; ++k) v.push_back(static_cast<int64_t>(k) * per_step);
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("growth: a steady rise is a suspect with its slope, first step and series", "[growth]") {
+  Growth g = find_growth({site(1, linear(20, 4096))}, 20, GrowthOptions{});
+  CHECK(g.note.empty());
+  CHECK(g.warmup_steps == 2);  // a tenth of the steps
+  REQUIRE(g.suspects.size() == 1);
+  const LeakSuspect& s = g.suspects[0];
+  CHECK(s.site.stack == 1);
+  CHECK(s.site.frames.empty());  // named later, by the report
+  CHECK(s.bytes_per_step == Approx(4096));
+  CHECK(s.r_squared == Approx(1.0));
+  CHECK(s.monotonicity == Approx(1.0));
+  CHECK(s.allocations_per_step == Approx(1.0));
+  CHECK(s.first_step == 1);
+  CHECK(s.live_at_end == 20 * 4096);
+  CHECK(s.series == linear(20, 4096));
+}
+
+TEST_CASE("growth: warm-up steps are left out of the fit", "[growth]") {
+  // Steps 1..3 grow by 1 MiB each (warm-up), then by 2 KiB per step.
+  std::vector<int64_t> live = {1 << 20, 2 << 20, 3 << 20};
+  for (int k = 1; k <= 17; ++k) live.push_back((3 << 20) + k * 2048);
+  GrowthOptions options;
+  options.warmup_steps = 3;
+  Growth g = find_growth({site(1, live)}, 20, options);
+  REQUIRE(g.suspects.size() == 1);
+  CHECK(g.warmup_steps == 3);
+  CHECK(g.suspects[0].bytes_per_step == Approx(2048));
+  CHECK(g.suspects[0].first_step == 1);
+}
+
+TEST_CASE("growth: plateaus, jumps, level series and tiny growth are not suspects", "[growth]") {
+  std::vector<int64_t> plateau = linear(10, 8192);
+  plateau.resize(20, plateau.back());  // a cache that fills up and stops
+  std::vector<int64_t> two_jumps(20, 0);
+  for (size_t k = 5; k < 20; ++k) two_jumps[k] = k < 12 ? 1 << 20 : 2 << 20;
+  std::vector<int64_t> sawtooth;
+  for (int k = 0; k < 20; ++k) sawtooth.push_back(k % 2 ? 10000 + k * 100 : 0);
+  Growth g = find_growth({site(1, plateau), site(2, two_jumps), site(3, sawtooth), site(4, linear(20, 10))}, 20,
+                         GrowthOptions{});
+  CHECK(g.suspects.empty());
+}
+
+TEST_CASE("growth: suspects are the steepest first, at most max_suspects", "[growth]") {
+  GrowthOptions options;
+  options.max_suspects = 2;
+  Growth g = find_growth({site(1, linear(20, 4096)), site(2, linear(20, 65536)), site(3, linear(20, 8192))}, 20, options);
+  REQUIRE(g.suspects.size() == 2);
+  CHECK(g.suspects[0].site.stack == 2);
+  CHECK(g.suspects[1].site.stack == 3);
+}
+
+TEST_CASE("growth: in sampled mode a host site must gain four sample intervals", "[growth]") {
+  GrowthOptions options;
+  options.sampled = true;
+  options.sample_interval = 512 << 10;
+  // 3 intervals' worth over the window: sampling noise.
+  Growth small = find_growth({site(1, linear(20, (3 * 512 << 10) / 17))}, 20, options);
+  CHECK(small.suspects.empty());
+  Growth large = find_growth({site(1, linear(20, 512 << 10))}, 20, options);
+  CHECK(large.suspects.size() == 1);
+  // The rule is for host sites only: device allocations are all recorded.
+  Growth device = find_growth({site(1, linear(20, (3 * 512 << 10) / 17), 1)}, 20, options);
+  CHECK(device.suspects.size() == 1);
+}
+
+TEST_CASE("growth: too few steps, or none, are said rather than judged", "[growth]") {
+  Growth few = find_growth({site(1, linear(3, 1 << 20))}, 3, GrowthOptions{});
+  CHECK(few.suspects.empty());
+  CHECK(few.note == "only 3 steps after 1 warm-up steps: too few to judge growth (need at least 3 after warm-up)");
+  Growth none = find_growth({}, 0, GrowthOptions{});
+  CHECK(none.note.find("no steps were recorded") == 0);
+}
+
+TEST_CASE("growth: least squares and Theil-Sen slopes", "[growth]") {
+  CHECK(fit_line({1, 3, 5, 7}).slope == Approx(2));
+  CHECK(fit_line({1, 3, 5, 7}).intercept == Approx(1));
+  // One wild point swings least squares, not Theil-Sen.
+  const std::vector<double> y = {0, 1, 2, 3, 4, 5, 6, 7, 8, 1000};
+  CHECK(theil_sen_slope(y) == Approx(1));
+  CHECK(fit_line(y).slope > 30);
+  CHECK(theil_sen_slope({5, 5, 5, 9, 5, 5}) == 0);
+}
