@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <string>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/utsname.h>
@@ -243,7 +244,69 @@ class Encoder {
   uint64_t prev_addr_ = 0;
 };
 
+// The lowest descriptor the tracer's files may take: above the 3..1023 that
+// programs close, where the descriptor limit leaves room (a soft limit of
+// 1024 gives 960: the check before each write covers what is closed there).
+int high_fd_floor() {
+  constexpr rlim_t kPreferred = 1280;
+  rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return 3;
+  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= kPreferred + 64) return static_cast<int>(kPreferred);
+  return rl.rlim_cur > 67 ? static_cast<int>(rl.rlim_cur - 64) : 3;
+}
+
 }  // namespace
+
+int move_fd_high(int fd) {
+  static const int floor = high_fd_floor();
+  if (fd >= floor) return fd;
+  int high = fcntl(fd, F_DUPFD_CLOEXEC, floor);
+  if (high < 0) return fd;  // no room up there: keep the low one, still checked before each write
+  ::close(fd);
+  return high;
+}
+
+bool OwnedFile::adopt(int fd, const char* path, int reopen_flags) {
+  fd_ = -1;
+  struct stat st;
+  if (fd < 0 || fstat(fd, &st) != 0) {
+    if (fd >= 0) ::close(fd);
+    return false;
+  }
+  dev_ = st.st_dev;
+  ino_ = st.st_ino;
+  reopen_flags_ = reopen_flags;
+  snprintf(path_, sizeof path_, "%s", path);
+  fd_ = move_fd_high(fd);
+  return true;
+}
+
+int OwnedFile::verified(off_t* size) {
+  if (fd_ < 0) return -1;
+  struct stat st;
+  if (fstat(fd_, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) {
+    if (size) *size = st.st_size;
+    return fd_;
+  }
+  // Closed, or the number now holds a file of the program's: leave it be.
+  fd_ = -1;
+  int fd = ::open(path_, reopen_flags_ | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) return -1;
+  if (fstat(fd, &st) != 0 || st.st_dev != dev_ || st.st_ino != ino_) {
+    ::close(fd);  // the path names another file now: ours is gone
+    return -1;
+  }
+  ++reopened_;
+  if (size) *size = st.st_size;
+  fd_ = move_fd_high(fd);
+  return fd_;
+}
+
+void OwnedFile::close() {
+  struct stat st;
+  if (fd_ >= 0 && fstat(fd_, &st) == 0 && st.st_dev == dev_ && st.st_ino == ino_) ::close(fd_);
+  fd_ = -1;
+}
 
 // Everything only the writer thread touches.
 struct TraceWriter::State {
@@ -325,7 +388,7 @@ bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error
     } else {
       snprintf(path, sizeof path, "%s/trace.%d.%d.mlt", config.dir, pid, attempt);
     }
-    fd = ::open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    fd = ::open(path, O_WRONLY | O_APPEND | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0 && errno != EEXIST) {
       snprintf(error, error_size, "cannot create %s: %s", path, strerror(errno));
       return false;
@@ -420,11 +483,14 @@ bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error
     ::close(fd);
     return false;
   }
-  fd_ = fd;
+  if (!trace_.adopt(fd, path, O_WRONLY | O_APPEND)) {
+    snprintf(error, error_size, "cannot write %s: %s", path, strerror(errno));
+    return false;
+  }
 
   char status_path[4200];
   snprintf(status_path, sizeof status_path, "%s/status.%d", config.dir, pid);
-  status_fd_ = ::open(status_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  status_.adopt(::open(status_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), status_path, O_WRONLY);
 
   st.cgroup = find_cgroup();
   st.interval_ns = static_cast<uint64_t>(config.step_interval_s * 1e9);
@@ -469,7 +535,7 @@ void TraceWriter::wake() {
 }
 
 void TraceWriter::flush_and_wait(int timeout_ms) {
-  if (!running_.load(std::memory_order_acquire) || fd_ < 0) return;
+  if (!running_.load(std::memory_order_acquire) || !trace_.is_open()) return;
   if (pthread_equal(pthread_self(), thread_)) return;
   uint32_t ticket = flush_requested_.fetch_add(1, std::memory_order_acq_rel) + 1;
   wake();
@@ -478,7 +544,7 @@ void TraceWriter::flush_and_wait(int timeout_ms) {
   for (;;) {
     uint32_t done = flush_done_.load(std::memory_order_acquire);
     if (static_cast<int32_t>(done - ticket) >= 0) return;
-    if (!running_.load(std::memory_order_acquire)) return;
+    if (!running_.load(std::memory_order_acquire) || !trace_.is_open()) return;
     timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     long elapsed_ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
@@ -501,7 +567,8 @@ void TraceWriter::note_exec(const char* path) {
 }
 
 void TraceWriter::run() {
-  while (!stopping_.load(std::memory_order_acquire)) {
+  // Ends when the trace is lost: there is nothing left to write.
+  while (!stopping_.load(std::memory_order_acquire) && trace_.is_open()) {
     uint32_t seen = wake_word_.load(std::memory_order_acquire);
     if (flush_requested_.load(std::memory_order_acquire) == flush_done_.load(std::memory_order_acquire)) {
       timespec wait = {0, 10'000'000};
@@ -520,15 +587,11 @@ void TraceWriter::stop() {
     pthread_join(thread_, nullptr);
     running_.store(false, std::memory_order_release);
   }
-  if (fd_ >= 0) {
+  if (trace_.is_open()) {
     cycle(true);
-    ::close(fd_);
-    fd_ = -1;
+    trace_.close();
   }
-  if (status_fd_ >= 0) {
-    ::close(status_fd_);
-    status_fd_ = -1;
-  }
+  status_.close();
 }
 
 void TraceWriter::reset_after_fork() {
@@ -542,9 +605,8 @@ void TraceWriter::reset_after_fork() {
   exit_pending_.store(0, std::memory_order_relaxed);
   exec_pending_.store(0, std::memory_order_relaxed);
   signal_.pending.store(0, std::memory_order_relaxed);
-  if (fd_ >= 0) ::close(fd_);
-  if (status_fd_ >= 0) ::close(status_fd_);
-  fd_ = status_fd_ = -1;
+  trace_.close();
+  status_.close();
   strings().lock.reset();
   if (state_ != nullptr) {
     ZSTD_CCtx* zstd = state_->zstd;
@@ -555,7 +617,7 @@ void TraceWriter::reset_after_fork() {
 }
 
 void TraceWriter::cycle(bool final) {
-  if (fd_ < 0 || state_ == nullptr) return;
+  if (!trace_.is_open() || state_ == nullptr) return;
   State& st = *state_;
   Recorder& rec = recorder();
   const uint32_t ticket = flush_requested_.load(std::memory_order_acquire);
@@ -927,31 +989,10 @@ void TraceWriter::cycle(bool final) {
   if (!st.buffer.empty() &&
       (final || flush_asked || st.step_seen || st.buffer.size() >= kFrameTarget ||
        now - st.last_flush_ns >= kFlushEveryNs)) {
-    format::FrameHeader fh{};
-    fh.magic = format::kFrameMagic;
-    fh.raw_len = static_cast<uint32_t>(st.buffer.size());
-    fh.index = st.frame_index++;
-    const uint8_t* payload = st.buffer.data();
-    size_t payload_len = st.buffer.size();
-    if (st.zstd != nullptr) {
-      st.compressed.resize(ZSTD_compressBound(st.buffer.size()));
-      size_t n = ZSTD_compressCCtx(st.zstd, st.compressed.data(), st.compressed.size(), st.buffer.data(),
-                                   st.buffer.size(), 1);
-      if (!ZSTD_isError(n) && n < st.buffer.size()) {
-        payload = st.compressed.data();
-        payload_len = n;
-        fh.flags |= format::kFrameCompressed;
-      }
-    }
-    fh.stored_len = static_cast<uint32_t>(payload_len);
-    fh.crc32 = static_cast<uint32_t>(crc32(0L, payload, static_cast<uInt>(payload_len)));
     int err = 0;
-    if (!write_all(fd_, &fh, sizeof fh, &err) || !write_all(fd_, payload, payload_len, &err)) {
-      char msg[256];
-      snprintf(msg, sizeof msg, "cannot write the trace file: %s", strerror(err));
-      ::close(fd_);
-      fd_ = -1;
-      rec.disable(msg);
+    if (!write_frame(st.buffer.data(), st.buffer.size(), &err)) {
+      lose_trace(err ? "cannot write the trace file" : "the trace file was closed and cannot be opened again", err,
+                 now);
     }
     st.buffer.clear();
     st.buffer.shrink(8 * kFrameTarget);
@@ -963,7 +1004,7 @@ void TraceWriter::cycle(bool final) {
   futex(&flush_done_, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr);
 
   // 10. Status for `memledger run`'s live line.
-  if (status_fd_ >= 0 && (final || now - st.last_status_ns >= kStatusEveryNs)) {
+  if (status_.is_open() && (final || now - st.last_status_ns >= kStatusEveryNs)) {
     if (rss == 0) {
       char buf[128];
       if (read_small_file("/proc/self/statm", buf, sizeof buf) > 0) {
@@ -987,12 +1028,65 @@ void TraceWriter::cycle(bool final) {
     memset(padded, ' ', sizeof padded);
     memcpy(padded, line, static_cast<size_t>(len));
     padded[sizeof padded - 1] = '\n';
-    if (pwrite(status_fd_, padded, sizeof padded, 0) < 0) {
-      ::close(status_fd_);
-      status_fd_ = -1;
-    }
+    const int fd = status_.verified();
+    if (fd >= 0 && pwrite(fd, padded, sizeof padded, 0) < 0) status_.close();
     st.last_status_ns = now;
   }
+}
+
+bool TraceWriter::write_frame(const uint8_t* raw, size_t raw_len, int* err) {
+  State& st = *state_;
+  format::FrameHeader fh{};
+  fh.magic = format::kFrameMagic;
+  fh.raw_len = static_cast<uint32_t>(raw_len);
+  fh.index = st.frame_index++;
+  const uint8_t* payload = raw;
+  size_t payload_len = raw_len;
+  if (st.zstd != nullptr && raw_len > 64) {
+    st.compressed.resize(ZSTD_compressBound(raw_len));
+    size_t n = ZSTD_compressCCtx(st.zstd, st.compressed.data(), st.compressed.size(), raw, raw_len, 1);
+    if (!ZSTD_isError(n) && n < raw_len) {
+      payload = st.compressed.data();
+      payload_len = n;
+      fh.flags |= format::kFrameCompressed;
+    }
+  }
+  fh.stored_len = static_cast<uint32_t>(payload_len);
+  fh.crc32 = static_cast<uint32_t>(crc32(0L, payload, static_cast<uInt>(payload_len)));
+  off_t size = 0;
+  const int fd = trace_.verified(&size);
+  *err = 0;
+  if (fd < 0) return false;
+  if (write_all(fd, &fh, sizeof fh, err) && write_all(fd, payload, payload_len, err)) return true;
+  // A torn frame would cost the reader a resynchronisation: cut it off.
+  if (ftruncate(fd, size) != 0) {
+    // Nothing more to do: the reader skips a torn tail.
+  }
+  return false;
+}
+
+void TraceWriter::lose_trace(const char* why, int err, uint64_t now) {
+  State& st = *state_;
+  const double at_s = static_cast<double>(now - st.start_mono_ns) / 1e9;
+  char msg[4700];
+  int n = snprintf(msg, sizeof msg, "%s %s", why, trace_.path());
+  if (err) n += snprintf(msg + n, sizeof msg - static_cast<size_t>(n), ": %s", strerror(err));
+  // The reason, in the trace itself when a small frame still fits (a torn
+  // frame was just cut off, or the descriptor was the only problem).
+  if (trace_.is_open()) {
+    ByteBuffer record;
+    Encoder enc(record);
+    enc.tag(format::Tag::kTracerError);
+    enc.u(now - st.start_mono_ns);
+    enc.str(msg);
+    int ignored = 0;
+    write_frame(record.data(), record.size(), &ignored);
+  }
+  trace_.close();
+  snprintf(msg + n, sizeof msg - static_cast<size_t>(n),
+           "; tracing stopped for pid %d after %.2f s (the trace up to then is kept), the program goes on",
+           static_cast<int>(getpid()), at_s);
+  recorder().disable(msg);
 }
 
 TraceWriter& trace_writer() {

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <sys/types.h>
+#include <pthread.h>
 
 namespace memledger::interposer {
 
@@ -22,6 +23,43 @@ struct SignalNote {
   pid_t tid = 0;
   uint32_t stack = 0;
   uint64_t ts = 0;
+};
+
+// A file the tracer writes, kept out of the program's way. Its descriptor
+// sits above a high floor (programs close 3..1023: daemons, data loaders,
+// subprocess(close_fds=True) children), and before each write it is checked
+// (fstat: same device and inode): a descriptor found closed, or reused by
+// the program for a file of its own, is never written to or closed; the file
+// is opened again by its path. (A close and reopen by another thread between
+// the check and the write remains possible, in a window of microseconds.)
+// Moves a descriptor of the tracer's above that floor (the old number is
+// closed); returns the descriptor to use.
+int move_fd_high(int fd);
+
+class OwnedFile {
+ public:
+  // Takes over a descriptor just opened on `path`; `reopen_flags` open it
+  // again. False (descriptor closed) if it cannot be examined.
+  bool adopt(int fd, const char* path, int reopen_flags);
+  // The descriptor, checked and opened again when needed; -1 when the file
+  // is lost (or was never open). `size`, when given, gets the file's size.
+  int verified(off_t* size = nullptr);
+  // Closes the descriptor if it still is this file's.
+  void close();
+  // Forgets the descriptor without touching it (a forked child's copy).
+  void forget() { fd_ = -1; }
+  // Other threads ask too (flush requests): the writer thread changes fd_.
+  bool is_open() const { return __atomic_load_n(&fd_, __ATOMIC_RELAXED) >= 0; }
+  const char* path() const { return path_; }
+  uint32_t reopened() const { return reopened_; }
+
+ private:
+  int fd_ = -1;
+  int reopen_flags_ = 0;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+  uint32_t reopened_ = 0;
+  char path_[4200] = {};
 };
 
 class TraceWriter {
@@ -50,6 +88,12 @@ class TraceWriter {
   static void* thread_main(void* self);
   void run();
   void cycle(bool final);
+  // Writes one frame of `raw_len` payload bytes (compressed when that is
+  // smaller). On a failed write, cuts the file back to its last whole frame.
+  bool write_frame(const uint8_t* raw, size_t raw_len, int* err);
+  // The trace cannot be written any more: keep what is on disk readable,
+  // record why when there is still room, and stop tracing with one message.
+  void lose_trace(const char* why, int err, uint64_t now);
 
   SignalNote signal_;
   std::atomic<int> exit_pending_{0};
@@ -64,8 +108,8 @@ class TraceWriter {
   std::atomic<bool> running_{false};
   std::atomic<bool> thread_busy_{false};
   pthread_t thread_{};
-  int fd_ = -1;
-  int status_fd_ = -1;
+  OwnedFile trace_;
+  OwnedFile status_;
   struct State;
   State* state_ = nullptr;
 };

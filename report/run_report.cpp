@@ -285,7 +285,7 @@ json process_json(const ProcessReport& p) {
 
 }  // namespace
 
-RunReport load_run(const std::string& path, const AnalysisOptions& options) {
+RunReport load_run(const std::string& path, const AnalysisOptions& options, const RunOutcome* outcome) {
   RunReport run;
   fs::path p(path);
   std::error_code ec;
@@ -307,6 +307,10 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options) {
     files.push_back(p);
   } else {
     throw TraceError(path + ": no such file or folder");
+  }
+  if (outcome != nullptr) {
+    rf.root_pid = outcome->root_pid;
+    rf.exit = outcome->exit;
   }
   std::sort(files.begin(), files.end());
 
@@ -353,6 +357,16 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options) {
     ExitInfo exit_info;
     if (i == root && rf.exit.known) exit_info = rf.exit;
     run.processes.push_back(analyze_stream(traces[i], exit_info, options));
+    // The process exited, but its trace has neither the exit nor the end:
+    // tracing was lost before the end (the trace file became unwritable).
+    const Trace& t = traces[i];
+    if (exit_info.known && !exit_info.signaled && !t.has_exit && !t.has_end && t.execs.empty()) {
+      char at[32];
+      std::snprintf(at, sizeof at, "%.2f s", static_cast<double>(t.last_ts) / 1e9);
+      run.processes.back().notes.push_back(std::string("the trace ends at ") + at +
+                                           ", before the process did: tracing was lost from then on, and what "
+                                           "the process did later is missing from this report");
+    }
   }
   run.root = root;
   return run;

@@ -20,9 +20,17 @@ struct RunReport {
   std::vector<std::string> problems;  // trace files that could not be read, and why
 };
 
+// What `memledger run` knows of the run first-hand, whether or not run.json
+// could be written (a full disk): the root's pid and its waitpid status.
+struct RunOutcome {
+  int root_pid = 0;
+  ExitInfo exit;
+};
+
 // Loads RUN_DIR (every trace.*.mlt in it, plus run.json) or a single trace
-// file. Throws TraceError when nothing at all can be reported.
-RunReport load_run(const std::string& path, const AnalysisOptions& options);
+// file. Throws TraceError when nothing at all can be reported. `outcome`,
+// when given, is taken over run.json.
+RunReport load_run(const std::string& path, const AnalysisOptions& options, const RunOutcome* outcome = nullptr);
 
 std::string render_text(const RunReport& run);
 nlohmann::json render_json(const RunReport& run);

@@ -281,7 +281,27 @@ StatusTotals read_status(const fs::path& dir) {
   return t;
 }
 
-void write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, int status, double seconds) {
+// Writes `text` to `path`; false with `error` set when it could not be
+// written whole (a full disk: the stream only fails at the flush).
+bool write_whole_file(const fs::path& path, const std::string& text, std::string& error) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    error = path.string() + ": " + std::strerror(errno);
+    return false;
+  }
+  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
+  const int err = errno;
+  if (std::fclose(f) != 0 || !written) {
+    error = path.string() + ": " + std::strerror(written ? errno : err);
+    return false;
+  }
+  return true;
+}
+
+// run.json. It is first written when the command has started (without
+// "exit"), so that its space is held: on a full disk the final version
+// replaces it in place when a new file cannot be made.
+void write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, const int* status, double seconds) {
   nlohmann::json j;
   j["schema"] = "memledger-run";
   j["schema_version"] = 1;
@@ -290,19 +310,21 @@ void write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, int 
   j["host_mode"] = opts.host;
   j["leak_mode"] = opts.leak_mode;
   j["wall_seconds"] = seconds;
-  if (WIFSIGNALED(status)) {
-    j["exit"] = {{"signal", WTERMSIG(status)}, {"core_dumped", WCOREDUMP(status) != 0}};
-  } else if (WIFEXITED(status)) {
-    j["exit"] = {{"code", WEXITSTATUS(status)}};
+  if (status != nullptr && WIFSIGNALED(*status)) {
+    j["exit"] = {{"signal", WTERMSIG(*status)}, {"core_dumped", WCOREDUMP(*status) != 0}};
+  } else if (status != nullptr && WIFEXITED(*status)) {
+    j["exit"] = {{"code", WEXITSTATUS(*status)}};
   }
+  const std::string text = j.dump(2) + "\n";
   const fs::path tmp = dir / "run.json.tmp";
-  {
-    std::ofstream out(tmp);
-    out << j.dump(2) << "\n";
-    if (!out) return;
-  }
+  std::string error;
   std::error_code ec;
-  fs::rename(tmp, dir / "run.json", ec);
+  if (write_whole_file(tmp, text, error)) {
+    fs::rename(tmp, dir / "run.json", ec);
+  } else {
+    fs::remove(tmp, ec);
+    write_whole_file(dir / "run.json", text, error);
+  }
 }
 
 int exit_code_of(int status) {
@@ -311,24 +333,29 @@ int exit_code_of(int status) {
   return 1;
 }
 
-int build_report(const fs::path& dir, bool quiet) {
+int build_report(const fs::path& dir, bool quiet, const memledger::report::RunOutcome& outcome) {
   try {
     AnalysisOptions options;
-    memledger::report::RunReport run = memledger::report::load_run(dir.string(), options);
-    {
-      std::ofstream out(dir / "report.txt");
-      out << memledger::report::render_text(run);
-    }
-    {
-      std::ofstream out(dir / "report.json");
-      out << memledger::report::render_json(run).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
-    }
-    {
-      std::ofstream out(dir / "report.html");
-      out << memledger::report::render_html(run);
+    memledger::report::RunReport run = memledger::report::load_run(dir.string(), options, &outcome);
+    const std::pair<const char*, std::string> files[] = {
+        {"report.txt", memledger::report::render_text(run)},
+        {"report.json",
+         memledger::report::render_json(run).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"},
+        {"report.html", memledger::report::render_html(run)},
+    };
+    std::string error;
+    bool written = true;
+    for (const auto& [name, text] : files) written = written && write_whole_file(dir / name, text, error);
+    if (!quiet) std::fprintf(stderr, "memledger: %s\n", memledger::report::render_summary_line(run).c_str());
+    if (!written) {
+      // No partial reports left behind to be taken for whole ones.
+      std::error_code ec;
+      for (const auto& file : files) fs::remove(dir / file.first, ec);
+      std::fprintf(stderr, "memledger: no report written: cannot write %s; the traces are kept (memledger report %s)\n",
+                   error.c_str(), dir.c_str());
+      return 1;
     }
     if (!quiet) {
-      std::fprintf(stderr, "memledger: %s\n", memledger::report::render_summary_line(run).c_str());
       std::fprintf(stderr, "memledger: report: %s, %s (memledger report %s)\n", (dir / "report.txt").c_str(),
                    (dir / "report.html").c_str(), dir.c_str());
     }
@@ -535,6 +562,7 @@ int cmd_run(int argc, char** argv) {
     }
     return exec_errno == ENOENT ? 127 : 126;
   }
+  if (traced) write_run_file(dir, opts, pid, nullptr, 0);
 
   // Like a shell: the terminal's ^C and ^\ go to the child; we only wait.
   struct sigaction ignore {}, forward {}, old_int {}, old_quit {}, old_term {}, old_hup {};
@@ -578,8 +606,17 @@ int cmd_run(int argc, char** argv) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (traced) {
-    write_run_file(dir, opts, pid, status, seconds);
-    if (opts.report) build_report(dir, opts.quiet);
+    write_run_file(dir, opts, pid, &status, seconds);
+    if (opts.report) {
+      // The exit status from waitpid, also when run.json could not be written.
+      memledger::report::RunOutcome outcome;
+      outcome.root_pid = pid;
+      outcome.exit.known = WIFEXITED(status) || WIFSIGNALED(status);
+      outcome.exit.signaled = WIFSIGNALED(status);
+      outcome.exit.signo = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      outcome.exit.code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+      build_report(dir, opts.quiet, outcome);
+    }
     if (!opts.quiet) std::fprintf(stderr, "memledger: run folder: %s\n", dir.c_str());
   }
   return exit_code_of(status);

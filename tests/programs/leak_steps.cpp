@@ -3,12 +3,13 @@
 // before the step ends) from two functions, then leaks exactly LEAK_BYTES in
 // `plant_leak`, then marks the step end with memledger_step("train").
 //
-//   leak_steps [STEPS [LEAK_BYTES]] [--sleep-ms N] [--many-small] [--no-work]
+//   leak_steps [STEPS [LEAK_BYTES]] [--sleep-ms N] [--many-small] [--no-work] [--exit-code N]
 //
 // STEPS defaults to 40, LEAK_BYTES to 4096. --many-small makes the leak out
 // of 1 KiB pieces (the last one smaller when LEAK_BYTES is not a multiple).
 // --sleep-ms sleeps N ms at the end of every step. --no-work skips the
 // short-lived allocations: steps then follow each other within microseconds.
+// --exit-code N: main returns N (default 0).
 //
 // Machine-readable output on stdout (flushed line by line):
 //   LEAK_FILE=leak_steps.cpp   LEAK_LINE=NN   the planted allocation's line
@@ -103,6 +104,7 @@ int main(int argc, char** argv) {
   long sleep_ms = 0;
   bool many_small = false;
   bool work = true;
+  int exit_code = 0;
   int positional = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--sleep-ms") == 0 && i + 1 < argc) {
@@ -111,6 +113,8 @@ int main(int argc, char** argv) {
       many_small = true;
     } else if (std::strcmp(argv[i], "--no-work") == 0) {
       work = false;
+    } else if (std::strcmp(argv[i], "--exit-code") == 0 && i + 1 < argc) {
+      exit_code = std::atoi(argv[++i]);
     } else if (positional == 0) {
       steps = std::atol(argv[i]);
       ++positional;
@@ -118,7 +122,8 @@ int main(int argc, char** argv) {
       leak_bytes = std::atol(argv[i]);
       ++positional;
     } else {
-      std::fprintf(stderr, "usage: %s [STEPS [LEAK_BYTES]] [--sleep-ms N] [--many-small] [--no-work]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [STEPS [LEAK_BYTES]] [--sleep-ms N] [--many-small] [--no-work] [--exit-code N]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -145,5 +150,5 @@ int main(int argc, char** argv) {
     }
   }
   std::printf("DONE steps=%ld leaked=%zu checksum=%.0f\n", steps, leaked, checksum);
-  return 0;
+  return exit_code;
 }
