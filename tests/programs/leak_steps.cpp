@@ -7,9 +7,8 @@
 //
 // STEPS defaults to 40, LEAK_BYTES to 4096. --many-small makes the leak out
 // of 1 KiB pieces (the last one smaller when LEAK_BYTES is not a multiple).
-// --sleep-ms sleeps N ms at the end of every step. --no-work skips the
-// short-lived allocations: steps then follow each other within microseconds.
-// --exit-code N: main returns N (default 0).
+// --sleep-ms sleeps N ms at the end of every step. --exit-code N: main returns N. --no-work
+// skips the short-lived allocations: steps then follow each other within microseconds.
 //
 // Machine-readable output on stdout (flushed line by line):
 //   LEAK_FILE=leak_steps.cpp   LEAK_LINE=NN   the planted allocation's line
