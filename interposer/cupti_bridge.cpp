@@ -16,7 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "../cupti_tracer/cupti_host.h"
+#include "cupti_host.h"
 #include "recorder.h"
 #include "spin_lock.h"
 

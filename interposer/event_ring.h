@@ -23,7 +23,7 @@ enum class EventType : uint8_t {
   kUnmap = 7,
   kDeviceSample = 8,  // aux = device, addr = free bytes, size = total bytes
   kPoolSample = 9,    // aux = device, addr = pool, size = reserved, weight = used
-  // Records of the CUPTI module (cupti_tracer/cupti_host.h), as the writer encodes them:
+  // Records of the CUPTI module (cupti_host.h), as the writer encodes them:
   kCuptiStatus = 10,  // kind = status, size = API version, aux = text string id, stack = holder string id
   kCuptiMemory = 11,  // addr, size = bytes, weight = pc, aux = device, tid = stream, stack = correlation,
                       // kind, flags = release | async << 1 | pool type << 2

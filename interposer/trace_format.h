@@ -191,7 +191,7 @@ enum class Tag : uint8_t {
   kCuptiDropped = 27,
 };
 
-// kCuptiStatus values (cupti_tracer/cupti_host.h has the same numbers).
+// kCuptiStatus values (cupti_host.h has the same numbers).
 enum class CuptiStatus : uint8_t {
   kActive = 1,       // activity records are collected
   kOff = 2,          // turned off by the user

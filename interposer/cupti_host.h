@@ -1,4 +1,6 @@
-// The C interface between the preload library and the CUPTI module.
+// The C interface the preload library offers the CUPTI module (cupti_tracer/).
+// It lives here, with the side that serves it: the module includes it, the
+// preload library never includes anything of the module's.
 //
 // libmemledger.so never links against the module (nor CUDA, nor CUPTI): it
 // dlopen's libmemledger_cupti.so at the first cuInit and calls
