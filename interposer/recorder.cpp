@@ -132,7 +132,10 @@ void ring_key_destructor(void* value) {
 ThreadRing* map_ring() {
   void* mem = mmap(nullptr, sizeof(ThreadRing), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return nullptr;
-  return new (mem) ThreadRing();
+  // Default-initialised, not value-initialised: the events stay untouched
+  // (mmap gives zero pages) instead of zeroing 1.8 MB page by page in every
+  // process and thread, which made up most of a short process's start-up.
+  return new (mem) ThreadRing;
 }
 
 uintptr_t g_self_anchor;

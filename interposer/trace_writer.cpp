@@ -437,6 +437,7 @@ bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error
   clock_gettime(CLOCK_REALTIME, &wall);
   clock_gettime(CLOCK_MONOTONIC, &mono);
   st.start_mono_ns = static_cast<uint64_t>(mono.tv_sec) * 1000000000ull + static_cast<uint64_t>(mono.tv_nsec);
+  st.last_status_ns = st.start_mono_ns;
   add_num("start_wall_ns", static_cast<long long>(wall.tv_sec) * 1000000000ll + wall.tv_nsec);
   add_num("start_mono_ns", static_cast<long long>(st.start_mono_ns));
   const char* mode = config.host_mode == HostMode::kFull ? "full"
@@ -488,9 +489,9 @@ bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error
     return false;
   }
 
-  char status_path[4200];
-  snprintf(status_path, sizeof status_path, "%s/status.%d", config.dir, pid);
-  status_.adopt(::open(status_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), status_path, O_WRONLY);
+  // The status file is made at the first status update: a process that
+  // ends within kStatusEveryNs (a shell's /bin/true) never needs one.
+  snprintf(status_path_, sizeof status_path_, "%s/status.%d", config.dir, pid);
 
   st.cgroup = find_cgroup();
   st.interval_ns = static_cast<uint64_t>(config.step_interval_s * 1e9);
@@ -1004,6 +1005,10 @@ void TraceWriter::cycle(bool final) {
   futex(&flush_done_, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr);
 
   // 10. Status for `memledger run`'s live line.
+  if (!status_.is_open() && status_path_[0] != '\0' && !final && now - st.last_status_ns >= kStatusEveryNs) {
+    status_.adopt(::open(status_path_, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), status_path_, O_WRONLY);
+    status_path_[0] = '\0';  // made once: a status file the program closed is opened again by OwnedFile
+  }
   if (status_.is_open() && (final || now - st.last_status_ns >= kStatusEveryNs)) {
     if (rss == 0) {
       char buf[128];

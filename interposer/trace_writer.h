@@ -110,6 +110,7 @@ class TraceWriter {
   pthread_t thread_{};
   OwnedFile trace_;
   OwnedFile status_;
+  char status_path_[4200] = {};  // until the status file is made
   struct State;
   State* state_ = nullptr;
 };

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <string_view>
 
@@ -372,6 +373,44 @@ class SymbolIndex {
 
 }  // namespace
 
+// Frames already resolved, by module (build id, path and debug folders) and
+// address within it, shared by every Symbolizer of the process. A report
+// holds one Symbolizer per trace, and a job of many short processes (a
+// shell running a command in a loop, a launcher's helpers) has the same
+// modules in every trace: opening libc's separate debug info (compressed
+// sections) once per trace cost about 80 ms of each trace's report.
+class SharedFrames {
+ public:
+  using Table = absl::flat_hash_map<uint64_t, std::vector<Frame>>;  // (offset << 1 | return_address)
+  static SharedFrames& instance() {
+    static SharedFrames shared;
+    return shared;
+  }
+  // The table of one module; stable for the life of the process.
+  Table* table(const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::unique_ptr<Table>& t = tables_[key];
+    if (!t) t = std::make_unique<Table>();
+    return t.get();
+  }
+  bool find(Table* table, uint64_t key, uint64_t ip, std::vector<Frame>* out) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = table->find(key);
+    if (it == table->end()) return false;
+    *out = it->second;
+    for (Frame& f : *out) f.address = ip;
+    return true;
+  }
+  void add(Table* table, uint64_t key, const std::vector<Frame>& frames) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    table->try_emplace(key, frames);
+  }
+
+ private:
+  std::mutex mutex_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Table>> tables_;
+};
+
 struct Symbolizer::Impl {
   enum class State : uint8_t { kUnopened, kReady, kFailed };
 
@@ -387,6 +426,7 @@ struct Symbolizer::Impl {
     // gcc and clang objects it names the wrong unit.
     std::unique_ptr<IntervalMap<Dwarf_Die*>> units;
     Dwarf_Addr dwarf_bias = 0;
+    SharedFrames::Table* shared = nullptr;  // only for modules with a build id
   };
 
   struct Key {
@@ -481,6 +521,9 @@ Symbolizer::Impl::Impl(std::vector<ModuleInfo> infos, SymbolizerOptions options)
   }
   for (uint32_t i = 0; i < modules.size(); ++i) {
     Module& m = modules[i];
+    if (!m.info.build_id.empty()) {
+      m.shared = SharedFrames::instance().table(m.info.build_id + '\0' + m.info.path + '\0' + debuginfo_path);
+    }
     for (const auto& [vaddr, memsz] : m.info.segments) {
       uint64_t start = m.info.base + vaddr;
       if (start + memsz > start) module_ranges.Add(start, start + memsz, i);  // not wrapping
@@ -788,10 +831,13 @@ std::vector<Frame> Symbolizer::Impl::Compute(uint64_t ip, bool return_address) {
   if (i == nullptr) return {base};
   Module& m = modules[*i];
   base.module = m.info.path;
-  if (!Open(m)) return {base};
   std::vector<Frame> frames;
+  const uint64_t shared_key = (ip - m.info.base) << 1 | (return_address ? 1 : 0);
+  if (m.shared != nullptr && SharedFrames::instance().find(m.shared, shared_key, ip, &frames)) return frames;
+  if (!Open(m)) return {base};
   Symbolize(m, addr, base, frames);
   if (frames.empty()) frames.push_back(base);
+  if (m.shared != nullptr) SharedFrames::instance().add(m.shared, shared_key, frames);
   return frames;
 }
 
