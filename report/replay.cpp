@@ -1,6 +1,7 @@
 #include "replay.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "step_inference.h"
 #include "trace_format.h"
@@ -30,6 +31,7 @@ void Replay::observe(const TraceEvent* events, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const TraceEvent& e = events[i];
     device_.catch_up(e.seq);
+    if (sampled_) note_samples(e.ts);
     switch (e.type) {
       case EvType::kAlloc:
         if (e.flags & fmt::kAllocFailed) {
@@ -192,6 +194,7 @@ void Replay::on_step(const TraceEvent& e) {
   if (e.size != 0 && label != trace_.strings.end()) st.label = label->second;
   st.end_ns = e.ts;
   for (int k = 0; k < fmt::kKindCount; ++k) st.live[k] = total_[k];
+  step_estimate_.push_back(total_[0]);
   st.live_by_device = device_live_;
   // Device samples are taken just before the step marker (caught up above).
   device_.fill_step(st);
@@ -211,6 +214,7 @@ void Replay::on_step(const TraceEvent& e) {
 ReplayOutput Replay::finish() {
   // The side records are complete once the events are (stream_trace).
   device_.catch_up(UINT64_MAX);
+  if (sampled_) note_samples(UINT64_MAX);
   out_.step_source = source_.empty() ? "none" : source_;
   apply_samples();
   if (out_.steps.empty()) out_.peak.step = 0;
@@ -233,10 +237,10 @@ void Replay::apply_samples() {
     if (s != nullptr) {
       st.held_host = s->heap_held;
       st.rss = s->rss;
-      if (sampled_) st.live[0] = s->host_live;
     }
   }
   if (!sampled_) return;
+  host_live_from_samples();
   Peak& peak = out_.peak;
   peak = Peak{};
   uint64_t step_at = 1;
@@ -252,6 +256,45 @@ void Replay::apply_samples() {
       peak.step = out_.steps.empty() ? 0 : std::min<uint64_t>(step_at, out_.steps.size() + 1);
       peak.kind = 0;
     }
+  }
+}
+
+// The samples whose moment has come, with the replay's estimate of host
+// live bytes just before the event at `ts` (the trace's samples arrive as it
+// streams, ahead of the events they follow).
+void Replay::note_samples(uint64_t ts) {
+  const std::vector<TraceSample>& samples = trace_.samples;
+  while (sample_at_.size() < samples.size() && samples[sample_at_.size()].ts <= ts) {
+    const TraceSample& s = samples[sample_at_.size()];
+    sample_at_.push_back(SampleAt{s.ts, s.host_live, total_[0]});
+  }
+}
+
+// Sampled mode: host live bytes at each step end. The estimate moves with
+// the sampled allocations only; the samples' exact totals say by how much
+// it was off at their moments, and that offset, interpolated in time
+// between the samples around the step end, corrects it. A step end then
+// shows what was allocated in its step even when no allocation of it was
+// sampled, and agrees with every sample.
+void Replay::host_live_from_samples() {
+  if (sample_at_.empty()) return;
+  auto offset = [](const SampleAt& s) { return static_cast<double>(s.exact - s.estimate); };
+  size_t after = 0;  // the first sample past the step end
+  for (size_t k = 0; k < out_.steps.size(); ++k) {
+    StepStats& st = out_.steps[k];
+    while (after < sample_at_.size() && sample_at_[after].ts <= st.end_ns) ++after;
+    double off;
+    if (after == 0) {
+      off = offset(sample_at_.front());
+    } else if (after == sample_at_.size()) {
+      off = offset(sample_at_.back());
+    } else {
+      const SampleAt& b = sample_at_[after - 1];
+      const SampleAt& a = sample_at_[after];
+      const double w = static_cast<double>(st.end_ns - b.ts) / static_cast<double>(a.ts - b.ts);
+      off = (1 - w) * offset(b) + w * offset(a);
+    }
+    st.live[0] = std::max<int64_t>(0, step_estimate_[k] + std::llround(off));
   }
 }
 

@@ -105,6 +105,8 @@ class Replay {
   void touch(uint32_t site);  // the site is about to change
   std::vector<SiteTotal> device_live_by_site() const;
   void apply_samples();
+  void note_samples(uint64_t ts);
+  void host_live_from_samples();
 
   const Trace& trace_;
   const bool sampled_;
@@ -118,6 +120,17 @@ class Replay {
   uint32_t current_step_ = 1;  // allocations before the first marker belong to step 1
   uint64_t step_allocs_ = 0, step_frees_ = 0;
   std::string source_;
+  // Sampled mode: each sample's exact host live bytes beside the replay's
+  // estimate at its moment, and the estimate at each step end: samples come
+  // every 100 ms, inferred steps may come far more often, and the last step
+  // ends before the teardown does (host_live_from_samples).
+  struct SampleAt {
+    uint64_t ts;
+    int64_t exact;
+    int64_t estimate;
+  };
+  std::vector<SampleAt> sample_at_;
+  std::vector<int64_t> step_estimate_;
 };
 
 }  // namespace memledger::report

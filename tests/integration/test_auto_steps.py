@@ -7,6 +7,7 @@ run with their markers removed. The planted leaks are still the top growth
 suspects, and clean controls have none."""
 
 import os
+import re
 
 import clients
 import mltest
@@ -77,6 +78,63 @@ class AutoSteps(clients.ClientTestCase):
 
     def test_jax_clean(self):
         self.check_client("jax", "none")
+
+
+# A user's PyTorch loop with no marker, in the default sampled host mode:
+# each step keeps its loss (with its graph) and a 64 KiB tensor.
+SAMPLED_LOOP = """\
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+kept = []
+for step in range(%d):
+    x = torch.randn(512, 64)
+    opt.zero_grad()
+    loss = model(x).pow(2).mean()
+    loss.backward()
+    opt.step()
+    kept.append(loss)
+    kept.append(torch.ones(16384))
+"""
+SAMPLED_LOOP_STEPS = 30
+SAMPLED_LOOP_LEAK_LINE = 13
+
+
+class SampledLoop(mltest.TestCase):
+    """Automatic steps in sampled host mode: every step ends at its own
+    boundary with the exact live total there (samples come every 100 ms,
+    steps far more often), the teardown after the last step is no step, and
+    `check` fails the leak with its line named."""
+
+    def test_torch_loop_without_markers(self):
+        clients.skip_unless(self, "torch")
+        tmp = self.tmpdir()
+        script = os.path.join(tmp, "loop.py")
+        with open(script, "w") as f:
+            f.write(SAMPLED_LOOP % SAMPLED_LOOP_STEPS)
+        run_dir = os.path.join(tmp, "run")
+        proc = self.traced(run_dir, [clients.PYTHON_TORCH, script], options=())
+        self.assertExit(proc, 0)
+        r = self.load_report(run_dir)
+        self.assertEqual(r["host_mode"], "sampled")
+        self.assertEqual(r["step_source"], "auto", r["notes"])
+        self.assertEqual(len(r["steps"]), SAMPLED_LOOP_STEPS, r["step_inference"])
+        live = [s["live"]["host"] for s in r["steps"]]
+        repeats = sum(a == b for a, b in zip(live, live[1:]))
+        self.assertEqual(repeats, 0, live)
+        # Each step keeps about 66 KiB: the last one too (no teardown in it).
+        gain = (live[-1] - live[2]) / (len(live) - 3)
+        self.assertGreater(gain, 48 * 1024, live)
+        self.assertLess(gain, 96 * 1024, live)
+        self.assertGreater(live[-1] - live[-2], -256 * 1024, live)
+        check = self.memledger("check", run_dir, "--max-growth-per-step", "32KiB")
+        self.assertEqual(check.returncode, 1, check.stdout + check.stderr)
+        m = re.search(r"FAIL growth per step \(total\): ([\d.]+) KiB/step .*R\u00b2 ([\d.]+)[^)]*\); top suspect: (.*)",
+                      check.stdout)
+        self.assertIsNotNone(m, check.stdout)
+        self.assertGreater(float(m.group(2)), 0.8, check.stdout)
+        self.assertIn("loop.py:%d" % SAMPLED_LOOP_LEAK_LINE, m.group(3))
 
 
 if __name__ == "__main__":

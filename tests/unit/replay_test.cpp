@@ -211,10 +211,45 @@ TEST_CASE("replay: samples give held host bytes and RSS at step ends", "[replay]
   CHECK(full.steps[0].held_host == 22);
   CHECK(full.steps[0].live[0] == 100);
   CHECK(full.peak.bytes == 100);
-  // Sampled mode: the samples' exact totals replace the estimates.
   ReplayOutput sampled = replay(trace, b.events, true);
-  CHECK(sampled.steps[0].live[0] == 900);
+  // Sampled mode: the samples' exact totals correct the estimate, by their
+  // offsets interpolated in time (-95 at 1500, +800 at 3500).
+  CHECK(sampled.steps[0].live[0] == 229);
+  CHECK(sampled.steps[1].live[0] == 676);
   CHECK(sampled.peak.bytes == 900);
   CHECK(sampled.peak.ts_ns == 3500);
   CHECK(sampled.peak.step == 3);
+}
+
+TEST_CASE("replay: sampled host live at each step end, between samples and before the teardown", "[replay]") {
+  // Ten steps, each keeping 1000 bytes, with two samples among them (the
+  // writer samples every 100 ms, inferred steps come far more often), then
+  // a teardown that frees everything before the last sample.
+  Trace trace;
+  EventBuilder b;
+  for (uint64_t k = 0; k < 10; ++k) {
+    b.alloc(0x1000 + k * 0x100, 1000, 1, 0, static_cast<uint8_t>(fmt::kAllocSampled));  // ts (2k+1)*1000
+    b.step();                                                                         // ts (2k+2)*1000
+  }
+  for (uint64_t k = 0; k < 10; ++k) b.free(0x1000 + k * 0x100);
+  TraceSample a;
+  a.ts = 2500;
+  a.host_live = 1007;  // exact: 7 bytes the sampling missed
+  TraceSample c = a;
+  c.ts = 20500;
+  c.host_live = 11007;  // 1007 missed by then
+  TraceSample teardown = a;
+  teardown.ts = 40000;
+  teardown.host_live = 7;
+  trace.samples = {a, c, teardown};
+  ReplayOutput out = replay(trace, b.events, true);
+  REQUIRE(out.steps.size() == 10);
+  // Step 1 ends before the first sample: its offset (7). Step 10 ends at
+  // 20000, 17500/18000 of the way to the second sample: 10000 + 7 + 972.
+  CHECK(out.steps[0].live[0] == 1007);
+  CHECK(out.steps[9].live[0] == 10979);
+  for (size_t k = 1; k < 10; ++k) {
+    INFO("step " << k + 1);
+    CHECK(out.steps[k].live[0] > out.steps[k - 1].live[0] + 1000);
+  }
 }
