@@ -143,146 +143,188 @@ std::string largest_holder(const json& step, bool by_unused) {
   return best;
 }
 
+// What a metric's figure is computed from: one process of a run.
+struct FigureInput {
+  const ProcessData& p;
+  const json& pj;     // its report
+  const json& steps;  // pj's steps
+  Scope scope;
+  int k;  // scope_kind(scope)
+  int warmup_steps;
+};
+
+// Growth per step: the fit after the warm-up, or why there is none.
+void growth_figure(const FigureInput& in, Figure& f) {
+  const ProcessData& p = in.p;
+  const json& pj = in.pj;
+  const Scope scope = in.scope;
+  const int warmup = process_warmup(p, in.warmup_steps);
+  const GrowthFit fit = fit_growth(series_of(p, scope), warmup);
+  if (!fit.judged) {
+    f.judged = false;
+    const size_t n = p.live.size();
+    f.why_not = n == 0 ? "no steps were recorded (mark steps with memledger_step(), or run with --step-interval)"
+                       : "only " + std::to_string(n) + " step" + (n == 1 ? "" : "s") + " with " +
+                             std::to_string(warmup) + " warm-up step" + (warmup == 1 ? "" : "s") +
+                             " (at least 3 steps after the warm-up are needed)";
+    return;
+  }
+  f.value = fit.slope;
+  f.r_squared = fit.r_squared;
+  f.flat = fit.flat;
+  f.first_step = fit.first_step;
+  f.last_step = fit.last_step;
+  f.plateau = fit.plateau;
+  f.site = top_suspect(pj, scope);
+  f.site_role = "top suspect";
+}
+
+// The highest live total at a step end (or between them, for the report's peak).
+void peak_figure(const FigureInput& in, Figure& f) {
+  const ProcessData& p = in.p;
+  const json& pj = in.pj;
+  const Scope scope = in.scope;
+  const int k = in.k;
+  const std::vector<double> series = series_of(p, scope);
+  f.value = series.empty() ? 0 : *std::max_element(series.begin(), series.end());
+  // The report's peak is the highest live total between step ends; it
+  // counts for one kind too when that kind is the only one in use.
+  bool only_kind = k < 0;
+  if (k >= 0) {
+    only_kind = true;
+    for (int other = 0; other < 4; ++other) only_kind = only_kind && (other == k || !kind_ever_live(p, other));
+  }
+  if (only_kind) f.value = std::max(f.value, p.peak);
+  f.site = top_suspect(pj, scope);
+  f.site_role = "top suspect";
+}
+
+// The most bytes held from the system at a step end, and the largest holder then.
+void held_figure(const FigureInput& in, Figure& f) {
+  const ProcessData& p = in.p;
+  const json& steps = in.steps;
+  const int k = in.k;
+  size_t at = 0;
+  for (size_t i = 0; i < p.live.size(); ++i) {
+    const double v = k < 0 ? p.held_host[i] + p.held_device[i] : k == 0 ? p.held_host[i] : p.held_device[i];
+    if (v > f.value) {
+      f.value = v;
+      at = i;
+    }
+  }
+  if (k != 0 && f.value > 0 && steps.is_array() && at < steps.size()) {
+    f.site = largest_holder(steps[at], false);
+    f.site_role = "largest holder";
+  }
+}
+
+// The median share of held bytes not in use after the warm-up.
+void fragmentation_figure(const FigureInput& in, Figure& f) {
+  const ProcessData& p = in.p;
+  const json& steps = in.steps;
+  const int k = in.k;
+  const int warmup = process_warmup(p, in.warmup_steps);
+  std::vector<double> all, after;
+  for (size_t i = 0; i < p.live.size(); ++i) {
+    const auto& live = p.live[i];
+    double held = 0, used = 0, share = -1;
+    if (k <= 0) {
+      held += p.held_host[i];
+      used += live[0];
+    }
+    if (k == 1 || k < 0) {
+      held += p.held_device[i];
+      used += live[1] + live[2];
+    }
+    if (k == 1 && p.device_share[i] >= 0) {
+      share = p.device_share[i];
+    } else if (held > 0) {
+      share = std::max(0.0, held - used) / held;
+    }
+    if (share < 0) continue;
+    all.push_back(share);
+    if (static_cast<int>(i) >= warmup) after.push_back(share);
+  }
+  if (all.empty()) {
+    f.judged = false;
+    f.why_not = std::string("no held bytes were recorded") + (k >= 0 ? std::string(" for ") + kKindNames[k] : "");
+    return;
+  }
+  f.value = median(after.empty() ? all : after);
+  if (k != 0 && steps.is_array() && !steps.empty()) {
+    f.site = largest_holder(steps.back(), true);
+    f.site_role = "largest holder";
+  }
+}
+
+// Bytes live at exit (start-up allocations apart), and the largest site.
+void exit_leak_figure(const FigureInput& in, Figure& f) {
+  const json& pj = in.pj;
+  const Scope scope = in.scope;
+  const int k = in.k;
+  const json& leaks = member(pj, "exit_leaks");
+  double largest = 0;
+  double sum = 0;
+  for (const json& s : member(leaks, "sites")) {
+    if (!in_scope(s, scope)) continue;
+    const double b = number(s, "bytes");
+    sum += b;
+    if (b > largest) {
+      largest = b;
+      f.site = text(s, "site") + " (" + format_size(b) + ")";
+    }
+  }
+  f.value = k < 0 ? number(leaks, "bytes") : sum;
+  f.site_role = "largest exit leak";
+}
+
+// The number of growth suspects, and the top one.
+void suspects_figure(const FigureInput& in, Figure& f) {
+  const json& pj = in.pj;
+  const Scope scope = in.scope;
+  for (const json& s : member(pj, "leak_suspects")) f.value += in_scope(s, scope) ? 1 : 0;
+  f.site = top_suspect(pj, scope);
+  f.site_role = "top suspect";
+}
+
+// Out-of-memory failures (and a host OOM kill), and the first one.
+void oom_figure(const FigureInput& in, Figure& f) {
+  const json& pj = in.pj;
+  const json& ooms = member(pj, "ooms");
+  f.value = ooms.is_array() ? static_cast<double>(ooms.size()) : 0;
+  if (f.value > 0) {
+    const json& first = ooms[0];
+    f.site = format_size(number(first, "requested")) + " requested on device " +
+             std::to_string(static_cast<int>(number(first, "device")));
+    const std::string where = site_of_stack(member(first, "stack"));
+    if (!where.empty()) f.site += " by " + where;
+    f.site_role = "first OOM";
+  }
+  if (text(member(pj, "verdict"), "kind") == "host_oom_kill") {
+    f.value += 1;
+    if (f.site.empty()) {
+      f.site = text(member(pj, "verdict"), "summary");
+      f.site_role = "verdict";
+    }
+  }
+}
+
 // One process's value of a metric; judged=false when it has none.
 Figure process_figure(const RunData& run, size_t index, Metric metric, Scope scope, int warmup_steps) {
   const ProcessData& p = run.processes[index];
   const json& pj = process_json(run, index);
-  const json& steps = member(pj, "steps");
   Figure f;
   f.pid = p.pid;
   f.rank = p.rank;
-  const int k = scope_kind(scope);
+  const FigureInput in{p, pj, member(pj, "steps"), scope, scope_kind(scope), warmup_steps};
   switch (metric) {
-    case Metric::kGrowthPerStep: {
-      const int warmup = process_warmup(p, warmup_steps);
-      const GrowthFit fit = fit_growth(series_of(p, scope), warmup);
-      if (!fit.judged) {
-        f.judged = false;
-        const size_t n = p.live.size();
-        f.why_not = n == 0 ? "no steps were recorded (mark steps with memledger_step(), or run with --step-interval)"
-                           : "only " + std::to_string(n) + " step" + (n == 1 ? "" : "s") + " with " +
-                                 std::to_string(warmup) + " warm-up step" + (warmup == 1 ? "" : "s") +
-                                 " (at least 3 steps after the warm-up are needed)";
-        return f;
-      }
-      f.value = fit.slope;
-      f.r_squared = fit.r_squared;
-      f.flat = fit.flat;
-      f.first_step = fit.first_step;
-      f.last_step = fit.last_step;
-      f.plateau = fit.plateau;
-      f.site = top_suspect(pj, scope);
-      f.site_role = "top suspect";
-      return f;
-    }
-    case Metric::kPeak: {
-      const std::vector<double> series = series_of(p, scope);
-      f.value = series.empty() ? 0 : *std::max_element(series.begin(), series.end());
-      // The report's peak is the highest live total between step ends; it
-      // counts for one kind too when that kind is the only one in use.
-      bool only_kind = k < 0;
-      if (k >= 0) {
-        only_kind = true;
-        for (int other = 0; other < 4; ++other) only_kind = only_kind && (other == k || !kind_ever_live(p, other));
-      }
-      if (only_kind) f.value = std::max(f.value, p.peak);
-      f.site = top_suspect(pj, scope);
-      f.site_role = "top suspect";
-      return f;
-    }
-    case Metric::kHeld: {
-      size_t at = 0;
-      for (size_t i = 0; i < p.live.size(); ++i) {
-        const double v = k < 0 ? p.held_host[i] + p.held_device[i] : k == 0 ? p.held_host[i] : p.held_device[i];
-        if (v > f.value) {
-          f.value = v;
-          at = i;
-        }
-      }
-      if (k != 0 && f.value > 0 && steps.is_array() && at < steps.size()) {
-        f.site = largest_holder(steps[at], false);
-        f.site_role = "largest holder";
-      }
-      return f;
-    }
-    case Metric::kFragmentationShare: {
-      const int warmup = process_warmup(p, warmup_steps);
-      std::vector<double> all, after;
-      for (size_t i = 0; i < p.live.size(); ++i) {
-        const auto& live = p.live[i];
-        double held = 0, used = 0, share = -1;
-        if (k <= 0) {
-          held += p.held_host[i];
-          used += live[0];
-        }
-        if (k == 1 || k < 0) {
-          held += p.held_device[i];
-          used += live[1] + live[2];
-        }
-        if (k == 1 && p.device_share[i] >= 0) {
-          share = p.device_share[i];
-        } else if (held > 0) {
-          share = std::max(0.0, held - used) / held;
-        }
-        if (share < 0) continue;
-        all.push_back(share);
-        if (static_cast<int>(i) >= warmup) after.push_back(share);
-      }
-      if (all.empty()) {
-        f.judged = false;
-        f.why_not = std::string("no held bytes were recorded") + (k >= 0 ? std::string(" for ") + kKindNames[k] : "");
-        return f;
-      }
-      f.value = median(after.empty() ? all : after);
-      if (k != 0 && steps.is_array() && !steps.empty()) {
-        f.site = largest_holder(steps.back(), true);
-        f.site_role = "largest holder";
-      }
-      return f;
-    }
-    case Metric::kExitLeak: {
-      const json& leaks = member(pj, "exit_leaks");
-      double largest = 0;
-      double sum = 0;
-      for (const json& s : member(leaks, "sites")) {
-        if (!in_scope(s, scope)) continue;
-        const double b = number(s, "bytes");
-        sum += b;
-        if (b > largest) {
-          largest = b;
-          f.site = text(s, "site") + " (" + format_size(b) + ")";
-        }
-      }
-      f.value = k < 0 ? number(leaks, "bytes") : sum;
-      f.site_role = "largest exit leak";
-      return f;
-    }
-    case Metric::kSuspects: {
-      for (const json& s : member(pj, "leak_suspects")) f.value += in_scope(s, scope) ? 1 : 0;
-      f.site = top_suspect(pj, scope);
-      f.site_role = "top suspect";
-      return f;
-    }
-    case Metric::kOoms: {
-      const json& ooms = member(pj, "ooms");
-      f.value = ooms.is_array() ? static_cast<double>(ooms.size()) : 0;
-      if (f.value > 0) {
-        const json& first = ooms[0];
-        f.site = format_size(number(first, "requested")) + " requested on device " +
-                 std::to_string(static_cast<int>(number(first, "device")));
-        const std::string where = site_of_stack(member(first, "stack"));
-        if (!where.empty()) f.site += " by " + where;
-        f.site_role = "first OOM";
-      }
-      if (text(member(pj, "verdict"), "kind") == "host_oom_kill") {
-        f.value += 1;
-        if (f.site.empty()) {
-          f.site = text(member(pj, "verdict"), "summary");
-          f.site_role = "verdict";
-        }
-      }
-      return f;
-    }
+    case Metric::kGrowthPerStep: growth_figure(in, f); return f;
+    case Metric::kPeak: peak_figure(in, f); return f;
+    case Metric::kHeld: held_figure(in, f); return f;
+    case Metric::kFragmentationShare: fragmentation_figure(in, f); return f;
+    case Metric::kExitLeak: exit_leak_figure(in, f); return f;
+    case Metric::kSuspects: suspects_figure(in, f); return f;
+    case Metric::kOoms: oom_figure(in, f); return f;
     case Metric::kMinSteps: f.value = static_cast<double>(p.live.size()); return f;
   }
   return f;

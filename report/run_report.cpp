@@ -385,6 +385,151 @@ std::string render_summary_line(const RunReport& run) {
   return out.str();
 }
 
+namespace {
+
+// A process's heading: who it is, why it stopped, its mode, steps and peak.
+void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
+  out << "\n== process " << p.pid;
+  if (!p.rank.empty()) out << " (rank " << p.rank << ")";
+  if (root) out << " (root)";
+  out << ": " << p.command << "\n";
+  out << "stop verdict: " << p.verdict.summary << "\n";
+  if (!p.verdict.crash_stack.empty()) {
+    out << "crash stack:\n";
+    for (const Frame& f : p.verdict.crash_stack) out << "    " << frame_text(f) << "\n";
+  }
+  out << "host mode: " << p.host_mode;
+  if (p.host_mode == "sampled") out << " (mean interval " << human_bytes(double(p.sample_interval)) << ")";
+  out << "; duration " << fixed(double(p.duration_ns) / 1e9, 2) << " s; " << p.events << " events\n";
+  out << "steps: " << p.steps.size() << " (source: " << p.step_source;
+  if (!p.step_inference.empty()) out << " (" << p.step_inference << ")";
+  out << ")";
+  if (!p.steps.empty()) out << ", warm-up " << p.warmup_steps;
+  out << "\n";
+  out << "peak live: " << human_bytes(double(p.peak.bytes));
+  if (p.peak.step) out << " in step " << p.peak.step;
+  out << "\n";
+}
+
+// Each out-of-memory failure, with the device's live set at that moment.
+void text_ooms(const ProcessReport& p, std::ostringstream& out) {
+  for (const OomEvent& o : p.ooms) {
+    out << "\nCUDA out of memory in step " << o.step << ": " << human_bytes(double(o.requested)) << " requested on device "
+        << o.device << " (error " << o.error << "); live on the device: " << human_bytes(double(o.device_live));
+    if (o.device_total) out << "; free " << human_bytes(double(o.device_free)) << " of " << human_bytes(double(o.device_total)) << " at the last step end";
+    out << "; held by pools but unused: " << human_bytes(double(o.held_unused)) << "\n";
+    if (!o.stack.empty()) {
+      out << "  failed at " << site_name(Site{0, o.kind, o.stack}) << "\n";
+    }
+    out << "  device live set at that moment, by site:\n";
+    for (const SiteTotal& t : o.live_by_site) {
+      out << "    " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
+    }
+    for (const Holder& h : o.holders) {
+      out << "    " << h.name << ": holds " << human_bytes(double(h.held)) << ", unused " << human_bytes(double(h.unused)) << "\n";
+    }
+  }
+}
+
+// A table of more than 24 steps shows the first and last 10: true for a
+// row in between (the first of them prints "...").
+bool elided_row(size_t k, size_t n, std::ostringstream& out) {
+  if (n <= 24 || k < 10 || k + 10 >= n) return false;
+  if (k == 10) out << "  ...\n";
+  return true;
+}
+
+// Device memory per step, when the process used any.
+void text_device_steps(const ProcessReport& p, std::ostringstream& out) {
+  bool device = false;
+  for (const StepStats& st : p.steps) device = device || st.live[1] != 0 || st.live[2] != 0 || st.held_device != 0;
+  if (!p.steps.empty() && device) {
+    out << "\n  step   device live  device held  fragmented   device free   pinned host  reserved VA\n";
+    const size_t n = p.steps.size();
+    for (size_t k = 0; k < n; ++k) {
+      if (elided_row(k, n, out)) continue;
+      const StepStats& s = p.steps[k];
+      const int64_t live = s.live[1] + s.live[2];
+      char line[200];
+      std::snprintf(line, sizeof line, "  %4" PRIu64 "  %12s  %11s  %10s  %12s  %12s  %11s\n", s.index,
+                    human_bytes(double(live)).c_str(), human_bytes(double(s.held_device)).c_str(),
+                    human_bytes(double(std::max<int64_t>(0, s.held_device - live))).c_str(),
+                    s.device_total ? human_bytes(double(s.device_free)).c_str() : "-",
+                    human_bytes(double(s.live[3])).c_str(), human_bytes(double(s.reserved_address_space)).c_str());
+      out << line;
+    }
+  }
+}
+
+// Host memory per step.
+void text_host_steps(const ProcessReport& p, std::ostringstream& out) {
+  if (!p.steps.empty()) {
+    out << "\n  step   host live   host held         RSS    allocs     frees\n";
+    const size_t n = p.steps.size();
+    for (size_t k = 0; k < n; ++k) {
+      if (elided_row(k, n, out)) continue;
+      const StepStats& s = p.steps[k];
+      char line[160];
+      std::snprintf(line, sizeof line, "  %4" PRIu64 "  %10s  %10s  %10s  %8" PRIu64 "  %8" PRIu64 "\n", s.index,
+                    human_bytes(double(s.live[0])).c_str(), human_bytes(double(s.held_host)).c_str(),
+                    human_bytes(double(s.rss)).c_str(), s.allocations, s.frees);
+      out << line;
+    }
+  }
+}
+
+void text_suspects(const ProcessReport& p, std::ostringstream& out) {
+  out << "\ngrowth leak suspects: " << p.leak_suspects.size() << "\n";
+  for (size_t k = 0; k < p.leak_suspects.size(); ++k) {
+    const LeakSuspect& s = p.leak_suspects[k];
+    out << "  #" << k + 1 << " " << human_bytes(s.bytes_per_step) << "/step (" << std::llround(s.bytes_per_step)
+        << " B/step), " << fixed(s.allocations_per_step, 1) << " allocations/step, from step " << s.first_step
+        << ", monotone " << fixed(s.monotonicity * 100, 0) << "%, " << format::kind_name(format::Kind(s.site.kind))
+        << "\n     " << site_name(s.site) << "\n";
+    for (const Frame& f : s.site.frames) out << "       " << frame_text(f) << "\n";
+  }
+}
+
+// Exit leaks, and the start-up allocations kept apart from them.
+void text_exit_leaks(const ProcessReport& p, std::ostringstream& out) {
+  out << "\nexit leaks (live at exit, allocated after the first step): " << human_bytes(double(p.exit_leak_bytes))
+      << " in " << p.exit_leak_count << " allocations\n";
+  for (const SiteTotal& t : p.exit_leaks) {
+    out << "  " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
+  }
+  if (!p.steps.empty()) {
+    out << "one-off start-up allocations (before the first step, still live): "
+        << human_bytes(double(p.startup_bytes)) << " in " << p.startup_count << " allocations\n";
+    for (size_t k = 0; k < p.startup.size() && k < 5; ++k) {
+      const SiteTotal& t = p.startup[k];
+      out << "  " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
+    }
+  }
+}
+
+// CUPTI's view beside the hooks', or its status.
+void text_cupti(const ProcessReport& p, std::ostringstream& out) {
+  if (p.cupti.compared) {
+    const CuptiView& c = p.cupti;
+    out << "\nCUPTI beside the CUDA hooks: " << c.matched << " allocations seen by both ("
+        << human_bytes(double(c.matched_bytes)) << "), " << c.hooks_only << " only by the hooks, " << c.cupti_only
+        << " only by CUPTI" << (c.cupti_dropped ? ", " + std::to_string(c.cupti_dropped) + " CUPTI records lost" : "")
+        << "\n  " << c.message << "\n";
+    for (const CuptiMismatch& m : c.hooks_only_list) {
+      out << "  only hooks: " << human_bytes(double(m.bytes)) << " " << format::kind_name(format::Kind(m.kind))
+          << " at " << hex(m.addr) << " from " << mismatch_site(m) << "\n";
+    }
+    for (const CuptiMismatch& m : c.cupti_only_list) {
+      out << "  only CUPTI: " << human_bytes(double(m.bytes)) << " " << format::kind_name(format::Kind(m.kind))
+          << " on device " << m.device << " at " << hex(m.addr) << " (pc " << hex(m.pc) << ")\n";
+    }
+  } else if (p.cupti.status != "none") {
+    out << "\nCUPTI: " << p.cupti.status << " (device memory as the CUDA hooks see it, without a cross-check)\n";
+  }
+}
+
+}  // namespace
+
 std::string render_text(const RunReport& run) {
   std::ostringstream out;
   const ProcessReport& root = run.processes[run.root];
@@ -405,118 +550,13 @@ std::string render_text(const RunReport& run) {
 
   for (size_t i = 0; i < run.processes.size(); ++i) {
     const ProcessReport& p = run.processes[(i + run.root) % run.processes.size()];
-    out << "\n== process " << p.pid;
-    if (!p.rank.empty()) out << " (rank " << p.rank << ")";
-    if (&p == &root) out << " (root)";
-    out << ": " << p.command << "\n";
-    out << "stop verdict: " << p.verdict.summary << "\n";
-    if (!p.verdict.crash_stack.empty()) {
-      out << "crash stack:\n";
-      for (const Frame& f : p.verdict.crash_stack) out << "    " << frame_text(f) << "\n";
-    }
-    out << "host mode: " << p.host_mode;
-    if (p.host_mode == "sampled") out << " (mean interval " << human_bytes(double(p.sample_interval)) << ")";
-    out << "; duration " << fixed(double(p.duration_ns) / 1e9, 2) << " s; " << p.events << " events\n";
-    out << "steps: " << p.steps.size() << " (source: " << p.step_source;
-    if (!p.step_inference.empty()) out << " (" << p.step_inference << ")";
-    out << ")";
-    if (!p.steps.empty()) out << ", warm-up " << p.warmup_steps;
-    out << "\n";
-    out << "peak live: " << human_bytes(double(p.peak.bytes));
-    if (p.peak.step) out << " in step " << p.peak.step;
-    out << "\n";
-    for (const OomEvent& o : p.ooms) {
-      out << "\nCUDA out of memory in step " << o.step << ": " << human_bytes(double(o.requested)) << " requested on device "
-          << o.device << " (error " << o.error << "); live on the device: " << human_bytes(double(o.device_live));
-      if (o.device_total) out << "; free " << human_bytes(double(o.device_free)) << " of " << human_bytes(double(o.device_total)) << " at the last step end";
-      out << "; held by pools but unused: " << human_bytes(double(o.held_unused)) << "\n";
-      if (!o.stack.empty()) {
-        out << "  failed at " << site_name(Site{0, o.kind, o.stack}) << "\n";
-      }
-      out << "  device live set at that moment, by site:\n";
-      for (const SiteTotal& t : o.live_by_site) {
-        out << "    " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
-      }
-      for (const Holder& h : o.holders) {
-        out << "    " << h.name << ": holds " << human_bytes(double(h.held)) << ", unused " << human_bytes(double(h.unused)) << "\n";
-      }
-    }
-    bool device = false;
-    for (const StepStats& st : p.steps) device = device || st.live[1] != 0 || st.live[2] != 0 || st.held_device != 0;
-    if (!p.steps.empty() && device) {
-      out << "\n  step   device live  device held  fragmented   device free   pinned host  reserved VA\n";
-      const size_t n = p.steps.size();
-      for (size_t k = 0; k < n; ++k) {
-        if (n > 24 && k >= 10 && k + 10 < n) {
-          if (k == 10) out << "  ...\n";
-          continue;
-        }
-        const StepStats& s = p.steps[k];
-        const int64_t live = s.live[1] + s.live[2];
-        char line[200];
-        std::snprintf(line, sizeof line, "  %4" PRIu64 "  %12s  %11s  %10s  %12s  %12s  %11s\n", s.index,
-                      human_bytes(double(live)).c_str(), human_bytes(double(s.held_device)).c_str(),
-                      human_bytes(double(std::max<int64_t>(0, s.held_device - live))).c_str(),
-                      s.device_total ? human_bytes(double(s.device_free)).c_str() : "-",
-                      human_bytes(double(s.live[3])).c_str(), human_bytes(double(s.reserved_address_space)).c_str());
-        out << line;
-      }
-    }
-    if (!p.steps.empty()) {
-      out << "\n  step   host live   host held         RSS    allocs     frees\n";
-      const size_t n = p.steps.size();
-      for (size_t k = 0; k < n; ++k) {
-        if (n > 24 && k >= 10 && k + 10 < n) {
-          if (k == 10) out << "  ...\n";
-          continue;
-        }
-        const StepStats& s = p.steps[k];
-        char line[160];
-        std::snprintf(line, sizeof line, "  %4" PRIu64 "  %10s  %10s  %10s  %8" PRIu64 "  %8" PRIu64 "\n", s.index,
-                      human_bytes(double(s.live[0])).c_str(), human_bytes(double(s.held_host)).c_str(),
-                      human_bytes(double(s.rss)).c_str(), s.allocations, s.frees);
-        out << line;
-      }
-    }
-    out << "\ngrowth leak suspects: " << p.leak_suspects.size() << "\n";
-    for (size_t k = 0; k < p.leak_suspects.size(); ++k) {
-      const LeakSuspect& s = p.leak_suspects[k];
-      out << "  #" << k + 1 << " " << human_bytes(s.bytes_per_step) << "/step (" << std::llround(s.bytes_per_step)
-          << " B/step), " << fixed(s.allocations_per_step, 1) << " allocations/step, from step " << s.first_step
-          << ", monotone " << fixed(s.monotonicity * 100, 0) << "%, " << format::kind_name(format::Kind(s.site.kind))
-          << "\n     " << site_name(s.site) << "\n";
-      for (const Frame& f : s.site.frames) out << "       " << frame_text(f) << "\n";
-    }
-    out << "\nexit leaks (live at exit, allocated after the first step): " << human_bytes(double(p.exit_leak_bytes))
-        << " in " << p.exit_leak_count << " allocations\n";
-    for (const SiteTotal& t : p.exit_leaks) {
-      out << "  " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
-    }
-    if (!p.steps.empty()) {
-      out << "one-off start-up allocations (before the first step, still live): "
-          << human_bytes(double(p.startup_bytes)) << " in " << p.startup_count << " allocations\n";
-      for (size_t k = 0; k < p.startup.size() && k < 5; ++k) {
-        const SiteTotal& t = p.startup[k];
-        out << "  " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
-      }
-    }
-    if (p.cupti.compared) {
-      const CuptiView& c = p.cupti;
-      out << "\nCUPTI beside the CUDA hooks: " << c.matched << " allocations seen by both ("
-          << human_bytes(double(c.matched_bytes)) << "), " << c.hooks_only << " only by the hooks, " << c.cupti_only
-          << " only by CUPTI" << (c.cupti_dropped ? ", " + std::to_string(c.cupti_dropped) + " CUPTI records lost" : "")
-          << "\n  " << c.message << "\n";
-      for (const CuptiMismatch& m : c.hooks_only_list) {
-        out << "  only hooks: " << human_bytes(double(m.bytes)) << " " << format::kind_name(format::Kind(m.kind))
-            << " at " << hex(m.addr) << " from " << mismatch_site(m) << "\n";
-      }
-      for (const CuptiMismatch& m : c.cupti_only_list) {
-        out << "  only CUPTI: " << human_bytes(double(m.bytes)) << " " << format::kind_name(format::Kind(m.kind))
-            << " on device " << m.device << " at " << hex(m.addr) << " (pc " << hex(m.pc) << ")\n";
-      }
-    } else if (p.cupti.status != "none") {
-      out << "\nCUPTI: " << p.cupti.status << " (device memory as the CUDA hooks see it, without a cross-check)\n";
-    }
+    text_heading(p, &p == &root, out);
+    text_ooms(p, out);
+    text_device_steps(p, out);
+    text_host_steps(p, out);
+    text_suspects(p, out);
+    text_exit_leaks(p, out);
+    text_cupti(p, out);
     if (!p.notes.empty()) {
       out << "\nnotes:\n";
       for (const std::string& n : p.notes) out << "  - " << n << "\n";

@@ -117,306 +117,386 @@ class RecordDecoder {
   // (records decoded before the damage are kept).
   bool decode(const uint8_t* data, size_t size) {
     fmt::Cursor c(data, size);
-    // Delta state (trace_format.h): per frame.
-    uint64_t prev_seq = 0, prev_ts = 0, prev_addr = 0;
-    auto seq_ts = [&](TraceEvent& e) {
-      e.seq = prev_seq += static_cast<uint64_t>(c.svarint());
-      e.ts = prev_ts += static_cast<uint64_t>(c.svarint());
-    };
-    auto addr = [&]() { return prev_addr += static_cast<uint64_t>(c.svarint()); };
+    Deltas d;  // trace_format.h: per frame
     while (!c.at_end()) {
       const auto tag = static_cast<fmt::Tag>(c.byte());
+      bool ok;
       switch (tag) {
-        case fmt::Tag::kAlloc: {
-          TraceEvent e;
-          e.type = EvType::kAlloc;
-          seq_ts(e);
-          c.varint();  // tid
-          e.kind = static_cast<uint8_t>(c.varint());
-          e.device = static_cast<uint8_t>(c.varint());
-          e.addr = addr();
-          const uint64_t size = c.varint();
-          e.stack = static_cast<uint32_t>(c.varint());
-          e.flags = static_cast<uint8_t>(c.varint());
-          const uint64_t weight = c.varint();
-          e.size = (e.flags & fmt::kAllocSampled) ? weight : size;
-          if ((e.flags & fmt::kAllocSampled) && weight != size) e.flags |= kAllocByChance;
-          if (e.flags & fmt::kAllocFailed) e.addr = weight;  // the error code
-          if (!c.ok()) return false;
-          note_ts(e.ts);
-          t_.events.push_back(e);
+        case fmt::Tag::kAlloc:
+        case fmt::Tag::kFree:
+        case fmt::Tag::kStep:
+          ok = event(tag, c, d);
           break;
-        }
-        case fmt::Tag::kFree: {
-          TraceEvent e;
-          e.type = EvType::kFree;
-          seq_ts(e);
-          c.varint();  // tid
-          e.kind = static_cast<uint8_t>(c.varint());
-          e.addr = addr();
-          e.flags = static_cast<uint8_t>(c.varint());
-          if (!c.ok()) return false;
-          note_ts(e.ts);
-          t_.events.push_back(e);
-          break;
-        }
-        case fmt::Tag::kStep: {
-          TraceEvent e;
-          e.type = EvType::kStep;
-          seq_ts(e);
-          c.varint();  // tid
-          e.addr = c.varint();
-          e.flags = static_cast<uint8_t>(c.varint());
-          e.size = c.varint();
-          if (!c.ok()) return false;
-          note_ts(e.ts);
-          t_.events.push_back(e);
-          break;
-        }
         case fmt::Tag::kReserve:
         case fmt::Tag::kMap:
         case fmt::Tag::kUnreserve:
-        case fmt::Tag::kUnmap: {
-          TraceEvent tmp;
-          seq_ts(tmp);
-          TraceVmmEvent v;
-          v.seq = tmp.seq;
-          v.ts = tmp.ts;
-          c.varint();  // tid
-          if (tag == fmt::Tag::kReserve || tag == fmt::Tag::kMap) v.device = static_cast<uint8_t>(c.varint());
-          v.addr = c.varint();
-          v.size = c.varint();
-          if (tag == fmt::Tag::kReserve) v.stack = static_cast<uint32_t>(c.varint());
-          if (tag == fmt::Tag::kMap) v.handle = c.varint();
-          v.type = tag == fmt::Tag::kReserve   ? TraceVmmEvent::Type::kReserve
-                   : tag == fmt::Tag::kMap     ? TraceVmmEvent::Type::kMap
-                   : tag == fmt::Tag::kUnmap   ? TraceVmmEvent::Type::kUnmap
-                                               : TraceVmmEvent::Type::kUnreserve;
-          if (!c.ok()) return false;
-          note_ts(v.ts);
-          t_.vmm.push_back(v);
+        case fmt::Tag::kUnmap:
+        case fmt::Tag::kDeviceSample:
+        case fmt::Tag::kPoolSample:
+          ok = device_record(tag, c, d);
           break;
-        }
-        case fmt::Tag::kDeviceSample: {
-          TraceEvent tmp;
-          seq_ts(tmp);
-          TraceDeviceSample d;
-          d.seq = tmp.seq;
-          d.ts = tmp.ts;
-          d.device = static_cast<uint32_t>(c.varint());
-          d.free = c.varint();
-          d.total = c.varint();
-          if (!c.ok()) return false;
-          t_.device_samples.push_back(d);
+        case fmt::Tag::kCuptiStatus:
+        case fmt::Tag::kCuptiMemory:
+        case fmt::Tag::kCuptiPool:
+        case fmt::Tag::kCuptiDropped:
+          ok = cupti_record(tag, c);
           break;
-        }
-        case fmt::Tag::kPoolSample: {
-          TraceEvent tmp;
-          seq_ts(tmp);
-          TracePoolSample p;
-          p.seq = tmp.seq;
-          p.ts = tmp.ts;
-          p.device = static_cast<uint32_t>(c.varint());
-          p.pool = c.varint();
-          p.reserved = c.varint();
-          p.used = c.varint();
-          if (!c.ok()) return false;
-          t_.pool_samples.push_back(p);
+        case fmt::Tag::kStack:
+        case fmt::Tag::kModule:
+        case fmt::Tag::kPythonCode:
+        case fmt::Tag::kPython:
+        case fmt::Tag::kString:
+          ok = symbol_record(tag, c);
           break;
-        }
-        case fmt::Tag::kStack: {
-          uint32_t id = static_cast<uint32_t>(c.varint());
-          uint64_t depth = c.varint();
-          if (!c.ok() || depth > 4096) return false;
-          std::vector<uint64_t> frames;
-          frames.reserve(depth);
-          uint64_t prev = 0;
-          for (uint64_t i = 0; i < depth; ++i) {
-            prev += static_cast<uint64_t>(c.svarint());
-            frames.push_back(prev);
-          }
-          if (!c.ok()) return false;
-          t_.stacks[id] = std::move(frames);
-          break;
-        }
-        case fmt::Tag::kModule: {
-          ModuleInfo m;
-          m.base = c.varint();
-          m.path = std::string(c.string());
-          m.build_id = std::string(c.string());
-          uint64_t nseg = c.varint();
-          if (!c.ok() || nseg > 256) return false;
-          for (uint64_t i = 0; i < nseg; ++i) {
-            uint64_t vaddr = c.varint();
-            uint64_t memsz = c.varint();
-            m.segments.emplace_back(vaddr, memsz);
-          }
-          if (!c.ok()) return false;
-          t_.modules.push_back(std::move(m));
-          break;
-        }
-        case fmt::Tag::kPythonCode: {
-          const uint32_t id = static_cast<uint32_t>(c.varint());
-          PythonCode code;
-          code.filename = std::string(c.string());
-          code.qualname = std::string(c.string());
-          code.first_line = static_cast<int>(c.varint());
-          code.table_format = static_cast<uint8_t>(c.varint());
-          code.line_table = std::string(c.string());
-          if (!c.ok()) return false;
-          t_.python_codes[id] = std::move(code);
-          break;
-        }
-        case fmt::Tag::kPython: {
-          const uint8_t status = static_cast<uint8_t>(c.varint());
-          std::string_view version = c.string();
-          std::string_view module = c.string();
-          std::string_view note = c.string();
-          if (!c.ok()) return false;
-          t_.python_status = status;
-          t_.python_version = std::string(version);
-          t_.python_module = std::string(module);
-          t_.python_note = std::string(note);
-          break;
-        }
-        case fmt::Tag::kCuptiStatus: {
-          TraceCuptiStatus s;
-          s.seq = c.varint();
-          s.ts = c.varint();
-          s.status = static_cast<uint8_t>(c.varint());
-          s.version = static_cast<uint32_t>(c.varint());
-          s.text = static_cast<uint32_t>(c.varint());
-          s.holder = static_cast<uint32_t>(c.varint());
-          if (!c.ok()) return false;
-          t_.cupti_status.push_back(s);
-          break;
-        }
-        case fmt::Tag::kCuptiMemory: {
-          TraceCuptiMemory m;
-          m.ts = c.varint();
-          const uint64_t release = c.varint();
-          m.kind = static_cast<uint8_t>(c.varint());
-          m.device = static_cast<uint32_t>(c.varint());
-          m.stream = static_cast<uint32_t>(c.varint());
-          m.addr = c.varint();
-          m.bytes = c.varint();
-          m.pc = c.varint();
-          m.correlation = static_cast<uint32_t>(c.varint());
-          m.flags = static_cast<uint8_t>(c.varint());
-          if (!c.ok()) return false;
-          if (release != 0) {
-            ++t_.cupti_releases;
-          } else if (t_.cupti_memory.size() < kMaxCuptiRecords) {
-            t_.cupti_memory.push_back(m);
-          } else {
-            ++t_.cupti_records_over_cap;
-          }
-          break;
-        }
-        case fmt::Tag::kCuptiPool: {
-          for (int i = 0; i < 8; ++i) c.varint();
-          if (!c.ok()) return false;
-          ++t_.cupti_pool_records;
-          break;
-        }
-        case fmt::Tag::kCuptiDropped: {
-          t_.cupti_dropped += c.varint();
-          if (!c.ok()) return false;
-          break;
-        }
-        case fmt::Tag::kString: {
-          uint32_t id = static_cast<uint32_t>(c.varint());
-          std::string_view s = c.string();
-          if (!c.ok()) return false;
-          t_.strings[id] = std::string(s);
-          break;
-        }
-        case fmt::Tag::kSample: {
-          TraceSample s;
-          s.ts = c.varint();
-          s.rss = c.varint();
-          s.heap_held = c.varint();
-          s.heap_in_use = c.varint();
-          s.cgroup_limit = c.varint();
-          s.cgroup_usage = c.varint();
-          s.host_live = c.svarint();
-          s.host_allocs = c.varint();
-          s.host_frees = c.varint();
-          if (!c.ok()) return false;
-          note_ts(s.ts);
-          t_.samples.push_back(s);
-          break;
-        }
-        case fmt::Tag::kThread: {
-          c.varint();
-          c.string();
-          if (!c.ok()) return false;
-          break;
-        }
-        case fmt::Tag::kSignal: {
-          TraceSignal s;
-          s.ts = c.varint();
-          s.tid = static_cast<uint32_t>(c.varint());
-          s.signo = static_cast<int>(c.varint());
-          s.code = static_cast<int>(c.svarint());
-          s.fault_addr = c.varint();
-          s.stack = static_cast<uint32_t>(c.varint());
-          if (!c.ok()) return false;
-          note_ts(s.ts);
-          t_.signals.push_back(s);
-          break;
-        }
-        case fmt::Tag::kExit: {
-          uint64_t ts = c.varint();
-          int64_t status = c.svarint();
-          if (!c.ok()) return false;
-          note_ts(ts);
-          t_.has_exit = true;
-          t_.exit_status = static_cast<int>(status);
-          break;
-        }
-        case fmt::Tag::kDropped: {
-          uint64_t n = c.varint();
-          if (!c.ok()) return false;
-          t_.dropped += n;
-          break;
-        }
-        case fmt::Tag::kExec: {
-          uint64_t ts = c.varint();
-          std::string_view path = c.string();
-          if (!c.ok()) return false;
-          note_ts(ts);
-          t_.execs.emplace_back(path);
-          break;
-        }
-        case fmt::Tag::kFork: {
-          c.varint();
-          c.varint();
-          if (!c.ok()) return false;
-          break;
-        }
-        case fmt::Tag::kEnd: {
-          uint64_t ts = c.varint();
-          if (!c.ok()) return false;
-          note_ts(ts);
-          t_.has_end = true;
-          break;
-        }
-        case fmt::Tag::kTracerError: {
-          c.varint();
-          std::string_view msg = c.string();
-          if (!c.ok()) return false;
-          t_.tracer_error = std::string(msg);
-          break;
-        }
         default:
-          return false;
+          ok = process_record(tag, c);
+          break;
       }
+      if (!ok) return false;
     }
     return c.ok();
   }
 
  private:
+  // The delta-coded fields of a frame's records: seq and ts of events and
+  // device records, addresses of events.
+  struct Deltas {
+    uint64_t seq = 0, ts = 0, addr = 0;
+    void seq_ts(fmt::Cursor& c, TraceEvent& e) {
+      e.seq = seq += static_cast<uint64_t>(c.svarint());
+      e.ts = ts += static_cast<uint64_t>(c.svarint());
+    }
+    uint64_t addr_of(fmt::Cursor& c) { return addr += static_cast<uint64_t>(c.svarint()); }
+  };
+
+  // Allocations, frees and step markers: the records of the hot path.
+  bool event(fmt::Tag tag, fmt::Cursor& c, Deltas& d) {
+    switch (tag) {
+      case fmt::Tag::kAlloc: {
+        TraceEvent e;
+        e.type = EvType::kAlloc;
+        d.seq_ts(c, e);
+        c.varint();  // tid
+        e.kind = static_cast<uint8_t>(c.varint());
+        e.device = static_cast<uint8_t>(c.varint());
+        e.addr = d.addr_of(c);
+        const uint64_t size = c.varint();
+        e.stack = static_cast<uint32_t>(c.varint());
+        e.flags = static_cast<uint8_t>(c.varint());
+        const uint64_t weight = c.varint();
+        e.size = (e.flags & fmt::kAllocSampled) ? weight : size;
+        if ((e.flags & fmt::kAllocSampled) && weight != size) e.flags |= kAllocByChance;
+        if (e.flags & fmt::kAllocFailed) e.addr = weight;  // the error code
+        if (!c.ok()) return false;
+        note_ts(e.ts);
+        t_.events.push_back(e);
+        break;
+      }
+      case fmt::Tag::kFree: {
+        TraceEvent e;
+        e.type = EvType::kFree;
+        d.seq_ts(c, e);
+        c.varint();  // tid
+        e.kind = static_cast<uint8_t>(c.varint());
+        e.addr = d.addr_of(c);
+        e.flags = static_cast<uint8_t>(c.varint());
+        if (!c.ok()) return false;
+        note_ts(e.ts);
+        t_.events.push_back(e);
+        break;
+      }
+      case fmt::Tag::kStep: {
+        TraceEvent e;
+        e.type = EvType::kStep;
+        d.seq_ts(c, e);
+        c.varint();  // tid
+        e.addr = c.varint();
+        e.flags = static_cast<uint8_t>(c.varint());
+        e.size = c.varint();
+        if (!c.ok()) return false;
+        note_ts(e.ts);
+        t_.events.push_back(e);
+        break;
+      }
+      default:
+        return false;
+    }
+    return true;
+  }
+
+  // VMM mappings, device and pool samples, ordered among the events by their seq.
+  bool device_record(fmt::Tag tag, fmt::Cursor& c, Deltas& d) {
+    switch (tag) {
+      case fmt::Tag::kReserve:
+      case fmt::Tag::kMap:
+      case fmt::Tag::kUnreserve:
+      case fmt::Tag::kUnmap: {
+        TraceEvent tmp;
+        d.seq_ts(c, tmp);
+        TraceVmmEvent v;
+        v.seq = tmp.seq;
+        v.ts = tmp.ts;
+        c.varint();  // tid
+        if (tag == fmt::Tag::kReserve || tag == fmt::Tag::kMap) v.device = static_cast<uint8_t>(c.varint());
+        v.addr = c.varint();
+        v.size = c.varint();
+        if (tag == fmt::Tag::kReserve) v.stack = static_cast<uint32_t>(c.varint());
+        if (tag == fmt::Tag::kMap) v.handle = c.varint();
+        v.type = tag == fmt::Tag::kReserve   ? TraceVmmEvent::Type::kReserve
+                 : tag == fmt::Tag::kMap     ? TraceVmmEvent::Type::kMap
+                 : tag == fmt::Tag::kUnmap   ? TraceVmmEvent::Type::kUnmap
+                                             : TraceVmmEvent::Type::kUnreserve;
+        if (!c.ok()) return false;
+        note_ts(v.ts);
+        t_.vmm.push_back(v);
+        break;
+      }
+      case fmt::Tag::kDeviceSample: {
+        TraceEvent tmp;
+        d.seq_ts(c, tmp);
+        TraceDeviceSample d;
+        d.seq = tmp.seq;
+        d.ts = tmp.ts;
+        d.device = static_cast<uint32_t>(c.varint());
+        d.free = c.varint();
+        d.total = c.varint();
+        if (!c.ok()) return false;
+        t_.device_samples.push_back(d);
+        break;
+      }
+      case fmt::Tag::kPoolSample: {
+        TraceEvent tmp;
+        d.seq_ts(c, tmp);
+        TracePoolSample p;
+        p.seq = tmp.seq;
+        p.ts = tmp.ts;
+        p.device = static_cast<uint32_t>(c.varint());
+        p.pool = c.varint();
+        p.reserved = c.varint();
+        p.used = c.varint();
+        if (!c.ok()) return false;
+        t_.pool_samples.push_back(p);
+        break;
+      }
+      default:
+        return false;
+    }
+    return true;
+  }
+
+  // The CUPTI module's records (cupti_tracer/).
+  bool cupti_record(fmt::Tag tag, fmt::Cursor& c) {
+    switch (tag) {
+      case fmt::Tag::kCuptiStatus: {
+        TraceCuptiStatus s;
+        s.seq = c.varint();
+        s.ts = c.varint();
+        s.status = static_cast<uint8_t>(c.varint());
+        s.version = static_cast<uint32_t>(c.varint());
+        s.text = static_cast<uint32_t>(c.varint());
+        s.holder = static_cast<uint32_t>(c.varint());
+        if (!c.ok()) return false;
+        t_.cupti_status.push_back(s);
+        break;
+      }
+      case fmt::Tag::kCuptiMemory: {
+        TraceCuptiMemory m;
+        m.ts = c.varint();
+        const uint64_t release = c.varint();
+        m.kind = static_cast<uint8_t>(c.varint());
+        m.device = static_cast<uint32_t>(c.varint());
+        m.stream = static_cast<uint32_t>(c.varint());
+        m.addr = c.varint();
+        m.bytes = c.varint();
+        m.pc = c.varint();
+        m.correlation = static_cast<uint32_t>(c.varint());
+        m.flags = static_cast<uint8_t>(c.varint());
+        if (!c.ok()) return false;
+        if (release != 0) {
+          ++t_.cupti_releases;
+        } else if (t_.cupti_memory.size() < kMaxCuptiRecords) {
+          t_.cupti_memory.push_back(m);
+        } else {
+          ++t_.cupti_records_over_cap;
+        }
+        break;
+      }
+      case fmt::Tag::kCuptiPool: {
+        for (int i = 0; i < 8; ++i) c.varint();
+        if (!c.ok()) return false;
+        ++t_.cupti_pool_records;
+        break;
+      }
+      case fmt::Tag::kCuptiDropped: {
+        t_.cupti_dropped += c.varint();
+        if (!c.ok()) return false;
+        break;
+      }
+      default:
+        return false;
+    }
+    return true;
+  }
+
+  // What names the frames of stacks: stacks, modules, Python code, strings.
+  bool symbol_record(fmt::Tag tag, fmt::Cursor& c) {
+    switch (tag) {
+      case fmt::Tag::kStack: {
+        uint32_t id = static_cast<uint32_t>(c.varint());
+        uint64_t depth = c.varint();
+        if (!c.ok() || depth > 4096) return false;
+        std::vector<uint64_t> frames;
+        frames.reserve(depth);
+        uint64_t prev = 0;
+        for (uint64_t i = 0; i < depth; ++i) {
+          prev += static_cast<uint64_t>(c.svarint());
+          frames.push_back(prev);
+        }
+        if (!c.ok()) return false;
+        t_.stacks[id] = std::move(frames);
+        break;
+      }
+      case fmt::Tag::kModule: {
+        ModuleInfo m;
+        m.base = c.varint();
+        m.path = std::string(c.string());
+        m.build_id = std::string(c.string());
+        uint64_t nseg = c.varint();
+        if (!c.ok() || nseg > 256) return false;
+        for (uint64_t i = 0; i < nseg; ++i) {
+          uint64_t vaddr = c.varint();
+          uint64_t memsz = c.varint();
+          m.segments.emplace_back(vaddr, memsz);
+        }
+        if (!c.ok()) return false;
+        t_.modules.push_back(std::move(m));
+        break;
+      }
+      case fmt::Tag::kPythonCode: {
+        const uint32_t id = static_cast<uint32_t>(c.varint());
+        PythonCode code;
+        code.filename = std::string(c.string());
+        code.qualname = std::string(c.string());
+        code.first_line = static_cast<int>(c.varint());
+        code.table_format = static_cast<uint8_t>(c.varint());
+        code.line_table = std::string(c.string());
+        if (!c.ok()) return false;
+        t_.python_codes[id] = std::move(code);
+        break;
+      }
+      case fmt::Tag::kPython: {
+        const uint8_t status = static_cast<uint8_t>(c.varint());
+        std::string_view version = c.string();
+        std::string_view module = c.string();
+        std::string_view note = c.string();
+        if (!c.ok()) return false;
+        t_.python_status = status;
+        t_.python_version = std::string(version);
+        t_.python_module = std::string(module);
+        t_.python_note = std::string(note);
+        break;
+      }
+      case fmt::Tag::kString: {
+        uint32_t id = static_cast<uint32_t>(c.varint());
+        std::string_view s = c.string();
+        if (!c.ok()) return false;
+        t_.strings[id] = std::string(s);
+        break;
+      }
+      default:
+        return false;
+    }
+    return true;
+  }
+
+  // The life of the process: samples, threads, signals, forks, execs, drops
+  // and how it ended.
+  bool process_record(fmt::Tag tag, fmt::Cursor& c) {
+    switch (tag) {
+      case fmt::Tag::kSample: {
+        TraceSample s;
+        s.ts = c.varint();
+        s.rss = c.varint();
+        s.heap_held = c.varint();
+        s.heap_in_use = c.varint();
+        s.cgroup_limit = c.varint();
+        s.cgroup_usage = c.varint();
+        s.host_live = c.svarint();
+        s.host_allocs = c.varint();
+        s.host_frees = c.varint();
+        if (!c.ok()) return false;
+        note_ts(s.ts);
+        t_.samples.push_back(s);
+        break;
+      }
+      case fmt::Tag::kThread: {
+        c.varint();
+        c.string();
+        if (!c.ok()) return false;
+        break;
+      }
+      case fmt::Tag::kSignal: {
+        TraceSignal s;
+        s.ts = c.varint();
+        s.tid = static_cast<uint32_t>(c.varint());
+        s.signo = static_cast<int>(c.varint());
+        s.code = static_cast<int>(c.svarint());
+        s.fault_addr = c.varint();
+        s.stack = static_cast<uint32_t>(c.varint());
+        if (!c.ok()) return false;
+        note_ts(s.ts);
+        t_.signals.push_back(s);
+        break;
+      }
+      case fmt::Tag::kExit: {
+        uint64_t ts = c.varint();
+        int64_t status = c.svarint();
+        if (!c.ok()) return false;
+        note_ts(ts);
+        t_.has_exit = true;
+        t_.exit_status = static_cast<int>(status);
+        break;
+      }
+      case fmt::Tag::kDropped: {
+        uint64_t n = c.varint();
+        if (!c.ok()) return false;
+        t_.dropped += n;
+        break;
+      }
+      case fmt::Tag::kExec: {
+        uint64_t ts = c.varint();
+        std::string_view path = c.string();
+        if (!c.ok()) return false;
+        note_ts(ts);
+        t_.execs.emplace_back(path);
+        break;
+      }
+      case fmt::Tag::kFork: {
+        c.varint();
+        c.varint();
+        if (!c.ok()) return false;
+        break;
+      }
+      case fmt::Tag::kEnd: {
+        uint64_t ts = c.varint();
+        if (!c.ok()) return false;
+        note_ts(ts);
+        t_.has_end = true;
+        break;
+      }
+      case fmt::Tag::kTracerError: {
+        c.varint();
+        std::string_view msg = c.string();
+        if (!c.ok()) return false;
+        t_.tracer_error = std::string(msg);
+        break;
+      }
+      default:
+        return false;
+    }
+    return true;
+  }
+
   void note_ts(uint64_t ts) { t_.last_ts = std::max(t_.last_ts, ts); }
   Trace& t_;
 };
