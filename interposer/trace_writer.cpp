@@ -313,6 +313,8 @@ struct TraceWriter::State {
   ByteBuffer buffer;
   Bytes compressed;
   Vector<Event> batch;
+  Vector<Event> merged;          // merge_runs' other buffer
+  Vector<size_t> run_ends;       // batch: one run per ring, each in sequence order
   Vector<uint8_t> stack_written;  // by id
   uint32_t stack_low = 1;         // every id below is written
   Vector<uint8_t> code_written;   // Python code objects, by id
@@ -568,13 +570,16 @@ void TraceWriter::note_exec(const char* path) {
 }
 
 void TraceWriter::run() {
-  // Ends when the trace is lost: there is nothing left to write.
+  // Ends when the trace is lost: there is nothing left to write. `seen` is
+  // taken before each cycle: a wake during a cycle (a step marker) starts
+  // the next one at once instead of being lost in a 10 ms wait.
+  uint32_t seen = wake_word_.load(std::memory_order_acquire);
   while (!stopping_.load(std::memory_order_acquire) && trace_.is_open()) {
-    uint32_t seen = wake_word_.load(std::memory_order_acquire);
     if (flush_requested_.load(std::memory_order_acquire) == flush_done_.load(std::memory_order_acquire)) {
       timespec wait = {0, 10'000'000};
       futex(&wake_word_, FUTEX_WAIT_PRIVATE, seen, &wait);
     }
+    seen = wake_word_.load(std::memory_order_acquire);
     thread_busy_.store(true, std::memory_order_release);
     cycle(false);
     thread_busy_.store(false, std::memory_order_release);
@@ -617,6 +622,46 @@ void TraceWriter::reset_after_fork() {
   }
 }
 
+namespace {
+
+// Appends a ring's events [tail, head) to the batch as one run.
+void drain_run(TraceWriter::State& st, const ThreadRing& ring, uint64_t tail, uint64_t head) {
+  if (head == tail) return;
+  const size_t n = static_cast<size_t>(head - tail);
+  const size_t at = st.batch.size();
+  st.batch.resize(at + n);
+  const size_t first = static_cast<size_t>(tail & ThreadRing::kMask);
+  const size_t until_wrap = std::min(n, static_cast<size_t>(ThreadRing::kCapacity) - first);
+  memcpy(&st.batch[at], &ring.events[first], until_wrap * sizeof(Event));
+  if (until_wrap < n) memcpy(&st.batch[at + until_wrap], &ring.events[0], (n - until_wrap) * sizeof(Event));
+  st.run_ends.push_back(st.batch.size());
+}
+
+// Puts the batch in sequence order. Each run (one ring's events) already
+// is: merging them pairwise is O(n log runs), where sorting the whole batch
+// took most of the writer's time with a few busy threads.
+void merge_runs(TraceWriter::State& st) {
+  auto by_seq = [](const Event& a, const Event& b) { return a.seq < b.seq; };
+  while (st.run_ends.size() > 1) {
+    st.merged.resize(st.batch.size());
+    size_t out = 0, begin = 0, kept = 0;
+    for (size_t r = 0; r < st.run_ends.size(); r += 2) {
+      const size_t mid = st.run_ends[r];
+      const size_t end = r + 1 < st.run_ends.size() ? st.run_ends[r + 1] : mid;
+      std::merge(st.batch.begin() + static_cast<long>(begin), st.batch.begin() + static_cast<long>(mid),
+                 st.batch.begin() + static_cast<long>(mid), st.batch.begin() + static_cast<long>(end),
+                 st.merged.begin() + static_cast<long>(out), by_seq);
+      out += end - begin;
+      st.run_ends[kept++] = end;
+      begin = end;
+    }
+    st.run_ends.resize(kept);
+    st.batch.swap(st.merged);
+  }
+}
+
+}  // namespace
+
 void TraceWriter::cycle(bool final) {
   if (!trace_.is_open() || state_ == nullptr) return;
   State& st = *state_;
@@ -626,11 +671,12 @@ void TraceWriter::cycle(bool final) {
 
   // 1. Drain every ring.
   st.batch.clear();
+  st.run_ends.clear();
   uint64_t dropped = 0;
   for (ThreadRing* ring = rec.rings(); ring != nullptr; ring = ring->next) {
     uint64_t tail = ring->tail.load(std::memory_order_relaxed);
     uint64_t head = ring->head.load(std::memory_order_acquire);
-    for (uint64_t i = tail; i < head; ++i) st.batch.push_back(ring->events[i & ThreadRing::kMask]);
+    drain_run(st, *ring, tail, head);
     ring->tail.store(head, std::memory_order_release);
     dropped += ring->dropped.exchange(0, std::memory_order_relaxed);
     if (ring->state.load(std::memory_order_acquire) == static_cast<int>(RingState::kRetired) &&
@@ -651,13 +697,10 @@ void TraceWriter::cycle(bool final) {
     ThreadRing* shared = rec.shared_ring();
     uint64_t tail = shared->tail.load(std::memory_order_relaxed);
     uint64_t head = shared->head.load(std::memory_order_acquire);
-    for (uint64_t i = tail; i < head; ++i) st.batch.push_back(shared->events[i & ThreadRing::kMask]);
+    drain_run(st, *shared, tail, head);
     shared->tail.store(head, std::memory_order_release);
   }
-  // Each ring is in sequence order; the batch needs sorting only when
-  // several threads recorded in this cycle.
-  auto by_seq = [](const Event& a, const Event& b) { return a.seq < b.seq; };
-  if (!std::is_sorted(st.batch.begin(), st.batch.end(), by_seq)) std::sort(st.batch.begin(), st.batch.end(), by_seq);
+  merge_runs(st);
 
   // 3. Modules, when the set of loaded objects changed (skipped while a
   // fork is under way: see Recorder::enter_loader_section).

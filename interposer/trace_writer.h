@@ -76,6 +76,8 @@ class TraceWriter {
   void flush_and_wait(int timeout_ms);
   void wake();
 
+  struct State;  // everything only the writer thread touches
+
   void note_exit(int status);
   void note_exec(const char* path);
   SignalNote& signal_note() { return signal_; }
@@ -111,7 +113,6 @@ class TraceWriter {
   OwnedFile trace_;
   OwnedFile status_;
   char status_path_[4200] = {};  // until the status file is made
-  struct State;
   State* state_ = nullptr;
 };
 
