@@ -76,6 +76,14 @@ TEST_CASE("growth: plateaus, jumps, level series and tiny growth are not suspect
   CHECK(g.suspects.empty());
 }
 
+TEST_CASE("growth: two jumps are not steady growth, even when most pairs of steps rise", "[growth]") {
+  // After the warm-up: 7 steps level, 7 one MiB higher, 4 another MiB higher.
+  std::vector<int64_t> live(20, 0);
+  for (size_t k = 9; k < 20; ++k) live[k] = k < 16 ? 1 << 20 : 2 << 20;
+  CHECK(theil_sen_slope(std::vector<double>(live.begin() + 2, live.end())) > 0);
+  CHECK(find_growth({site(1, live)}, 20, GrowthOptions{}).suspects.empty());
+}
+
 TEST_CASE("growth: suspects are the steepest first, at most max_suspects", "[growth]") {
   GrowthOptions options;
   options.max_suspects = 2;
