@@ -32,6 +32,8 @@ inline constexpr int CU_GET_PROC_ADDRESS_SUCCESS = 0;
 
 inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5;
 inline constexpr int CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7;
+inline constexpr int CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0;
+inline constexpr int CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2;
 
 inline constexpr int CU_MEM_LOCATION_TYPE_NONE = 0;
 inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 1;

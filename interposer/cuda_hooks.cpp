@@ -131,6 +131,14 @@ std::atomic<void*> real_cuMemPoolGetAttribute{nullptr};
 std::atomic<void*> real_cuDeviceGetDefaultMemPool{nullptr};
 std::atomic<void*> real_cuDeviceGetMemPool{nullptr};
 std::atomic<void*> real_cuMemGetDefaultMemPool{nullptr};
+std::atomic<void*> real_cuCtxGetCurrent{nullptr};
+std::atomic<void*> real_cuDeviceGetCount{nullptr};
+std::atomic<void*> real_cuDevicePrimaryCtxGetState{nullptr};
+std::atomic<void*> real_cuDevicePrimaryCtxRetain{nullptr};
+std::atomic<void*> real_cuDevicePrimaryCtxRelease_v2{nullptr};
+std::atomic<void*> real_cuCtxPushCurrent_v2{nullptr};
+std::atomic<void*> real_cuCtxPopCurrent_v2{nullptr};
+std::atomic<void*> real_cuDeviceGetGraphMemAttribute{nullptr};
 std::atomic<void*> real_cudaGetDevice{nullptr};
 
 std::atomic<bool> g_cuda_used{false};
@@ -540,24 +548,109 @@ PoolLabel pool_label(CUmemoryPool pool) {
   return label;
 }
 
+// The driver calls the step-end samples make, resolved once.
+struct SampleCalls {
+  CUresult (*get_info)(size_t*, size_t*);
+  CUresult (*ctx_get_current)(CUcontext*);
+  CUresult (*device_count)(int*);
+  CUresult (*primary_state)(CUdevice, unsigned int*, int*);
+  CUresult (*primary_retain)(CUcontext*, CUdevice);
+  CUresult (*primary_release)(CUdevice);
+  CUresult (*push)(CUcontext);
+  CUresult (*pop)(CUcontext*);
+  CUresult (*graph_attr)(CUdevice, int, void*);
+};
+
+SampleCalls sample_calls() {
+  SampleCalls c{};
+#define MEMLEDGER_SAMPLE_CALL(field, slot, name) \
+  c.field = reinterpret_cast<decltype(c.field)>(find_real(slot, name, false))
+  MEMLEDGER_SAMPLE_CALL(get_info, real_cuMemGetInfo_v2, "cuMemGetInfo_v2");
+  MEMLEDGER_SAMPLE_CALL(ctx_get_current, real_cuCtxGetCurrent, "cuCtxGetCurrent");
+  MEMLEDGER_SAMPLE_CALL(device_count, real_cuDeviceGetCount, "cuDeviceGetCount");
+  MEMLEDGER_SAMPLE_CALL(primary_state, real_cuDevicePrimaryCtxGetState, "cuDevicePrimaryCtxGetState");
+  MEMLEDGER_SAMPLE_CALL(primary_retain, real_cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+  MEMLEDGER_SAMPLE_CALL(primary_release, real_cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease_v2");
+  MEMLEDGER_SAMPLE_CALL(push, real_cuCtxPushCurrent_v2, "cuCtxPushCurrent_v2");
+  MEMLEDGER_SAMPLE_CALL(pop, real_cuCtxPopCurrent_v2, "cuCtxPopCurrent_v2");
+  MEMLEDGER_SAMPLE_CALL(graph_attr, real_cuDeviceGetGraphMemAttribute, "cuDeviceGetGraphMemAttribute");
+#undef MEMLEDGER_SAMPLE_CALL
+  return c;
+}
+
+// Devices whose graph memory was last sampled non-zero (bit per ordinal):
+// a drop to zero is sampled too.
+uint64_t g_graph_memory_seen = 0;
+
+// One device's free/total and CUDA graph memory (reserved, used), with a
+// context of that device current.
+void sample_one_device(ThreadState& t, const SampleCalls& c, int device) {
+  size_t free_bytes = 0, total_bytes = 0;
+  if (c.get_info != nullptr && c.get_info(&free_bytes, &total_bytes) == CUDA_SUCCESS) {
+    recorder().on_device_event(t, EventType::kDeviceSample, device, free_bytes, total_bytes, 0);
+  }
+  uint64_t reserved = 0, used = 0;
+  if (c.graph_attr == nullptr || device < 0 || device >= 64 ||
+      c.graph_attr(device, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &reserved) != CUDA_SUCCESS ||
+      c.graph_attr(device, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used) != CUDA_SUCCESS) {
+    return;
+  }
+  const uint64_t bit = uint64_t{1} << device;
+  const bool nonzero = reserved != 0 || used != 0;
+  const uint64_t before = nonzero ? __atomic_fetch_or(&g_graph_memory_seen, bit, __ATOMIC_RELAXED)
+                                  : __atomic_fetch_and(&g_graph_memory_seen, ~bit, __ATOMIC_RELAXED);
+  if (!nonzero && (before & bit) == 0) return;
+  recorder().on_device_event(t, EventType::kPoolSample, device, fmt::kGraphMemoryPool, reserved, used);
+}
+
+// Device-wide memory of every device the program uses: the calling
+// thread's current context's device, then each device whose primary
+// context is active, made current for the query and put back. The sampling
+// thread needs no context of its own, and no device is initialised here
+// (an inactive primary context is skipped, never created).
+void sample_device_memory(ThreadState& t) {
+  const SampleCalls c = sample_calls();
+  uint64_t sampled = 0;
+  CUcontext current = nullptr;
+  if (c.ctx_get_current != nullptr && c.ctx_get_current(&current) == CUDA_SUCCESS && current != nullptr) {
+    const int device = current_device();
+    sample_one_device(t, c, device);
+    if (device >= 0 && device < 64) sampled |= uint64_t{1} << device;
+  }
+  int count = 0;
+  if (c.device_count == nullptr || c.primary_state == nullptr || c.primary_retain == nullptr ||
+      c.primary_release == nullptr || c.push == nullptr || c.pop == nullptr || c.device_count(&count) != CUDA_SUCCESS) {
+    return;
+  }
+  for (int device = 0; device < count && device < 64; ++device) {
+    unsigned int flags = 0;
+    int active = 0;
+    if ((sampled >> device & 1) || c.primary_state(device, &flags, &active) != CUDA_SUCCESS || !active) continue;
+    CUcontext ctx = nullptr;
+    if (c.primary_retain(&ctx, device) != CUDA_SUCCESS) continue;
+    if (c.push(ctx) == CUDA_SUCCESS) {
+      sample_one_device(t, c, device);
+      CUcontext popped = nullptr;
+      c.pop(&popped);
+    }
+    c.primary_release(device);
+  }
+}
+
 // At every step end, from the program's own thread (never at exit): device
-// free/total of the current device and reserved/used bytes of every pool.
+// memory of every device in use (sample_device_memory) and reserved/used
+// bytes of every pool.
 void sample_devices() {
   if (!g_cuda_used.load(std::memory_order_relaxed)) return;
   HookGuard guard;
   if (!guard.entered()) return;
   ThreadState& t = guard.thread();
-  using MemGetInfo = CUresult (*)(size_t*, size_t*);
   using PoolAttr = CUresult (*)(CUmemoryPool, int, void*);
   using DefaultPool = CUresult (*)(CUmemoryPool*, CUdevice);
-  auto get_info = reinterpret_cast<MemGetInfo>(find_real(real_cuMemGetInfo_v2, "cuMemGetInfo_v2", false));
   auto pool_attr = reinterpret_cast<PoolAttr>(find_real(real_cuMemPoolGetAttribute, "cuMemPoolGetAttribute", false));
   auto default_pool =
       reinterpret_cast<DefaultPool>(find_real(real_cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", false));
-  size_t free_bytes = 0, total_bytes = 0;
-  if (get_info != nullptr && get_info(&free_bytes, &total_bytes) == CUDA_SUCCESS) {
-    recorder().on_device_event(t, EventType::kDeviceSample, current_device(), free_bytes, total_bytes, 0);
-  }
+  sample_device_memory(t);
   if (default_pool != nullptr) {
     uint64_t seen = __atomic_load_n(&g_pools.devices_seen, __ATOMIC_RELAXED);
     for (int dev = 0; dev < 64; ++dev) {

@@ -160,7 +160,9 @@ enum class Tag : uint8_t {
   // Device-wide memory (cuMemGetInfo), sampled at each step end.
   // seq (zz-delta), ts_ns (zz-delta), device, free, total
   kDeviceSample = 20,
-  // A memory pool's reserved and used bytes (cuMemPoolGetAttribute).
+  // A memory pool's reserved and used bytes (cuMemPoolGetAttribute); pool
+  // kGraphMemoryPool: the device's CUDA graph memory
+  // (cuDeviceGetGraphMemAttribute RESERVED_MEM_CURRENT, USED_MEM_CURRENT).
   // seq (zz-delta), ts_ns (zz-delta), device, pool, reserved, used
   kPoolSample = 21,
   // A Python code object, referred to by the Python frames of stacks (below).
@@ -229,6 +231,9 @@ enum class PythonStatus : uint8_t {
   kActive = 1,       // Python frames are recorded
   kUnsupported = 2,  // an interpreter memledger does not read: stacks are native only
 };
+
+// kPoolSample's pool for a device's CUDA graph memory (no pool handle is 1).
+inline constexpr uint64_t kGraphMemoryPool = 1;
 
 // Sentinel stack id: no stack captured.
 inline constexpr uint32_t kNoStack = 0;

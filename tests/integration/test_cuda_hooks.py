@@ -312,6 +312,49 @@ class CudaHooks(unittest.TestCase):
         # The device 1 pool's one 32 MiB chunk; the host pools' are not device memory.
         self.assertEqual(step["held"]["device"], 32 * mib)
 
+    def test_every_device_sampled_without_a_current_context(self):
+        # Each step leaks a context on device 1 (SIMCUDA_CONTEXT_MB of device
+        # memory that no allocation call shows) and ends on a thread with no
+        # current context: every device with an active primary context is
+        # still sampled, device 1's free memory falls by a context per step.
+        script = textwrap.dedent(f"""
+            import ctypes
+            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
+            step = ctypes.CDLL(None).memledger_step
+            assert cuda.cuInit(0) == 0
+            p0, p1 = ctypes.c_void_p(), ctypes.c_void_p()
+            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p0), 0) == 0
+            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p1), 1) == 0
+            cuda.cuCtxSetCurrent(p0)
+            p = ctypes.c_ulonglong(0)
+            assert cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(8 << 20)) == 0
+            for i in range(8):
+                c = ctypes.c_void_p()
+                assert cuda.cuCtxCreate_v2(ctypes.byref(c), 0, 1) == 0
+                assert cuda.cuCtxPopCurrent_v2(ctypes.byref(c)) == 0
+                cuda.cuCtxSetCurrent(None)
+                step(b"train")
+                cuda.cuCtxSetCurrent(p0)
+        """)
+        run_dir = tempfile.mkdtemp(prefix="memledger-devices-")
+        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
+        proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", sys.executable, "-c",
+                               script], capture_output=True, text=True, timeout=TIMEOUT,
+                              env=sim_env(SIMCUDA_CONTEXT_MB="4"))
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        trace = [f for f in os.listdir(run_dir) if f.startswith("trace.")]
+        dump = subprocess.run([MEMLEDGER, "dump", os.path.join(run_dir, trace[0])], capture_output=True, text=True,
+                              timeout=TIMEOUT).stdout
+        free = {0: [], 1: []}
+        for line in dump.splitlines():
+            if line.startswith("device_sample "):
+                fields = dict(f.split("=", 1) for f in line.split()[1:])
+                free[int(fields["device"])].append(int(fields["free"]))
+        self.assertEqual(len(free[0]), 8, dump[-2000:])
+        self.assertEqual(len(free[1]), 8)
+        self.assertEqual({a - b for a, b in zip(free[1], free[1][1:])}, {4 << 20})
+        self.assertEqual(len(set(free[0])), 1)
+
     def test_unknown_free_is_counted_not_fatal(self):
         proc, out, report = self.trace("cuda_driver_linked", "normal")
         self.assertEqual(proc.returncode, 0)

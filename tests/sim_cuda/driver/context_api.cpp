@@ -16,8 +16,12 @@ CUresult create_context(Call& call, CUcontext* pctx, unsigned int flags, CUdevic
   Device* device = nullptr;
   if (CUresult r = call.device(dev, &device)) return r;
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  // A context holds device memory of its own (SIMCUDA_CONTEXT_MB), which no
+  // allocation call shows.
+  if (!device->hold(config().context_bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
   auto* ctx = internal_new<Context>(Context{device, flags, false, true, call.st.next_context_id++});
   if (!push_context(ctx)) {
+    device->unhold(config().context_bytes);
     internal_delete(ctx);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
@@ -192,7 +196,11 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
   Device* device = nullptr;
   if (CUresult r = call.device(dev, &device)) return r;
   if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (device->primary_refs++ == 0) device->primary.alive = true;
+  if (device->primary_refs == 0) {
+    if (!device->hold(config().context_bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    device->primary.alive = true;
+  }
+  ++device->primary_refs;
   // Not made current: that is the caller's job (cuCtxSetCurrent).
   *pctx = to_handle(&device->primary);
   return CUDA_SUCCESS;
@@ -378,4 +386,22 @@ CUresult cuStreamSynchronize(CUstream hStream) {
 CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
   Call call(Sym::cuStreamSynchronize_ptsz);
   return stream_synchronize(call, hStream);
+}
+
+// No graphs are simulated: graph memory is always zero.
+CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) {
+  Call call(Sym::cuDeviceGetGraphMemAttribute);
+  Device* d = nullptr;
+  if (CUresult r = call.device(device, &d)) return r;
+  if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  switch (attr) {
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH:
+      *static_cast<cuuint64_t*>(value) = 0;
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
 }

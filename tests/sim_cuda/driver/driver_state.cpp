@@ -39,6 +39,7 @@ const Config& config() {
     // At least one granule; at most 1 TiB so that 4x of it stays mappable.
     c.memory_bytes = static_cast<size_t>(env_number("SIMCUDA_MEMORY_MB", 1024, 2, 1 << 20)) * kMiB;
     c.driver_version = static_cast<int>(env_number("SIMCUDA_DRIVER_VERSION", c.driver_version, 1000, 99990));
+    c.context_bytes = static_cast<size_t>(env_number("SIMCUDA_CONTEXT_MB", 0, 0, 1 << 20)) * kMiB;
     return c;
   }();
   return instance;
@@ -195,6 +196,7 @@ void tear_down(State& st, Context* ctx) {
       ++it;
     }
   }
+  if (ctx->alive) ctx->device->unhold(config().context_bytes);
   ctx->alive = false;
 }
 

@@ -23,6 +23,7 @@ struct Config {
   int device_count = 2;           // SIMCUDA_DEVICES
   size_t memory_bytes = 1024 * kMiB;  // SIMCUDA_MEMORY_MB, per device
   int driver_version = 13000;     // SIMCUDA_DRIVER_VERSION
+  size_t context_bytes = 0;       // SIMCUDA_CONTEXT_MB: device memory each live context holds
 };
 const Config& config();
 

@@ -30,6 +30,7 @@
   X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease, 7000, kLegacy)       \
   X(cuDevicePrimaryCtxRelease, cuDevicePrimaryCtxRelease_v2, 11000, kLegacy)   \
   X(cuDevicePrimaryCtxGetState, cuDevicePrimaryCtxGetState, 7000, kLegacy)     \
+  X(cuDeviceGetGraphMemAttribute, cuDeviceGetGraphMemAttribute, 11040, kLegacy) \
   /* contexts */                                                               \
   X(cuCtxCreate, cuCtxCreate, 2000, kLegacy)                                   \
   X(cuCtxCreate, cuCtxCreate_v2, 3020, kLegacy)                                \
