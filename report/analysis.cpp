@@ -233,6 +233,10 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   r.verdict = stop.verdict;
   SiteNamer namer(trace, options.symbolizer);
   name_sites(r, pass.replay.oom_sites, stop, namer);
+  // Device memory no hook saw, judged like a site (named already).
+  for (LeakSuspect& s : find_not_hooked_growth(r.steps, options.warmup_steps, options.max_suspects)) {
+    r.leak_suspects.push_back(std::move(s));
+  }
   r.notes = collect_notes(NotesInput{trace, sampled, r.sample_interval, r.events, stackless, r.unknown_frees,
                                      r.failed_allocations, r.ooms.size(), growth.note, hidden.note, r.cupti,
                                      namer.warnings(), pass.steps.note});

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cupti_view.h"
@@ -51,6 +52,10 @@ struct StepStats {
   uint64_t device_free = 0;   // cuMemGetInfo of the sampled device at the step end (0 = not sampled)
   uint64_t device_total = 0;
   uint64_t reserved_address_space = 0;  // VMM reservations (not memory)
+  // Per sampled device: (total - free) - held on that device, the device
+  // memory that no hooked call allocated (contexts, kernel images, libraries'
+  // own allocations, other processes, IPC-opened memory). Empty without samples.
+  std::vector<std::pair<uint32_t, int64_t>> not_hooked_by_device;
   uint64_t rss = 0;
   uint64_t allocations = 0;
   uint64_t frees = 0;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "growth.h"
+
 namespace memledger::report {
 
 void DeviceLedger::absorb(uint64_t seq) {
@@ -27,14 +29,38 @@ void DeviceLedger::absorb(uint64_t seq) {
   }
 }
 
+void DeviceLedger::change(uint8_t kind, uint8_t flags, uint64_t size, uint8_t device, int sign) {
+  const uint64_t h = held_for(kind, flags, size);
+  if (h == 0) return;
+  held_plain_ += sign * static_cast<int64_t>(h);
+  live_plain_ += sign * static_cast<int64_t>(size);
+  namespace fmt = memledger::format;
+  if (kind == static_cast<uint8_t>(fmt::Kind::kDevice) || kind == static_cast<uint8_t>(fmt::Kind::kManaged)) {
+    if (held_by_device_.size() <= device) held_by_device_.resize(device + 1u, 0);
+    held_by_device_[device] += sign * static_cast<int64_t>(h);
+  }
+}
+
+int64_t DeviceLedger::held_on(uint32_t device) const {
+  int64_t held = device < held_by_device_.size() ? held_by_device_[device] : 0;
+  for (const auto& [pool, p] : pools_) {
+    if (p.device == device) held += static_cast<int64_t>(p.reserved);
+  }
+  return held;
+}
+
 void DeviceLedger::pool_holders(std::vector<Holder>& out, uint64_t& held, uint64_t& unused) const {
   std::vector<const TracePoolSample*> sorted;
   for (const auto& [pool, p] : pools_) sorted.push_back(&p);
   std::sort(sorted.begin(), sorted.end(), [](auto* a, auto* b) { return a->pool < b->pool; });
   for (const TracePoolSample* p : sorted) {
     char name[96];
-    std::snprintf(name, sizeof name, "memory pool 0x%llx on device %u", static_cast<unsigned long long>(p->pool),
-                  p->device);
+    if (p->pool == memledger::format::kGraphMemoryPool) {
+      std::snprintf(name, sizeof name, "CUDA graph memory on device %u", p->device);
+    } else {
+      std::snprintf(name, sizeof name, "memory pool 0x%llx on device %u", static_cast<unsigned long long>(p->pool),
+                    p->device);
+    }
     out.push_back(Holder{name, p->reserved, p->reserved > p->used ? p->reserved - p->used : 0});
     held += p->reserved;
     unused += out.back().unused;
@@ -56,6 +82,10 @@ void DeviceLedger::fill_step(StepStats& st) const {
     st.device_free = dev->second.free;
     st.device_total = dev->second.total;
   }
+  for (const auto& [device, sample] : devices_) {
+    const int64_t used = static_cast<int64_t>(sample.total) - static_cast<int64_t>(sample.free);
+    st.not_hooked_by_device.emplace_back(device, used - held_on(device));
+  }
   st.reserved_address_space = reserved_va_;
 }
 
@@ -67,6 +97,40 @@ void DeviceLedger::fill_oom(OomEvent& oom) const {
   }
   uint64_t held_pools = 0;
   pool_holders(oom.holders, held_pools, oom.held_unused);
+}
+
+std::string not_hooked_name(uint32_t device) {
+  return "device memory not allocated through hooked calls (device " + std::to_string(device) + ")";
+}
+
+std::vector<LeakSuspect> find_not_hooked_growth(const std::vector<StepStats>& steps, int warmup_steps,
+                                                size_t max_suspects) {
+  // One pseudo-site per device (stack = ordinal + 1), its series at every
+  // step end where it was sampled.
+  std::vector<SiteAcc> series;
+  for (const StepStats& st : steps) {
+    for (const auto& [device, bytes] : st.not_hooked_by_device) {
+      if (series.size() <= device) series.resize(device + 1u);
+      SiteAcc& acc = series[device];
+      acc.stack = device + 1;
+      acc.kind = static_cast<uint8_t>(memledger::format::Kind::kDevice);
+      if (acc.changes.empty() || acc.changes.back().live != bytes) {
+        acc.changes.push_back(SeriesPoint{static_cast<uint32_t>(st.index), bytes, 0});
+      }
+      acc.live = bytes;
+    }
+  }
+  std::erase_if(series, [](const SiteAcc& acc) { return acc.stack == 0; });
+  Growth growth = find_growth(series, steps.size(), GrowthOptions{warmup_steps, max_suspects, false, 0});
+  for (LeakSuspect& s : growth.suspects) {
+    const uint32_t device = s.site.stack - 1;
+    s.site.stack = 0;
+    Frame frame;
+    frame.function = not_hooked_name(device);
+    s.site.frames = {frame};
+    s.allocations_per_step = 0;
+  }
+  return std::move(growth.suspects);
 }
 
 HiddenAllocator find_hidden_allocator(const std::vector<ModuleInfo>& modules, const std::vector<StepStats>& steps,
@@ -86,9 +150,11 @@ HiddenAllocator find_hidden_allocator(const std::vector<ModuleInfo>& modules, co
              "'s caching allocator hands tensors out of large segments: the driver sees only the "
              "segments, so sites and growth here are per segment, not per tensor. Rerun with "
              "`memledger run --leak-mode` (" +
-             (framework == "PyTorch" ? std::string("PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync")
-              : framework == "TensorFlow" ? std::string("TF_GPU_ALLOCATOR=cuda_malloc_async")
-                                          : std::string("XLA_PYTHON_CLIENT_ALLOCATOR=platform")) +
+             (framework == "PyTorch" ? std::string("PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync")
+              : framework == "TensorFlow"
+                  ? std::string("TF_GPU_ALLOCATOR=cuda_malloc_async")
+                  : std::string("XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async, or platform on a JAX that does not accept "
+                                "it; platform falls back to BFC on those that do")) +
              ") to see every tensor allocation.";
   return out;
 }

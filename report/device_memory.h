@@ -57,17 +57,11 @@ class DeviceLedger {
     }
   }
   // A live allocation made or released (`size`: the bytes it stands for).
-  void allocated(uint8_t kind, uint8_t flags, uint64_t size) {
-    if (const uint64_t h = held_for(kind, flags, size)) {
-      held_plain_ += static_cast<int64_t>(h);
-      live_plain_ += static_cast<int64_t>(size);
-    }
+  void allocated(uint8_t kind, uint8_t flags, uint64_t size, uint8_t device = 0) {
+    change(kind, flags, size, device, 1);
   }
-  void released(uint8_t kind, uint8_t flags, uint64_t size) {
-    if (const uint64_t h = held_for(kind, flags, size)) {
-      held_plain_ -= static_cast<int64_t>(h);
-      live_plain_ -= static_cast<int64_t>(size);
-    }
+  void released(uint8_t kind, uint8_t flags, uint64_t size, uint8_t device = 0) {
+    change(kind, flags, size, device, -1);
   }
 
   // Held bytes, holders, device free/total and VMM reservations now.
@@ -81,8 +75,13 @@ class DeviceLedger {
 
  private:
   void absorb(uint64_t seq);
+  void change(uint8_t kind, uint8_t flags, uint64_t size, uint8_t device, int sign);
+  // What the hooks account for on `device`: its plain allocations' held
+  // bytes, its pools' reserve and its CUDA graph memory.
+  int64_t held_on(uint32_t device) const;
 
   const Trace& trace_;
+  std::vector<int64_t> held_by_device_;  // held_plain_ of device and managed memory, by ordinal
   int64_t held_plain_ = 0;  // granularity-rounded device allocations and VMM physical memory
   int64_t live_plain_ = 0;  // what the program asked for of those
   size_t vmm_i_ = 0, dev_i_ = 0, pool_i_ = 0;
@@ -91,6 +90,14 @@ class DeviceLedger {
   absl::flat_hash_map<uint64_t, TracePoolSample> pools_;  // latest sample per pool
   std::map<uint32_t, TraceDeviceSample> devices_;          // latest sample per device
 };
+
+// The "device memory not allocated through hooked calls" series of each
+// device, judged like a site's live bytes (find_growth): suspects named
+// after the device, steepest first.
+std::vector<LeakSuspect> find_not_hooked_growth(const std::vector<StepStats>& steps, int warmup_steps,
+                                                size_t max_suspects);
+// The name such a suspect's site carries.
+std::string not_hooked_name(uint32_t device);
 
 // A framework's caching allocator between the program and the driver: the
 // driver sees its segments, not tensors.

@@ -85,7 +85,7 @@ void Replay::retire(const LiveAlloc& a) {
   total_[a.kind & 3] -= static_cast<int64_t>(a.weight);
   if (a.kind == static_cast<uint8_t>(fmt::Kind::kDevice)) device_live_[a.device] -= static_cast<int64_t>(a.weight);
   running_total_ -= static_cast<int64_t>(a.weight);
-  device_.released(a.kind, a.flags, a.weight);
+  device_.released(a.kind, a.flags, a.weight, a.device);
 }
 
 void Replay::on_alloc(const TraceEvent& e) {
@@ -93,7 +93,7 @@ void Replay::on_alloc(const TraceEvent& e) {
   const uint32_t s = site_of(e.stack, e.kind);
   if (e.stack == 0) ++out_.stackless;
   if (e.flags & fmt::kAllocPool) out_.pool_allocs = true;
-  device_.allocated(e.kind, e.flags, e.size);
+  device_.allocated(e.kind, e.flags, e.size, e.device);
   const LiveAlloc made{weight, s, current_step_, e.kind, e.flags, e.device};
   auto [it, inserted] = out_.live.try_emplace(live_key(e.kind, e.flags, e.addr), made);
   if (!inserted) {

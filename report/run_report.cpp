@@ -192,6 +192,11 @@ json process_json(const ProcessReport& p) {
                                  {"holders", holders}}}};
       if (s.live_by_device.size() > 1) step["live_by_device"] = s.live_by_device;
       if (s.device_total) step["device_memory"] = {{"free", s.device_free}, {"total", s.device_total}};
+      if (!s.not_hooked_by_device.empty()) {
+        json by_device = json::object();
+        for (const auto& [device, bytes] : s.not_hooked_by_device) by_device[std::to_string(device)] = bytes;
+        step["not_hooked_by_device"] = by_device;
+      }
       if (s.reserved_address_space) step["reserved_address_space"] = s.reserved_address_space;
     }
     steps.push_back(std::move(step));

@@ -354,6 +354,17 @@ class CudaHooks(unittest.TestCase):
         self.assertEqual(len(free[1]), 8)
         self.assertEqual({a - b for a, b in zip(free[1], free[1][1:])}, {4 << 20})
         self.assertEqual(len(set(free[0])), 1)
+        # The report: device 1's memory that no hooked call allocated grows
+        # by a context per step, judged like a site; device 0's does not.
+        with open(os.path.join(run_dir, "report.json")) as f:
+            report = json.load(f)
+        series = [s["not_hooked_by_device"] for s in report["steps"]]
+        self.assertEqual({b["1"] - a["1"] for a, b in zip(series, series[1:])}, {4 << 20}, series)
+        self.assertEqual({s["0"] for s in series}, {series[0]["0"]})
+        suspects = [s for s in report["leak_suspects"] if s["site"].startswith("device memory not allocated")]
+        self.assertEqual([s["site"] for s in suspects],
+                         ["device memory not allocated through hooked calls (device 1)"], report["leak_suspects"])
+        self.assertEqual(suspects[0]["bytes_per_step"], 4 << 20)
 
     def test_unknown_free_is_counted_not_fatal(self):
         proc, out, report = self.trace("cuda_driver_linked", "normal")

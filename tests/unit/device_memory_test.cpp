@@ -123,6 +123,51 @@ TEST_CASE("device: a framework's caching allocator is named with the switch that
   CHECK_FALSE(find_hidden_allocator(modules, std::vector<StepStats>(1), false, false).hidden);
   CHECK(find_hidden_allocator(modules, std::vector<StepStats>(1), false, true).hidden);  // VMM only
   modules[0].path = "/opt/jax/jaxlib/xla_extension.so";
-  CHECK(find_hidden_allocator(modules, steps, false, false).note.find("XLA_PYTHON_CLIENT_ALLOCATOR=platform") !=
+  CHECK(find_hidden_allocator(modules, steps, false, false).note.find("XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async") !=
         std::string::npos);
+}
+
+TEST_CASE("device: memory no hook allocated, per sampled device, and graph memory named", "[device]") {
+  Trace trace;
+  TracePoolSample pool = pool_sample(1, 0xaaa, 32 * kMiB, 8 * kMiB);
+  pool.device = 1;
+  TracePoolSample graph = pool_sample(2, fmt::kGraphMemoryPool, 8 * kMiB, 8 * kMiB);
+  graph.device = 1;
+  trace.pool_samples = {pool, graph};
+  TraceDeviceSample d0, d1;
+  d0.seq = 3;
+  d0.free = 990 * kMiB;
+  d0.total = 1000 * kMiB;
+  d1.seq = 4;
+  d1.device = 1;
+  d1.free = 900 * kMiB;
+  d1.total = 1000 * kMiB;
+  trace.device_samples = {d0, d1};
+  DeviceLedger ledger(trace);
+  ledger.allocated(kDevice, 0, 3 * kMiB, 0);  // holds 4 MiB of device 0
+  ledger.allocated(kDevice, 0, kMiB, 1);      // holds 2 MiB of device 1
+  ledger.catch_up(5);
+  StepStats st;
+  ledger.fill_step(st);
+  REQUIRE(st.not_hooked_by_device.size() == 2);
+  CHECK(st.not_hooked_by_device[0] == std::pair<uint32_t, int64_t>(0, 6 * kMiB));
+  // 100 MiB used on device 1: 2 MiB plain, 32 MiB pool, 8 MiB graph memory.
+  CHECK(st.not_hooked_by_device[1] == std::pair<uint32_t, int64_t>(1, 58 * kMiB));
+  REQUIRE(st.device_holders.size() == 3);  // plain allocations, then pools by handle
+  CHECK(st.device_holders[1].name == "CUDA graph memory on device 1");
+}
+
+TEST_CASE("device: the not-hooked series is judged like a site's", "[device]") {
+  std::vector<StepStats> steps(12);
+  for (size_t i = 0; i < steps.size(); ++i) {
+    steps[i].index = i + 1;
+    steps[i].not_hooked_by_device = {{0, static_cast<int64_t>(300 * kMiB)},
+                                     {1, static_cast<int64_t>((300 + 4 * i) * kMiB)}};
+  }
+  std::vector<LeakSuspect> suspects = find_not_hooked_growth(steps, -1, 20);
+  REQUIRE(suspects.size() == 1);
+  CHECK(suspects[0].bytes_per_step == Approx(4.0 * kMiB));
+  REQUIRE(suspects[0].site.frames.size() == 1);
+  CHECK(suspects[0].site.frames[0].function == not_hooked_name(1));
+  CHECK(suspects[0].site.kind == kDevice);
 }
