@@ -47,6 +47,17 @@ class CudaHooks(unittest.TestCase):
             report = json.load(f)
         return proc, parse_kv(proc.stdout), report
 
+    def trace_script(self, script, **env):
+        """A Python script (ctypes on the simulated CUDA) traced by memledger:
+        the process, its report and the run folder."""
+        run_dir = tempfile.mkdtemp(prefix="memledger-script-")
+        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
+        proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", sys.executable, "-c",
+                               script], capture_output=True, text=True, timeout=TIMEOUT, env=sim_env(**env))
+        self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+        with open(os.path.join(run_dir, "report.json")) as f:
+            return proc, json.load(f), run_dir
+
     def check_leak(self, program, mode, kind="device", allocations_per_step=1.0):
         proc, out, report = self.trace(program, mode)
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
@@ -136,19 +147,13 @@ class CudaHooks(unittest.TestCase):
             plugin = ctypes.CDLL({str(PLUGIN)!r}, mode=os.RTLD_LOCAL)
             step = getattr(ctypes.CDLL(None), "memledger_step", None)
         """) + textwrap.dedent(body)
-        run_dir = tempfile.mkdtemp(prefix="memledger-plugin-")
-        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
         if traced:
-            cmd = [MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", sys.executable, "-c", script]
-        else:
-            cmd = [sys.executable, "-c", script]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=sim_env())
+            proc, report, _ = self.trace_script(script)
+            return proc.stdout.split(), report
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=TIMEOUT,
+                              env=sim_env())
         self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
-        report = None
-        if traced:
-            with open(os.path.join(run_dir, "report.json")) as f:
-                report = json.load(f)
-        return proc.stdout.split(), report
+        return proc.stdout.split(), None
 
     def test_runtime_loaded_rtld_local(self):
         # The runtime hooks' real functions are not in the global scope: they
@@ -250,16 +255,10 @@ class CudaHooks(unittest.TestCase):
             print(cuda.cuMemFree_v2(p))
             step(b"train")
         """)
-        run_dir = tempfile.mkdtemp(prefix="memledger-free-")
-        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
-        proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", sys.executable, "-c",
-                               script], capture_output=True, text=True, timeout=TIMEOUT, env=sim_env())
-        self.assertEqual(proc.returncode, 0, proc.stderr)
+        proc, report, _ = self.trace_script(script)
         codes = proc.stdout.split()
         self.assertNotEqual(codes[0], "0")
         self.assertEqual(codes[1], "0")
-        with open(os.path.join(run_dir, "report.json")) as f:
-            report = json.load(f)
         self.assertEqual([s["live"].get("device", 0) for s in report["steps"]], [4 << 20, 0])
 
     def test_pool_allocations_labelled_by_the_pool(self):
@@ -298,13 +297,8 @@ class CudaHooks(unittest.TestCase):
             allocate(create(PINNED, DEVICE, 1), 7 * {mib})
             step(b"train")
         """)
-        run_dir = tempfile.mkdtemp(prefix="memledger-pools-")
-        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
-        proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", sys.executable, "-c",
-                               script], capture_output=True, text=True, timeout=TIMEOUT, env=sim_env())
-        self.assertEqual(proc.returncode, 0, proc.stderr)
-        with open(os.path.join(run_dir, "report.json")) as f:
-            step = json.load(f)["steps"][0]
+        _, report, _ = self.trace_script(script)
+        step = report["steps"][0]
         self.assertEqual(step["live"].get("pinned_host"), 4 * mib, step["live"])
         self.assertEqual(step["live"].get("managed"), 5 * mib, step["live"])
         self.assertEqual(step["live"].get("device"), 7 * mib, step["live"])
@@ -336,12 +330,7 @@ class CudaHooks(unittest.TestCase):
                 step(b"train")
                 cuda.cuCtxSetCurrent(p0)
         """)
-        run_dir = tempfile.mkdtemp(prefix="memledger-devices-")
-        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
-        proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", sys.executable, "-c",
-                               script], capture_output=True, text=True, timeout=TIMEOUT,
-                              env=sim_env(SIMCUDA_CONTEXT_MB="4"))
-        self.assertEqual(proc.returncode, 0, proc.stderr)
+        _, report, run_dir = self.trace_script(script, SIMCUDA_CONTEXT_MB="4")
         trace = [f for f in os.listdir(run_dir) if f.startswith("trace.")]
         dump = subprocess.run([MEMLEDGER, "dump", os.path.join(run_dir, trace[0])], capture_output=True, text=True,
                               timeout=TIMEOUT).stdout
@@ -356,8 +345,6 @@ class CudaHooks(unittest.TestCase):
         self.assertEqual(len(set(free[0])), 1)
         # The report: device 1's memory that no hooked call allocated grows
         # by a context per step, judged like a site; device 0's does not.
-        with open(os.path.join(run_dir, "report.json")) as f:
-            report = json.load(f)
         series = [s["not_hooked_by_device"] for s in report["steps"]]
         self.assertEqual({b["1"] - a["1"] for a, b in zip(series, series[1:])}, {4 << 20}, series)
         self.assertEqual({s["0"] for s in series}, {series[0]["0"]})
