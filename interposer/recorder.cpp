@@ -279,6 +279,14 @@ void Recorder::start() {
 
   char error[4400];
   if (!trace_writer().open(config_, 0, error, sizeof error)) {
+    // Said once for a whole process tree: the images this one starts find
+    // their folder in MEMLEDGER_DIR_FAILED and stay quiet about it.
+    const char* told = getenv("MEMLEDGER_DIR_FAILED");
+    if (told != nullptr && strcmp(told, config_.dir) == 0) {
+      disable_reported_.store(true);
+    } else {
+      setenv("MEMLEDGER_DIR_FAILED", config_.dir, 1);
+    }
     char text[4600];
     snprintf(text, sizeof text, "%s; tracing is off for pid %d, the program goes on", error, pid_);
     disable(text);

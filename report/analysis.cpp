@@ -106,9 +106,19 @@ EventPass replay_with_steps(const Trace& trace, const EventFeed& feed, const std
 
 // Symbolizes the sites the report shows, and only those (a trace holds far
 // more stacks than it shows): the symbolizer starts on the first.
+//
+// Every shown frame is a copy of its names, so a few bytes of trace (a
+// stack of one frame repeated, a long file name) could ask for gigabytes:
+// the frames kept for all sites together take at most kFrameBudgetFloor
+// plus kFrameBudgetRatio times the trace file's size; past that a site
+// keeps the frames it has, and warnings() says how many were cut.
 class SiteNamer {
  public:
-  SiteNamer(const Trace& trace, const SymbolizerOptions& options) : trace_(trace), options_(options) {}
+  static constexpr uint64_t kFrameBudgetFloor = uint64_t{32} << 20;
+  static constexpr uint64_t kFrameBudgetRatio = 128;
+
+  SiteNamer(const Trace& trace, const SymbolizerOptions& options)
+      : trace_(trace), options_(options), budget_(kFrameBudgetFloor + kFrameBudgetRatio * trace.file_bytes) {}
   Site name(uint32_t stack, uint8_t kind) {
     Site site;
     site.stack = stack;
@@ -120,19 +130,37 @@ class SiteNamer {
       symbolizer_->set_python(&trace_.python_codes, trace_.python_module);
     }
     for (size_t i = 0; i < it->second.size(); ++i) {
-      const auto& chain = symbolizer_->resolve(it->second[i], i > 0);
-      site.frames.insert(site.frames.end(), chain.begin(), chain.end());
+      for (const Frame& f : symbolizer_->resolve(it->second[i], i > 0)) {
+        const uint64_t cost = sizeof(Frame) + f.function.size() + f.file.size() + f.module.size();
+        if (spent_ + cost > budget_) {
+          ++sites_cut_;
+          return site;
+        }
+        spent_ += cost;
+        site.frames.push_back(f);
+      }
     }
     return site;
   }
   void name(std::vector<SiteTotal>& totals) {
     for (SiteTotal& t : totals) t.site = name(t.site.stack, t.site.kind);
   }
-  std::vector<std::string> warnings() const { return symbolizer_ ? symbolizer_->warnings() : std::vector<std::string>{}; }
+  std::vector<std::string> warnings() const {
+    std::vector<std::string> out = symbolizer_ ? symbolizer_->warnings() : std::vector<std::string>{};
+    if (sites_cut_ > 0) {
+      out.push_back(std::to_string(sites_cut_) + " sites are shown with only some of their frames, or none: the "
+                    "frames of the sites shown would take more than " + std::to_string(budget_ >> 20) +
+                    " MiB, out of proportion to the trace's size (damaged or made up); the report is partial");
+    }
+    return out;
+  }
 
  private:
   const Trace& trace_;
   const SymbolizerOptions& options_;
+  const uint64_t budget_;
+  uint64_t spent_ = 0;
+  uint64_t sites_cut_ = 0;
   std::unique_ptr<Symbolizer> symbolizer_;
 };
 
@@ -188,6 +216,7 @@ void take_leaks(ProcessReport& r, ExitLeaks& leaks, LiveSets& live) {
   r.startup = std::move(leaks.startup);
   r.startup_bytes = leaks.startup_bytes;
   r.startup_count = leaks.startup_count;
+  r.leak_counts_estimated = leaks.counts_estimated;
   r.live_at_peak = std::move(live.at_peak);
   r.live_at_end = std::move(live.at_end);
   r.profile_sites_dropped = live.sites_dropped;
@@ -218,7 +247,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   const ReplayOutput& replay = pass.replay;
   Growth growth = find_growth(replay.sites, replay.steps.size(),
                               GrowthOptions{options.warmup_steps, options.max_suspects, sampled, r.sample_interval});
-  ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites);
+  ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites, sampled ? r.sample_interval : 0);
   LiveSets live = live_sets(replay, options.max_profile_sites);
   const HiddenAllocator hidden = find_hidden_allocator(trace.modules, replay.steps, replay.pool_allocs, !trace.vmm.empty());
   const StopVerdict stop = judge_stop(trace, exit_info, replay.ooms);

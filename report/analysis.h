@@ -144,6 +144,7 @@ struct ProcessReport {
   std::vector<SiteTotal> startup;
   int64_t startup_bytes = 0;
   uint64_t startup_count = 0;
+  bool leak_counts_estimated = false;  // sampled mode: the counts above are estimates
   Peak peak;
   Verdict verdict;
   uint64_t duration_ns = 0;

@@ -1,6 +1,7 @@
 #include "exit_leaks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include <absl/container/flat_hash_map.h>
@@ -8,7 +9,7 @@
 namespace memledger::report {
 namespace {
 
-using BySite = absl::flat_hash_map<uint32_t, std::pair<int64_t, uint64_t>>;  // site -> bytes, count
+using BySite = absl::flat_hash_map<uint32_t, std::pair<int64_t, double>>;  // site -> bytes, count
 
 bool larger(const SiteTotal& a, const SiteTotal& b) {
   return a.bytes != b.bytes ? a.bytes > b.bytes : a.site.stack < b.site.stack;
@@ -21,9 +22,9 @@ void collect(const BySite& by_site, const std::vector<SiteAcc>& sites, size_t ma
     t.site.stack = sites[s].stack;
     t.site.kind = sites[s].kind;
     t.bytes = v.first;
-    t.count = v.second;
+    t.count = static_cast<uint64_t>(std::llround(v.second));
     bytes += v.first;
-    count += v.second;
+    count += t.count;
     out.push_back(std::move(t));
   }
   std::sort(out.begin(), out.end(), larger);
@@ -32,15 +33,31 @@ void collect(const BySite& by_site, const std::vector<SiteAcc>& sites, size_t ma
 
 }  // namespace
 
-ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites) {
+double allocations_per_sample(uint64_t weight, uint64_t interval) {
+  const double w = static_cast<double>(weight);
+  const double mean = static_cast<double>(interval);
+  if (interval == 0 || w <= mean) return std::max(1.0, w);  // a block of about one byte
+  auto weight_of = [&](double size) { return size / -std::expm1(-size / mean); };
+  double lo = 0, hi = w;  // weight_of rises from `mean` (size 0) and weight_of(w) > w
+  for (int i = 0; i < 64 && hi - lo > 1e-3; ++i) {
+    const double mid = (lo + hi) / 2;
+    (weight_of(mid) < w ? lo : hi) = mid;
+  }
+  return w / std::max(1.0, (lo + hi) / 2);
+}
+
+ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t sample_interval) {
   BySite exit_by_site, startup_by_site;
   const bool has_steps = !replay.steps.empty();
+  ExitLeaks out;
   for (const auto& [addr, a] : replay.live) {
     auto& bucket = (has_steps && a.step_born == 1) ? startup_by_site[a.site] : exit_by_site[a.site];
     bucket.first += static_cast<int64_t>(a.weight);
-    bucket.second += 1;
+    // A sampled allocation smaller than the interval stands for many.
+    const bool by_chance = sample_interval != 0 && (a.flags & kAllocByChance);
+    bucket.second += by_chance ? allocations_per_sample(a.weight, sample_interval) : 1.0;
+    out.counts_estimated = out.counts_estimated || by_chance;
   }
-  ExitLeaks out;
   collect(exit_by_site, replay.sites, max_sites, out.leaks, out.leak_bytes, out.leak_count);
   collect(startup_by_site, replay.sites, max_sites, out.startup, out.startup_bytes, out.startup_count);
   return out;

@@ -3,10 +3,12 @@
 // the pprof export show.
 //
 // In:  the replay's live set at the end, its site accumulators (with each
-//      site's share of the peak) and whether the trace has steps.
+//      site's share of the peak), whether the trace has steps, and the
+//      mean sample interval when host allocations were sampled.
 // Out: the exit leaks by site, largest first, apart from the start-up
 //      allocations (made before the first step ended and never freed:
-//      one-off globals), each with its total bytes and count; the live set
+//      one-off globals), each with its total bytes and count (in sampled
+//      mode, the estimated number of allocations, not of samples); the live set
 //      by site at the peak and at the end. Sites are unnamed (stack id and
 //      kind).
 #pragma once
@@ -27,9 +29,22 @@ struct ExitLeaks {
   std::vector<SiteTotal> startup;
   int64_t startup_bytes = 0;
   uint64_t startup_count = 0;
+  bool counts_estimated = false;  // some counts stand for sampled allocations
 };
 
-ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites);
+// sample_interval: the mean bytes between samples of a sampled trace, 0
+// when every allocation was recorded.
+ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t sample_interval = 0);
+
+// How many allocations one sampled allocation of this weight stands for.
+// The recorder gives an allocation of `size` bytes, smaller than the mean
+// interval, the weight size / p, where p = 1 - exp(-size / interval) is the
+// chance it was sampled; the size is found again from the weight (the
+// weight grows with the size, from the interval up), and the allocation
+// stands for weight / size allocations of its size. (An allocation of at
+// least the interval is recorded at its true size and stands for one: the
+// caller tells them apart by kAllocByChance.)
+double allocations_per_sample(uint64_t weight, uint64_t interval);
 
 // Live bytes and allocations by site at the peak (the moment the running
 // total was highest; empty when nothing was live) and at the end, largest

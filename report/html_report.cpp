@@ -595,7 +595,8 @@ std::string process_figures(const ProcessReport& p) {
                     ? "growth suspects: none"
                     : std::to_string(p.leak_suspects.size()) + " growth suspect" + (p.leak_suspects.size() == 1 ? "" : "s") +
                           ", top: " + site_name(p.leak_suspects.front().site)) +
-         figure(bytes(double(p.exit_leak_bytes)), "exit leaks, " + std::to_string(p.exit_leak_count) + " allocations") +
+         figure(bytes(double(p.exit_leak_bytes)), "exit leaks, " + std::string(p.leak_counts_estimated ? "about " : "") +
+                                                       std::to_string(p.exit_leak_count) + " allocations") +
          figure(num(double(p.duration_ns) / 1e9, 2) + " s", "duration, " + std::to_string(p.events) + " events") +
          figure(p.host_mode, p.host_mode == "sampled" ? "host mode, mean interval " + bytes(double(p.sample_interval)) : "host mode") +
          "</div>\n";
@@ -671,12 +672,14 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
   }
 
   o << "<h3>Exit leaks</h3><p class=\"note\">Live at exit and allocated after the first step: "
-    << esc(bytes(double(p.exit_leak_bytes))) << " in " << p.exit_leak_count << " allocations"
+    << esc(bytes(double(p.exit_leak_bytes))) << " in " << (p.leak_counts_estimated ? "about " : "") << p.exit_leak_count
+    << " allocations" << (p.leak_counts_estimated ? " (estimated from the sampled ones)" : "")
  << ".</p>\n";
   if (!p.exit_leaks.empty()) site_table(p.exit_leaks, o);
   if (!p.startup.empty()) {
     o << "<details><summary>One-off start-up allocations (before the first step, still live): "
-      << esc(bytes(double(p.startup_bytes))) << " in " << p.startup_count << " allocations</summary>\n";
+      << esc(bytes(double(p.startup_bytes))) << " in " << (p.leak_counts_estimated ? "about " : "") << p.startup_count
+      << " allocations</summary>\n";
     site_table(p.startup, o);
     o << "</details>\n";
   }

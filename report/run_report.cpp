@@ -4,9 +4,9 @@
 #include <cinttypes>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
+#include "file_io.h"
 #include "job_report.h"
 #include "trace_format.h"
 
@@ -21,18 +21,25 @@ struct RunFile {
   std::vector<std::string> command;
   int root_pid = 0;
   ExitInfo exit;
+  std::string untraced;  // why no process was traced, when `memledger run` could tell
 };
 
 RunFile read_run_file(const fs::path& dir, std::vector<std::string>& problems) {
   RunFile rf;
   fs::path p = dir / "run.json";
-  std::ifstream in(p);
-  if (!in) return rf;
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(p, ec))) return rf;
+  std::string text, error;
+  if (!read_regular_file(p.string(), text, error, size_t{1} << 20)) {
+    problems.push_back(error + "; exit status taken from the traces");
+    return rf;
+  }
   try {
-    json j = json::parse(in);
+    json j = json::parse(text);
     rf.present = true;
     if (j.contains("command")) rf.command = j["command"].get<std::vector<std::string>>();
     rf.root_pid = j.value("root_pid", 0);
+    rf.untraced = j.value("untraced", "");
     if (j.contains("exit") && j["exit"].is_object()) {
       const json& e = j["exit"];
       rf.exit.known = true;
@@ -265,9 +272,15 @@ json process_json(const ProcessReport& p) {
       {"steps", steps},
       {"leak_suspects", suspects},
       {"exit_leaks",
-       {{"bytes", p.exit_leak_bytes}, {"count", p.exit_leak_count}, {"sites", site_totals_json(p.exit_leaks)}}},
+       {{"bytes", p.exit_leak_bytes},
+        {"count", p.exit_leak_count},
+        {"count_estimated", p.leak_counts_estimated},
+        {"sites", site_totals_json(p.exit_leaks)}}},
       {"startup_allocations",
-       {{"bytes", p.startup_bytes}, {"count", p.startup_count}, {"sites", site_totals_json(p.startup)}}},
+       {{"bytes", p.startup_bytes},
+        {"count", p.startup_count},
+        {"count_estimated", p.leak_counts_estimated},
+        {"sites", site_totals_json(p.startup)}}},
       {"peak",
        {{"bytes", p.peak.bytes},
         {"step", p.peak.step},
@@ -303,10 +316,11 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options, cons
       if (name.rfind("trace.", 0) == 0 && entry.path().extension() == ".mlt") files.push_back(entry.path());
     }
     if (ec) throw TraceError(path + ": " + ec.message());
-    if (files.empty()) {
-      throw TraceError(path + ": no memledger traces (trace.*.mlt) in this folder");
-    }
     rf = read_run_file(p, run.problems);
+    if (files.empty()) {
+      throw TraceError(path + ": no memledger traces (trace.*.mlt) in this folder" +
+                       (rf.untraced.empty() ? std::string() : ": " + rf.untraced));
+    }
     run.command = rf.command;
   } else if (fs::exists(p, ec)) {
     files.push_back(p);
@@ -377,6 +391,29 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options, cons
   return run;
 }
 
+std::string escape_terminal(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  auto escaped = [&](unsigned char c) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\x%02x", c);
+    out += buf;
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && c != '\n' && c != '\t') || c == 0x7f) {
+      escaped(c);
+    } else if (c == 0xc2 && i + 1 < text.size() && static_cast<unsigned char>(text[i + 1]) >= 0x80 &&
+               static_cast<unsigned char>(text[i + 1]) <= 0x9f) {
+      escaped(c);
+      escaped(static_cast<unsigned char>(text[++i]));
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out;
+}
+
 std::string render_summary_line(const RunReport& run) {
   const ProcessReport& p = run.processes[run.root];
   std::ostringstream out;
@@ -387,7 +424,12 @@ std::string render_summary_line(const RunReport& run) {
   } else if (!p.steps.empty()) {
     out << "; no growth suspects";
   }
-  return out.str();
+  // One line: a newline from the traced process must not start another.
+  std::string line = escape_terminal(out.str());
+  for (char& c : line) {
+    if (c == '\n' || c == '\t') c = ' ';
+  }
+  return line;
 }
 
 namespace {
@@ -497,17 +539,20 @@ void text_suspects(const ProcessReport& p, std::ostringstream& out) {
 
 // Exit leaks, and the start-up allocations kept apart from them.
 void text_exit_leaks(const ProcessReport& p, std::ostringstream& out) {
+  // Sampled mode: a count is the estimated number of allocations, not of samples.
+  const char* about = p.leak_counts_estimated ? "about " : "";
   out << "\nexit leaks (live at exit, allocated after the first step): " << human_bytes(double(p.exit_leak_bytes))
-      << " in " << p.exit_leak_count << " allocations\n";
+      << " in " << about << p.exit_leak_count << " allocations"
+      << (p.leak_counts_estimated ? " (estimated from the sampled ones)" : "") << "\n";
   for (const SiteTotal& t : p.exit_leaks) {
-    out << "  " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
+    out << "  " << human_bytes(double(t.bytes)) << " in " << about << t.count << " at " << site_name(t.site) << "\n";
   }
   if (!p.steps.empty()) {
     out << "one-off start-up allocations (before the first step, still live): "
-        << human_bytes(double(p.startup_bytes)) << " in " << p.startup_count << " allocations\n";
+        << human_bytes(double(p.startup_bytes)) << " in " << about << p.startup_count << " allocations\n";
     for (size_t k = 0; k < p.startup.size() && k < 5; ++k) {
       const SiteTotal& t = p.startup[k];
-      out << "  " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
+      out << "  " << human_bytes(double(t.bytes)) << " in " << about << t.count << " at " << site_name(t.site) << "\n";
     }
   }
 }
@@ -567,20 +612,22 @@ std::string render_text(const RunReport& run) {
       for (const std::string& n : p.notes) out << "  - " << n << "\n";
     }
   }
-  return out.str();
+  return escape_terminal(out.str());
 }
 
 nlohmann::json render_json(const RunReport& run) {
   json processes = json::array();
   for (const ProcessReport& p : run.processes) processes.push_back(process_json(p));
-  json out = processes[run.root];
   json top = {{"schema", "memledger-report"}, {"schema_version", kReportSchemaVersion}, {"run_dir", run.run_dir}};
   top["run_command"] = run.command;
   top["problems"] = run.problems;
-  for (auto it = out.begin(); it != out.end(); ++it) top[it.key()] = it.value();
+  // The root's fields once more at the top: one copy (a run of a million
+  // steps has a million step objects in each).
+  const json& root = processes[run.root];
+  for (auto it = root.begin(); it != root.end(); ++it) top[it.key()] = it.value();
   top["root_pid"] = run.processes[run.root].pid;
   top["job"] = job_json(summarize_job(run));
-  top["processes"] = processes;
+  top["processes"] = std::move(processes);
   return top;
 }
 

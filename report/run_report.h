@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "analysis.h"
@@ -42,5 +43,11 @@ std::string frame_text(const Frame& f);
 
 // One line, for the end of `memledger run`.
 std::string render_summary_line(const RunReport& run);
+
+// Text for a terminal: control characters that came from the traced process
+// (an escape sequence in its command line or a file name would retitle or
+// repaint the terminal) are written out as \xNN. Newlines and tabs are kept;
+// C1 controls encoded in UTF-8 (U+0080..U+009F) are escaped too.
+std::string escape_terminal(std::string_view text);
 
 }  // namespace memledger::report

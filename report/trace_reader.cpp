@@ -30,7 +30,9 @@ namespace fmt = memledger::format;
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) {
-    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK: a FIFO named like a trace must not make the reader wait
+    // for a writer for ever; only regular files are read.
+    int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) throw TraceError(path + ": " + std::strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
@@ -41,6 +43,11 @@ class MappedFile {
     if (S_ISDIR(st.st_mode)) {
       ::close(fd);
       throw TraceError(path + ": is a folder, not a trace file");
+    }
+    if (!S_ISREG(st.st_mode)) {
+      ::close(fd);
+      throw TraceError(path + ": not a regular file (" +
+                       (S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISSOCK(st.st_mode) ? "a socket" : "a device") + "); skipped");
     }
     size_ = static_cast<size_t>(st.st_size);
     if (size_ > 0) {
@@ -344,23 +351,26 @@ class RecordDecoder {
       case fmt::Tag::kStack: {
         uint32_t id = static_cast<uint32_t>(c.varint());
         uint64_t depth = c.varint();
-        if (!c.ok() || depth > 4096) return false;
+        // Each frame takes at least one byte: a depth beyond what is left
+        // is a damaged record, not a reason to reserve memory.
+        if (!c.ok() || depth > c.remaining()) return false;
         std::vector<uint64_t> frames;
-        frames.reserve(depth);
+        frames.reserve(std::min<uint64_t>(depth, kMaxStackFrames));
         uint64_t prev = 0;
         for (uint64_t i = 0; i < depth; ++i) {
           prev += static_cast<uint64_t>(c.svarint());
-          frames.push_back(prev);
+          if (i < kMaxStackFrames) frames.push_back(prev);
         }
         if (!c.ok()) return false;
+        if (depth > kMaxStackFrames) ++t_.stacks_cut;
         t_.stacks[id] = std::move(frames);
         break;
       }
       case fmt::Tag::kModule: {
         ModuleInfo m;
         m.base = c.varint();
-        m.path = std::string(c.string());
-        m.build_id = std::string(c.string());
+        m.path = text(c.string());
+        m.build_id = text(c.string());
         uint64_t nseg = c.varint();
         if (!c.ok() || nseg > 256) return false;
         for (uint64_t i = 0; i < nseg; ++i) {
@@ -375,11 +385,11 @@ class RecordDecoder {
       case fmt::Tag::kPythonCode: {
         const uint32_t id = static_cast<uint32_t>(c.varint());
         PythonCode code;
-        code.filename = std::string(c.string());
-        code.qualname = std::string(c.string());
+        code.filename = text(c.string());
+        code.qualname = text(c.string());
         code.first_line = static_cast<int>(c.varint());
         code.table_format = static_cast<uint8_t>(c.varint());
-        code.line_table = std::string(c.string());
+        code.line_table = text(c.string(), kMaxLineTable);
         if (!c.ok()) return false;
         t_.python_codes[id] = std::move(code);
         break;
@@ -391,16 +401,16 @@ class RecordDecoder {
         std::string_view note = c.string();
         if (!c.ok()) return false;
         t_.python_status = status;
-        t_.python_version = std::string(version);
-        t_.python_module = std::string(module);
-        t_.python_note = std::string(note);
+        t_.python_version = text(version);
+        t_.python_module = text(module);
+        t_.python_note = text(note);
         break;
       }
       case fmt::Tag::kString: {
         uint32_t id = static_cast<uint32_t>(c.varint());
         std::string_view s = c.string();
         if (!c.ok()) return false;
-        t_.strings[id] = std::string(s);
+        t_.strings[id] = text(s);
         break;
       }
       default:
@@ -468,7 +478,7 @@ class RecordDecoder {
         std::string_view path = c.string();
         if (!c.ok()) return false;
         note_ts(ts);
-        t_.execs.emplace_back(path);
+        t_.execs.push_back(text(path));
         break;
       }
       case fmt::Tag::kFork: {
@@ -488,7 +498,7 @@ class RecordDecoder {
         c.varint();
         std::string_view msg = c.string();
         if (!c.ok()) return false;
-        t_.tracer_error = std::string(msg);
+        t_.tracer_error = text(msg);
         break;
       }
       default:
@@ -498,6 +508,14 @@ class RecordDecoder {
   }
 
   void note_ts(uint64_t ts) { t_.last_ts = std::max(t_.last_ts, ts); }
+  // A string from the trace, at most `cap` bytes: the report copies names
+  // into every frame that shows them, so one long string must not be able
+  // to cost memory many times its size.
+  std::string text(std::string_view s, size_t cap = kMaxTraceString) {
+    if (s.size() <= cap) return std::string(s);
+    ++t_.strings_cut;
+    return std::string(s.substr(0, cap)) + "...";
+  }
   Trace& t_;
 };
 
@@ -517,6 +535,8 @@ void for_each_frame(const std::string& path, const MappedFile& file, size_t offs
   std::vector<uint8_t> raw;
   size_t pos = offset;
   bool in_damage = false;
+  uint64_t over_budget = 0, over_budget_bytes = 0;
+  uint32_t first_over_budget = 0;
   while (pos < size) {
     if (size - pos < sizeof(fmt::FrameHeader)) {
       trace.truncated = true;
@@ -563,6 +583,18 @@ void for_each_frame(const std::string& path, const MappedFile& file, size_t offs
     const uint8_t* body = payload;
     size_t body_len = fh.stored_len;
     if (fh.flags & fmt::kFrameCompressed) {
+      const uint64_t budget = kInflateFloor + kInflateRatio * size;
+      if (trace.bytes_inflated + fh.raw_len > budget) {
+        // A frame that would take the decompressed total past the budget is
+        // skipped (a later, smaller one may still fit).
+        ++trace.frames_damaged;
+        if (over_budget++ == 0) first_over_budget = fh.index;
+        over_budget_bytes += sizeof fh + fh.stored_len;
+        trace.bytes_skipped += sizeof fh + fh.stored_len;
+        pos += sizeof fh + fh.stored_len;
+        continue;
+      }
+      trace.bytes_inflated += fh.raw_len;
       raw.resize(fh.raw_len);
       size_t n = ZSTD_decompress(raw.data(), raw.size(), payload, fh.stored_len);
       if (ZSTD_isError(n) || n != fh.raw_len) {
@@ -582,6 +614,15 @@ void for_each_frame(const std::string& path, const MappedFile& file, size_t offs
     }
     pos += sizeof fh + fh.stored_len;
   }
+  if (over_budget > 0) {
+    trace.problems.push_back(path + ": " + std::to_string(over_budget) + " frames (" + std::to_string(over_budget_bytes) +
+                             " bytes; the first, frame " + std::to_string(first_over_budget) +
+                             ") skipped: they would decompress to more than " +
+                             std::to_string(kInflateFloor + kInflateRatio * size) + " bytes in all, over " +
+                             std::to_string(kInflateRatio) +
+                             " times the file's size, which no trace memledger writes does (damaged or made up); "
+                             "the report is partial");
+  }
 }
 
 // Samples and signals are looked up by time, side records by sequence:
@@ -600,6 +641,19 @@ void sort_by_time(Trace& trace, bool side_records = true) {
   sort_if_needed(trace.vmm, by_seq);
   sort_if_needed(trace.device_samples, by_seq);
   sort_if_needed(trace.pool_samples, by_seq);
+}
+
+// Says which of the reader's bounds a trace reached.
+void note_limits(Trace& trace) {
+  if (trace.strings_cut > 0) {
+    trace.problems.push_back(trace.path + ": " + std::to_string(trace.strings_cut) + " strings longer than " +
+                             std::to_string(kMaxTraceString) + " bytes were cut (shown up to there, then '...')");
+  }
+  if (trace.stacks_cut > 0) {
+    trace.problems.push_back(trace.path + ": " + std::to_string(trace.stacks_cut) + " stacks deeper than " +
+                             std::to_string(kMaxStackFrames) + " frames were cut to their innermost " +
+                             std::to_string(kMaxStackFrames));
+  }
 }
 
 }  // namespace
@@ -625,6 +679,7 @@ Trace read_trace(const std::string& path, bool load_events) {
   Header h = parse_header(path, file);
   Trace trace;
   trace.path = path;
+  trace.file_bytes = file.size();
   trace.version = h.version;
   trace.header = std::move(h.values);
   if (!load_events) return trace;
@@ -644,6 +699,7 @@ Trace read_trace(const std::string& path, bool load_events) {
   if (trace.frames_read == 0 && (trace.frames_damaged > 0 || trace.truncated)) {
     trace.problems.push_back(path + ": no complete frame could be read");
   }
+  note_limits(trace);
   return trace;
 }
 
@@ -695,9 +751,11 @@ void absorb_side_records(Trace& into, Trace& from) {
   if (!from.tracer_error.empty()) into.tracer_error = std::move(from.tracer_error);
   into.dropped += from.dropped;
   into.last_ts = std::max(into.last_ts, from.last_ts);
+  into.strings_cut += from.strings_cut;
+  into.stacks_cut += from.stacks_cut;
   from.has_exit = from.has_end = false;
   from.tracer_error.clear();
-  from.dropped = from.last_ts = 0;
+  from.dropped = from.last_ts = from.strings_cut = from.stacks_cut = 0;
 }
 
 // Decoded frames travel from the reading thread to the caller through a
@@ -865,7 +923,9 @@ void stream_trace(Trace& trace, const EventBatchFn& on_events) {
   trace.frames_damaged += integrity.frames_damaged;
   trace.bytes_skipped += integrity.bytes_skipped;
   trace.truncated = trace.truncated || integrity.truncated;
+  trace.bytes_inflated += integrity.bytes_inflated;
   trace.problems.insert(trace.problems.end(), integrity.problems.begin(), integrity.problems.end());
+  note_limits(trace);
   if (trace.frames_read == 0 && (trace.frames_damaged > 0 || trace.truncated)) {
     trace.problems.push_back(trace.path + ": no complete frame could be read");
   }

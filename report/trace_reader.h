@@ -161,6 +161,11 @@ struct Trace {
   uint64_t frames_damaged = 0;
   uint64_t bytes_skipped = 0;
   bool truncated = false;  // the file ends inside a frame
+  uint64_t file_bytes = 0;  // the trace file's size
+  // Limits that keep a hostile trace's cost bounded by its size (below).
+  uint64_t strings_cut = 0;     // strings longer than kMaxTraceString, cut
+  uint64_t stacks_cut = 0;      // stacks deeper than kMaxStackFrames, cut
+  uint64_t bytes_inflated = 0;  // what compressed frames decompressed to
   std::vector<std::string> problems;
 
   int pid() const;
@@ -169,6 +174,21 @@ struct Trace {
 };
 
 inline constexpr size_t kMaxCuptiRecords = size_t{4} << 20;
+
+// Bounds on what a trace can make the reader hold, whatever it claims. A
+// string is at most a path's length (PATH_MAX; a Python line table may be
+// longer), a stack at most the writer's deepest (StackTable::kMaxDepth).
+// Compressed frames may decompress to kInflateRatio times the file's size
+// (plus kInflateFloor): the writer's traces reach 2 to 9 to 1 (a Python
+// program's, whose frames repeat most, 8.4 to 1 overall and 12.7 for its
+// most repetitive frame); a few kilobytes that claim gigabytes of records
+// are a decompression bomb. Past a bound the rest is cut or skipped, and
+// `problems` says what.
+inline constexpr size_t kMaxTraceString = 4096;
+inline constexpr size_t kMaxLineTable = size_t{1} << 20;
+inline constexpr uint64_t kMaxStackFrames = 256;
+inline constexpr uint64_t kInflateRatio = 32;
+inline constexpr uint64_t kInflateFloor = uint64_t{256} << 10;
 
 // Loads a trace. `load_events` = false reads only the header (fast listing).
 Trace read_trace(const std::string& path, bool load_events = true);

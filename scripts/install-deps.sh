@@ -13,6 +13,9 @@ packages+=(libprotobuf-dev protobuf-compiler python3-protobuf chromium)
 # The bundled example and the PyTorch client of the integration tests use
 # Debian's PyTorch; python3-venv makes the environment for the others below.
 packages+=(python3-torch python3-venv)
+# The trace reader's fuzz target (tests/fuzz): clang with libFuzzer; zstd makes
+# the compressed hostile traces of its corpus (tests/fuzz/make_corpus.py).
+packages+=(clang libclang-rt-dev zstd)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

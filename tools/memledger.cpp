@@ -4,7 +4,10 @@
 #include <getopt.h>
 #include <regex.h>
 #include <signal.h>
+#include <elf.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +18,6 @@
 #include <cstring>
 #include <ctime>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -25,6 +27,7 @@
 
 #include "check_command.h"
 #include "chrome_trace.h"
+#include "file_io.h"
 #include "folded.h"
 #include "html_report.h"
 #include "leak_mode.h"
@@ -229,6 +232,98 @@ std::vector<fs::path> run_files_in(const fs::path& dir) {
   return found;
 }
 
+// Makes the run folder when it does not exist: only a folder memledger made
+// is its to give a mode (0700, whatever the umask). A folder that was there
+// (`-o .`, a shared 1777 /tmp folder, a symlink to a folder) keeps its mode;
+// the files memledger puts in it are 0600.
+bool prepare_run_dir(fs::path dir, bool& created, std::string& error) {
+  created = false;
+  if (!dir.has_filename()) dir = dir.parent_path();  // "out/" is "out"
+  std::error_code ec;
+  if (dir.has_parent_path()) fs::create_directories(dir.parent_path(), ec);  // a failure shows at mkdir
+  if (mkdir(dir.c_str(), 0700) == 0) {
+    created = true;
+    const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+      fchmod(fd, 0700);  // the umask may have cleared owner bits
+      close(fd);
+    }
+  } else if (errno != EEXIST) {
+    error = std::strerror(errno);
+    return false;
+  } else if (!fs::is_directory(dir, ec)) {
+    error = "not a folder";
+    return false;
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    error = std::strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+// The file `execvp` would run for NAME.
+std::string resolve_command(const std::string& name) {
+  if (name.find('/') != std::string::npos) return name;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t pos = 0;
+  while (pos <= dirs.size()) {
+    size_t colon = dirs.find(':', pos);
+    if (colon == std::string::npos) colon = dirs.size();
+    const std::string d = colon > pos ? dirs.substr(pos, colon - pos) : ".";
+    const std::string candidate = d + "/" + name;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    pos = colon + 1;
+  }
+  return name;
+}
+
+// Why the loader would not have loaded the preload library into FILE, or ""
+// when nothing in the file says so. Static executables have no loader
+// (no PT_INTERP); in secure-execution mode (setuid or setgid to another
+// user or group, or file capabilities: AT_SECURE) the loader ignores
+// LD_PRELOAD outside the trusted folders. Follows one "#!" interpreter.
+std::string why_not_preloaded(const std::string& file, int depth = 0) {
+  const int fd = open(file.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return "";
+  struct stat st;
+  unsigned char head[4096];
+  const ssize_t n = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, head, sizeof head, 0) : -1;
+  close(fd);
+  if (n < 4) return "";
+  struct statvfs vfs;
+  const bool nosuid = statvfs(file.c_str(), &vfs) == 0 && (vfs.f_flag & ST_NOSUID);
+  char caps[64];
+  const bool has_caps = getxattr(file.c_str(), "security.capability", caps, sizeof caps) > 0;
+  if (!nosuid && ((st.st_mode & S_ISUID && st.st_uid != getuid()) || (st.st_mode & S_ISGID && st.st_gid != getgid()) ||
+                  has_caps)) {
+    return file + " runs in secure-execution mode (" +
+           (has_caps ? std::string("it has file capabilities") : std::string("set-user-ID or set-group-ID")) +
+           "): the loader ignores LD_PRELOAD there, so memledger cannot trace it";
+  }
+  if (head[0] == '#' && head[1] == '!' && depth == 0) {
+    std::string line(reinterpret_cast<const char*>(head) + 2, static_cast<size_t>(n) - 2);
+    line = line.substr(0, line.find('\n'));
+    const size_t b = line.find_first_not_of(" \t");
+    if (b == std::string::npos) return "";
+    const std::string interpreter = line.substr(b, line.find_first_of(" \t", b) - b);
+    return why_not_preloaded(interpreter, 1);
+  }
+  if (std::memcmp(head, "\x7f" "ELF", 4) != 0 || head[4] != 2 /* ELFCLASS64 */) return "";
+  Elf64_Ehdr eh;
+  if (static_cast<size_t>(n) < sizeof eh) return "";
+  std::memcpy(&eh, head, sizeof eh);
+  if (eh.e_phentsize != sizeof(Elf64_Phdr) || eh.e_phoff + uint64_t{eh.e_phnum} * sizeof(Elf64_Phdr) > uint64_t(n)) return "";
+  for (int i = 0; i < eh.e_phnum; ++i) {
+    Elf64_Phdr ph;
+    std::memcpy(&ph, head + eh.e_phoff + size_t(i) * sizeof ph, sizeof ph);
+    if (ph.p_type == PT_INTERP) return "";
+  }
+  return file + " is statically linked: no dynamic loader runs in it to load the preload library, so memledger "
+         "cannot trace it";
+}
+
 volatile sig_atomic_t g_forward_signal = 0;
 pid_t g_child = 0;
 
@@ -262,9 +357,8 @@ StatusTotals read_status(const fs::path& dir) {
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     if (entry.path().filename().string().rfind("status.", 0) != 0) continue;
-    std::ifstream in(entry.path());
-    std::string line;
-    if (!std::getline(in, line)) continue;
+    std::string line, error;
+    if (!memledger::report::read_regular_file(entry.path().string(), line, error, 4096)) continue;
     long long step = -1, live = 0, rss = 0, growth = 0;
     int final_flag = 0;
     if (std::sscanf(line.c_str(), "step=%lld live=%lld rss=%lld growth=%lld final=%d", &step, &live, &rss, &growth,
@@ -281,27 +375,14 @@ StatusTotals read_status(const fs::path& dir) {
   return t;
 }
 
-// Writes `text` to `path`; false with `error` set when it could not be
-// written whole (a full disk: the stream only fails at the flush).
-bool write_whole_file(const fs::path& path, const std::string& text, std::string& error) {
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (f == nullptr) {
-    error = path.string() + ": " + std::strerror(errno);
-    return false;
-  }
-  const bool written = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0;
-  const int err = errno;
-  if (std::fclose(f) != 0 || !written) {
-    error = path.string() + ": " + std::strerror(written ? errno : err);
-    return false;
-  }
-  return true;
-}
-
-// run.json. It is first written when the command has started (without
-// "exit"), so that its space is held: on a full disk the final version
-// replaces it in place when a new file cannot be made.
-void write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, const int* status, double seconds) {
+// run.json: what only `memledger run` knows (the root pid, its exit status
+// from waitpid), and why nothing was traced when that happened. It is first
+// written when the command has started (without "exit"), so that its space
+// is held: on a full disk the final version replaces it in place when a new
+// file cannot be made. Says why on stderr when the final version cannot be
+// written (`status` given).
+bool write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, const int* status, double seconds,
+                    const std::string& untraced = "") {
   nlohmann::json j;
   j["schema"] = "memledger-run";
   j["schema_version"] = 1;
@@ -315,16 +396,16 @@ void write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, cons
   } else if (status != nullptr && WIFEXITED(*status)) {
     j["exit"] = {{"code", WEXITSTATUS(*status)}};
   }
-  const std::string text = j.dump(2) + "\n";
-  const fs::path tmp = dir / "run.json.tmp";
-  std::string error;
-  std::error_code ec;
-  if (write_whole_file(tmp, text, error)) {
-    fs::rename(tmp, dir / "run.json", ec);
-  } else {
-    fs::remove(tmp, ec);
-    write_whole_file(dir / "run.json", text, error);
+  if (!untraced.empty()) j["untraced"] = untraced;
+  const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  const std::string path = (dir / "run.json").string();
+  std::string error, ignored;
+  if (memledger::report::write_private_file(path, text, error) ||
+      memledger::report::overwrite_private_file(path, text, ignored)) {
+    return true;
   }
+  if (status != nullptr) std::fprintf(stderr, "memledger: %s\n", error.c_str());
+  return false;
 }
 
 int exit_code_of(int status) {
@@ -333,37 +414,49 @@ int exit_code_of(int status) {
   return 1;
 }
 
-int build_report(const fs::path& dir, bool quiet, const memledger::report::RunOutcome& outcome) {
+enum class ReportOutcome { kWritten, kNotMade, kNotWritten };
+
+// Writes report.txt, report.json and report.html, each whole (a temporary
+// file renamed) or not at all. When one cannot be written (a full disk), none
+// is kept, so that no partial set is taken for the report, and it is said.
+ReportOutcome build_report(const fs::path& dir, bool quiet, const memledger::report::RunOutcome& outcome) {
+  memledger::report::RunReport run;
   try {
     AnalysisOptions options;
-    memledger::report::RunReport run = memledger::report::load_run(dir.string(), options, &outcome);
-    const std::pair<const char*, std::string> files[] = {
-        {"report.txt", memledger::report::render_text(run)},
-        {"report.json",
-         memledger::report::render_json(run).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"},
-        {"report.html", memledger::report::render_html(run)},
-    };
-    std::string error;
-    bool written = true;
-    for (const auto& [name, text] : files) written = written && write_whole_file(dir / name, text, error);
-    if (!quiet) std::fprintf(stderr, "memledger: %s\n", memledger::report::render_summary_line(run).c_str());
-    if (!written) {
-      // No partial reports left behind to be taken for whole ones.
-      std::error_code ec;
-      for (const auto& file : files) fs::remove(dir / file.first, ec);
-      std::fprintf(stderr, "memledger: no report written: cannot write %s; the traces are kept (memledger report %s)\n",
-                   error.c_str(), dir.c_str());
-      return 1;
-    }
-    if (!quiet) {
-      std::fprintf(stderr, "memledger: report: %s, %s (memledger report %s)\n", (dir / "report.txt").c_str(),
-                   (dir / "report.html").c_str(), dir.c_str());
-    }
-    return 0;
+    run = memledger::report::load_run(dir.string(), options, &outcome);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "memledger: no report: %s\n", e.what());
-    return 1;
+    std::fprintf(stderr, "memledger: no report: %s\n", memledger::report::escape_terminal(e.what()).c_str());
+    return ReportOutcome::kNotMade;
   }
+  const char* const names[] = {"report.txt", "report.json", "report.html"};
+  std::string error;
+  bool written = true;
+  for (const char* name : names) {
+    try {
+      std::string text = name == names[0]   ? memledger::report::render_text(run)
+                         : name == names[1] ? memledger::report::render_json(run).dump(
+                                                  2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n"
+                                            : memledger::report::render_html(run);
+      written = memledger::report::write_private_file((dir / name).string(), text, error);
+    } catch (const std::exception& e) {
+      error = std::string("cannot make ") + (dir / name).string() + ": " + e.what();
+      written = false;
+    }
+    if (!written) break;
+  }
+  if (!quiet) std::fprintf(stderr, "memledger: %s\n", memledger::report::render_summary_line(run).c_str());
+  if (!written) {
+    std::error_code ec;
+    for (const char* name : names) fs::remove(dir / name, ec);
+    std::fprintf(stderr, "memledger: no report written: %s; the traces are kept (memledger report %s)\n",
+                 error.c_str(), dir.c_str());
+    return ReportOutcome::kNotWritten;
+  }
+  if (!quiet) {
+    std::fprintf(stderr, "memledger: report: %s, %s (memledger report %s)\n", (dir / "report.txt").c_str(),
+                 (dir / "report.html").c_str(), dir.c_str());
+  }
+  return ReportOutcome::kWritten;
 }
 
 int cmd_run(int argc, char** argv) {
@@ -488,13 +581,12 @@ int cmd_run(int argc, char** argv) {
       fs::remove(f, ec);
     }
   }
+  bool dir_created = false;
   if (traced) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (!ec) chmod(dir.c_str(), 0700);
-    if (ec || access(dir.c_str(), W_OK) != 0) {
+    std::string why;
+    if (!prepare_run_dir(dir, dir_created, why)) {
       std::fprintf(stderr, "memledger: cannot write the run folder %s: %s; running the command without tracing\n",
-                   dir.c_str(), ec ? ec.message().c_str() : std::strerror(errno));
+                   dir.c_str(), why.c_str());
       traced = false;
     } else {
       dir = fs::absolute(dir);
@@ -556,7 +648,7 @@ int cmd_run(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "memledger: %s: %s\n", opts.command[0].c_str(), std::strerror(exec_errno));
     }
-    if (traced) {
+    if (traced && dir_created) {
       std::error_code ec;
       if (fs::is_empty(dir, ec)) fs::remove(dir, ec);
     }
@@ -605,9 +697,23 @@ int cmd_run(int argc, char** argv) {
   sigaction(SIGHUP, &old_hup, nullptr);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
+  int code = exit_code_of(status);
   if (traced) {
-    write_run_file(dir, opts, pid, &status, seconds);
-    if (opts.report) {
+    std::string untraced;
+    bool any_trace = false;
+    std::error_code ec;
+    for (const auto& entry : fs::directory_iterator(dir, ec)) {
+      const std::string name = entry.path().filename().string();
+      any_trace = any_trace || (name.rfind("trace.", 0) == 0 && entry.path().extension() == ".mlt");
+    }
+    if (!any_trace) {
+      untraced = why_not_preloaded(resolve_command(opts.command[0]));
+      if (!untraced.empty()) std::fprintf(stderr, "memledger: nothing traced: %s\n", untraced.c_str());
+    }
+    // Files the run folder should hold but does not are an error of memledger
+    // run (exit 1) unless the command's own failure is there to report.
+    bool complete = write_run_file(dir, opts, pid, &status, seconds, untraced);
+    if (opts.report && (any_trace || untraced.empty())) {
       // The exit status from waitpid, also when run.json could not be written.
       memledger::report::RunOutcome outcome;
       outcome.root_pid = pid;
@@ -615,11 +721,12 @@ int cmd_run(int argc, char** argv) {
       outcome.exit.signaled = WIFSIGNALED(status);
       outcome.exit.signo = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
       outcome.exit.code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-      build_report(dir, opts.quiet, outcome);
+      complete = build_report(dir, opts.quiet, outcome) != ReportOutcome::kNotWritten && complete;
     }
     if (!opts.quiet) std::fprintf(stderr, "memledger: run folder: %s\n", dir.c_str());
+    if (!complete && code == 0) code = 1;
   }
-  return exit_code_of(status);
+  return code;
 }
 
 // ---------------------------------------------------------------------------
@@ -696,21 +803,22 @@ int cmd_report(int argc, char** argv) {
     } else {
       text = memledger::report::render_text(run);
     }
-    for (const std::string& p : run.problems) std::fprintf(stderr, "memledger: warning: %s\n", p.c_str());
+    for (const std::string& p : run.problems) {
+      std::fprintf(stderr, "memledger: warning: %s\n", memledger::report::escape_terminal(p).c_str());
+    }
+    std::string error;
     if (output.empty() || output == "-") {
-      std::fwrite(text.data(), 1, text.size(), stdout);
-    } else {
-      std::ofstream out(output, std::ios::binary);
-      out << text;
-      out.flush();
-      if (!out) {
-        std::fprintf(stderr, "memledger: cannot write %s: %s\n", output.c_str(), std::strerror(errno));
+      if (!memledger::report::write_stream(stdout, text, error)) {
+        std::fprintf(stderr, "memledger: cannot write the report to standard output: %s\n", error.c_str());
         return kExitInput;
       }
+    } else if (!memledger::report::write_user_file(output, text, error)) {
+      std::fprintf(stderr, "memledger: %s\n", error.c_str());
+      return kExitInput;
     }
     return 0;
   } catch (const TraceError& e) {
-    std::fprintf(stderr, "memledger: %s\n", e.what());
+    std::fprintf(stderr, "memledger: %s\n", memledger::report::escape_terminal(e.what()).c_str());
     return kExitInput;
   }
 }
@@ -745,15 +853,26 @@ int main(int argc, char** argv) {
     std::printf("memledger %s (trace format %u)\n", kVersion, memledger::format::kVersion);
     return 0;
   }
+  int rc = -1;
   try {
-    if (command == "run") return cmd_run(argc - 1, argv + 1);
-    if (command == "report") return cmd_report(argc - 1, argv + 1);
-    if (command == "check") return memledger::tools::cmd_check(argc - 1, argv + 1);
-    if (command == "diff") return memledger::tools::cmd_diff(argc - 1, argv + 1);
-    if (command == "dump") return cmd_dump(argc - 1, argv + 1);
+    if (command == "run") rc = cmd_run(argc - 1, argv + 1);
+    if (command == "report") rc = cmd_report(argc - 1, argv + 1);
+    if (command == "check") rc = memledger::tools::cmd_check(argc - 1, argv + 1);
+    if (command == "diff") rc = memledger::tools::cmd_diff(argc - 1, argv + 1);
+    if (command == "dump") rc = cmd_dump(argc - 1, argv + 1);
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "memledger: out of memory\n");
+    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memledger: internal error: %s\n", e.what());
     return 1;
   }
-  return usage_error("unknown command '" + command + "'");
+  if (rc < 0) return usage_error("unknown command '" + command + "'");
+  // What reached standard output must be all of it: a full disk behind a
+  // redirection shows only when the buffer is flushed and the stream closed.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout) || std::fclose(stdout) != 0) {
+    std::fprintf(stderr, "memledger: cannot write to standard output: %s\n", std::strerror(errno ? errno : EIO));
+    if (rc == 0) rc = command == "check" || command == "diff" ? kExitUsage : kExitInput;
+  }
+  return rc;
 }

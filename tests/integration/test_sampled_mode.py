@@ -35,7 +35,7 @@ def fit_slope(values):
 class SampledLeak(mltest.TestCase):
     @classmethod
     def setUpClass(cls):
-        tmp = cls.class_tmpdir()
+        tmp = cls.tmp = cls.class_tmpdir()
         # --sleep-ms 3: the writer's sample after each marker is taken while
         # the program sleeps, so step totals are exact (see FastSteps below).
         command = [mltest.program("leak_steps"), STEPS, LEAK, "--many-small", "--sleep-ms", "3"]
@@ -89,6 +89,19 @@ class SampledLeak(mltest.TestCase):
             self.assertGreater(live[-1], STEPS * LEAK)
             rss = [s["rss"] for s in r["steps"]]
             self.assertGreater(rss[-1] - rss[0], (STEPS - 10) * LEAK)
+
+    def test_exit_leak_count_estimates_allocations(self):
+        # 49 steps after the first leak 1024 pieces each: the count is the
+        # estimated number of allocations, not the number of samples (about
+        # 64 per step at this interval), and says it is an estimate.
+        proc, r = self.runs["fine"]
+        self.assertExit(proc, 0)
+        leaks = r["exit_leaks"]
+        self.assertTrue(leaks["count_estimated"])
+        pieces = (STEPS - 1) * (LEAK // PIECE)
+        self.assertLess(abs(leaks["count"] - pieces) / pieces, 0.10, "%d for %d pieces" % (leaks["count"], pieces))
+        with open(os.path.join(self.tmp, "fine", "report.txt")) as f:
+            self.assertRegex(f.read(), r"exit leaks .* in about \d+ allocations \(estimated from the sampled ones\)")
 
     # Known bug (reported): in sampled mode the per-step `allocations` and
     # `frees` count the sampled records (about 120 and 60 here), although the

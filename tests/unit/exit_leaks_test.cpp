@@ -1,5 +1,7 @@
 #include <catch2/catch.hpp>
 
+#include <cmath>
+
 #include "event_builder.h"
 #include "exit_leaks.h"
 
@@ -83,4 +85,33 @@ TEST_CASE("live sets: by site at the peak and at the end", "[exit_leaks]") {
   CHECK(one.at_peak.size() == 1);
   CHECK(one.at_end.size() == 1);
   CHECK(one.sites_dropped == 1);
+}
+
+TEST_CASE("leaks at exit: in sampled mode a count estimates allocations, not samples", "[exit_leaks]") {
+  // The recorder's weight for an allocation of `size` bytes smaller than the
+  // mean interval: size / (1 - exp(-size / interval)).
+  const uint64_t interval = 131072;
+  auto weight = [&](double size) {
+    return static_cast<uint64_t>(std::llround(size / -std::expm1(-size / static_cast<double>(interval))));
+  };
+  CHECK(allocations_per_sample(weight(4096), interval) == Approx(weight(4096) / 4096.0).epsilon(0.001));
+  CHECK(allocations_per_sample(weight(64), interval) == Approx(weight(64) / 64.0).epsilon(0.02));
+  CHECK(allocations_per_sample(1 << 20, interval) == Approx(1.0).epsilon(0.001));  // as large as a whole one
+
+  // 8000 leaked blocks of 4 KiB sampled by bytes: about 236 samples, each
+  // weighing about 33 blocks.
+  EventBuilder b;
+  b.step();
+  const uint64_t w = weight(4096);
+  for (uint64_t i = 0; i < 236; ++i) b.alloc(0x10000 + i * 0x1000, w, 7, 0, memledger::format::kAllocSampled | kAllocByChance);
+  b.alloc(0x900000, 1 << 20, 8, 0, memledger::format::kAllocSampled);  // at least the interval: one allocation
+  ExitLeaks leaks = find_exit_leaks(replay(b.events), 20, interval);
+  CHECK(leaks.counts_estimated);
+  REQUIRE(leaks.leaks.size() == 2);
+  const SiteTotal& small = leaks.leaks[0].site.stack == 7 ? leaks.leaks[0] : leaks.leaks[1];
+  CHECK(small.count == Approx(236.0 * w / 4096.0).epsilon(0.01));
+  CHECK(small.count > 7000);
+  CHECK(leaks.leak_count == small.count + 1);
+  // Without the interval (full mode) every record is one allocation.
+  CHECK(find_exit_leaks(replay(b.events), 20).leak_count == 237);
 }
