@@ -37,6 +37,12 @@ std::string human_bytes(double bytes) {
   return buf;
 }
 
+std::string peak_phase(const Peak& peak, size_t steps) {
+  if (steps == 0 || peak.step == 0) return {};
+  if (peak.step > steps) return "after the last step";
+  return "in step " + std::to_string(peak.step);
+}
+
 namespace {
 
 // Allocator plumbing that is never the user's line: skipped when naming a site.
@@ -206,6 +212,7 @@ void take_replay(ProcessReport& r, EventPass& pass) {
 
 void take_growth(ProcessReport& r, Growth& growth) {
   r.warmup_steps = growth.warmup_steps;
+  r.total_growth = total_growth(r.steps, growth.warmup_steps);
   r.leak_suspects = std::move(growth.suspects);
 }
 

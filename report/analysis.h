@@ -71,6 +71,11 @@ struct LeakSuspect {
   Site site;
   double bytes_per_step = 0;
   double allocations_per_step = 0;
+  // Sampled host mode: the figures above are estimates (sampling.h), each
+  // with one standard deviation of the Poisson sampling model.
+  bool estimated = false;
+  double bytes_per_step_error = 0;
+  double allocations_per_step_error = 0;
   uint64_t first_step = 0;
   double monotonicity = 0;  // share of step-to-step changes that are not decreases
   double r_squared = 0;
@@ -121,6 +126,17 @@ struct Peak {
   uint8_t kind = 0;
 };
 
+// The growth of all live bytes per step after the warm-up: the figure
+// `memledger check --max-growth-per-step` gates on (check.h, fit_growth).
+struct TotalGrowth {
+  bool judged = false;  // at least 3 steps after the warm-up
+  double per_step = 0;
+  double r_squared = 0;
+  uint64_t first_step = 0;  // the window fitted (1-based)
+  uint64_t last_step = 0;
+  bool plateau = false;  // the last half of the window grew less, and its slope is the one given
+};
+
 struct ProcessReport {
   std::string trace_path;
   int pid = 0;
@@ -138,6 +154,7 @@ struct ProcessReport {
   int warmup_steps = 0;
   std::vector<StepStats> steps;
   std::vector<LeakSuspect> leak_suspects;
+  TotalGrowth total_growth;
   std::vector<SiteTotal> exit_leaks;
   int64_t exit_leak_bytes = 0;
   uint64_t exit_leak_count = 0;
@@ -196,5 +213,9 @@ std::string signal_name(int signo);
 size_t user_frame_index(const std::vector<Frame>& frames);
 
 std::string human_bytes(double bytes);
+
+// When the peak happened, for the reader: "in step N", "after the last
+// step" (the peak came once the steps were over), or empty without steps.
+std::string peak_phase(const Peak& peak, size_t steps);
 
 }  // namespace memledger::report

@@ -1,8 +1,10 @@
 #include "growth.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
+#include "check.h"
 #include "trace_format.h"
 
 namespace memledger::report {
@@ -69,18 +71,18 @@ namespace {
 // the step ends where they changed.
 struct DenseSeries {
   std::vector<int64_t> live;
-  std::vector<uint64_t> allocs;
+  std::vector<double> allocs;  // allocations made (sampled mode: estimated)
 };
 
 DenseSeries dense_series(const SiteAcc& acc, size_t n_steps) {
-  DenseSeries d{std::vector<int64_t>(n_steps, 0), std::vector<uint64_t>(n_steps, 0)};
+  DenseSeries d{std::vector<int64_t>(n_steps, 0), std::vector<double>(n_steps, 0)};
   size_t c = 0;
   int64_t value = 0;
-  uint64_t count = 0;
+  double count = 0;
   for (size_t k = 1; k <= n_steps; ++k) {
     while (c < acc.changes.size() && acc.changes[c].step == k) {
       value = acc.changes[c].live;
-      count = acc.changes[c].allocs;
+      count = acc.changes[c].est_allocs;
       ++c;
     }
     d.live[k - 1] = value;
@@ -133,6 +135,19 @@ std::optional<SteadyGrowth> steady_growth(const std::vector<double>& y, const Si
   return SteadyGrowth{fit, monotonicity};
 }
 
+// Sampled mode: the growth over the window is made of allocations like the
+// site's others, so its Poisson variance is the site's variance per byte
+// (and per allocation) times what it gained; one standard deviation of the
+// rates follows.
+void sampling_error(const SiteAcc& acc, size_t window, LeakSuspect& s) {
+  const SiteEstimate& a = acc.allocated;
+  if (a.bytes_variance <= 0 || a.bytes <= 0 || a.count <= 0) return;
+  const double w = static_cast<double>(window);
+  s.estimated = true;
+  s.bytes_per_step_error = std::sqrt(std::max(0.0, s.bytes_per_step) * w * a.bytes_variance / a.bytes) / w;
+  s.allocations_per_step_error = std::sqrt(std::max(0.0, s.allocations_per_step) * w * a.count_variance / a.count) / w;
+}
+
 // `first`: the first step of the window (1-based).
 std::optional<LeakSuspect> judge_site(const SiteAcc& acc, size_t n_steps, size_t first, const GrowthOptions& options) {
   DenseSeries d = dense_series(acc, n_steps);
@@ -146,9 +161,9 @@ std::optional<LeakSuspect> judge_site(const SiteAcc& acc, size_t n_steps, size_t
   s.bytes_per_step = g->fit.slope;
   s.r_squared = g->fit.r_squared;
   s.monotonicity = g->monotonicity;
-  s.allocations_per_step =
-      static_cast<double>(d.allocs[n_steps - 1] - d.allocs[first - 2 < n_steps ? first - 2 : 0]) /
-      static_cast<double>(window);
+  s.allocations_per_step = (d.allocs[n_steps - 1] - d.allocs[first - 2 < n_steps ? first - 2 : 0]) /
+                           static_cast<double>(window);
+  sampling_error(acc, window, s);
   for (size_t k = 0; k < n_steps; ++k) {
     if (d.live[k] > (k == 0 ? 0 : d.live[k - 1])) {
       s.first_step = k + 1;
@@ -186,6 +201,21 @@ Growth find_growth(const std::vector<SiteAcc>& sites, size_t n_steps, const Grow
   std::sort(out.suspects.begin(), out.suspects.end(),
             [](const LeakSuspect& a, const LeakSuspect& b) { return a.bytes_per_step > b.bytes_per_step; });
   if (out.suspects.size() > options.max_suspects) out.suspects.resize(options.max_suspects);
+  return out;
+}
+
+TotalGrowth total_growth(const std::vector<StepStats>& steps, int warmup_steps) {
+  std::vector<double> series;
+  series.reserve(steps.size());
+  for (const StepStats& st : steps) series.push_back(double(st.live[0] + st.live[1] + st.live[2] + st.live[3]));
+  const GrowthFit fit = fit_growth(series, warmup_steps);
+  TotalGrowth out;
+  out.judged = fit.judged;
+  out.per_step = fit.slope;
+  out.r_squared = fit.r_squared;
+  out.first_step = fit.first_step;
+  out.last_step = fit.last_step;
+  out.plateau = fit.plateau;
   return out;
 }
 

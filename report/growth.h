@@ -42,4 +42,8 @@ struct Growth {
 
 Growth find_growth(const std::vector<SiteAcc>& sites, size_t steps, const GrowthOptions& options);
 
+// The growth of the live total (every kind) per step after `warmup_steps`,
+// as `memledger check` computes it.
+TotalGrowth total_growth(const std::vector<StepStats>& steps, int warmup_steps);
+
 }  // namespace memledger::report

@@ -589,8 +589,10 @@ void site_table(const std::vector<SiteTotal>& sites, std::ostringstream& o) {
 
 std::string process_figures(const ProcessReport& p) {
   return "<div class=\"figures\">" + figure(std::to_string(p.steps.size()), "steps (source: " + p.step_source + ")") +
-         figure(bytes(double(p.peak.bytes)), p.peak.step ? "peak live, in step " + std::to_string(p.peak.step) : "peak live") +
-         figure(p.leak_suspects.empty() ? "no growth" : bytes(p.leak_suspects.front().bytes_per_step) + "/step",
+         figure(bytes(double(p.peak.bytes)), p.peak.step ? "peak live, " + peak_phase(p.peak, p.steps.size()) : "peak live") +
+         (p.total_growth.judged ? figure(bytes(p.total_growth.per_step) + "/step", "growth per step, all live bytes (what check gates on)")
+                                : std::string()) +
+         figure(p.leak_suspects.empty() ? "no growth" : suspect_rate_text(p.leak_suspects.front()),
                 p.leak_suspects.empty()
                     ? "growth suspects: none"
                     : std::to_string(p.leak_suspects.size()) + " growth suspect" + (p.leak_suspects.size() == 1 ? "" : "s") +
@@ -662,7 +664,8 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
       std::vector<double> y(s.series.begin(), s.series.end());
       o << "<tr class=\"grows\"><td>" << k + 1 << "</td><td><b>" << esc(site_name(s.site)) << "</b><br><span class=\"note\">"
         << esc(kind_title(s.site.kind & 3)) << "</span>" << stack_html(s.site.frames) << "</td><td class=\"n\">"
-        << esc(bytes(s.bytes_per_step)) << "</td><td class=\"n\">" << num(s.allocations_per_step) << "</td><td class=\"n\">"
+        << esc(s.estimated ? suspect_rate_text(s) : bytes(s.bytes_per_step)) << "</td><td class=\"n\">"
+        << esc(s.estimated ? suspect_count_text(s) : num(s.allocations_per_step)) << "</td><td class=\"n\">"
         << s.first_step << "</td><td class=\"n\">" << num(s.monotonicity * 100, 0) << "%</td><td class=\"n\">"
         << num(s.r_squared, 3) << "</td><td class=\"n\">" << esc(bytes(double(s.live_at_end))) << "</td><td>"
         << sparkline(y, "#c0392b", "live bytes of this site at each step end, last " + bytes(y.empty() ? 0 : y.back()))
@@ -686,8 +689,17 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
 
   o << "<h3>Where the memory is</h3>\n";
   o << flame_graph(p.live_at_peak,
-                   "Live bytes at the peak" + (p.peak.step ? " (step " + std::to_string(p.peak.step) + ")" : std::string()),
+                   "Live bytes at the peak" + (p.peak.step > p.steps.size() ? " (after the last step)"
+                                              : p.peak.step ? " (step " + std::to_string(p.peak.step) + ")" : std::string()),
                    "Nothing was live at the peak.");
+  if (p.host_mode == "sampled" && !p.live_at_peak.empty()) {
+    double sum = 0;
+    for (const SiteTotal& t : p.live_at_peak) sum += double(t.bytes);
+    o << "<p class=\"note\">Sampled host mode: the sites' bytes are estimated from sampled allocations, at the "
+         "moment the estimated total was highest, and add up to "
+      << esc(bytes(sum)) << "; the peak above (" << esc(bytes(double(p.peak.bytes)))
+      << ") is the exact total, from the process's own counters.</p>\n";
+  }
   o << flame_graph(p.live_at_end, "Live bytes at the end", "Nothing was live at the end.");
   if (p.profile_sites_dropped) {
     o << "<p class=\"note\">The " << p.profile_sites_dropped << " smallest sites are left out of the flame graphs.</p>\n";

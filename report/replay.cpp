@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
+#include "sampling.h"
 #include "step_inference.h"
 #include "trace_format.h"
 
@@ -23,7 +25,11 @@ uint64_t live_key(uint8_t kind, uint8_t flags, uint64_t addr) {
   return addr ^ (space << 60);
 }
 
-Replay::Replay(const Trace& trace, bool sampled) : trace_(trace), sampled_(sampled), device_(trace) {
+Replay::Replay(const Trace& trace, bool sampled)
+    : trace_(trace),
+      sampled_(sampled),
+      sample_interval_(std::strtoull(trace.header_value("sample_interval", "0").c_str(), nullptr, 10)),
+      device_(trace) {
   out_.live.reserve(1 << 16);
 }
 
@@ -108,6 +114,12 @@ void Replay::on_alloc(const TraceEvent& e) {
   acc.live += static_cast<int64_t>(weight);
   ++acc.count;
   ++acc.allocs;
+  const SampleEstimate est = (e.flags & kAllocByChance) ? sampled_weight(e.size, sample_interval_)
+                                                        : sampled_allocation(double(e.size), 0);
+  acc.allocated.bytes += est.bytes;
+  acc.allocated.bytes_variance += est.bytes_variance;
+  acc.allocated.count += est.count;
+  acc.allocated.count_variance += est.count_variance;
   total_[e.kind & 3] += static_cast<int64_t>(weight);
   if (e.kind == static_cast<uint8_t>(fmt::Kind::kDevice)) {
     if (e.device >= device_live_.size()) device_live_.resize(e.device + 1u, 0);
@@ -204,7 +216,7 @@ void Replay::on_step(const TraceEvent& e) {
   for (uint32_t s : dirty_) {
     SiteAcc& acc = out_.sites[s];
     acc.dirty = false;
-    acc.changes.push_back(SeriesPoint{static_cast<uint32_t>(st.index), acc.live, acc.allocs});
+    acc.changes.push_back(SeriesPoint{static_cast<uint32_t>(st.index), acc.live, acc.allocs, acc.allocated.count});
   }
   dirty_.clear();
   out_.steps.push_back(std::move(st));

@@ -44,7 +44,18 @@ struct LiveAlloc {
 struct SeriesPoint {
   uint32_t step;
   int64_t live;
-  uint64_t allocs;  // cumulative allocations of the site
+  uint64_t allocs;    // cumulative allocations (records) of the site
+  double est_allocs;  // cumulative allocations they stand for (sampled mode: estimated)
+};
+
+// What a site's records stand for, summed over all its allocations
+// (sampled.h): bytes and allocations, and their Poisson variances. Without
+// sampling, the bytes and counts themselves, with no variance.
+struct SiteEstimate {
+  double bytes = 0;
+  double bytes_variance = 0;
+  double count = 0;
+  double count_variance = 0;
 };
 
 // One allocation site (stack and kind) as the replay left it.
@@ -55,6 +66,7 @@ struct SiteAcc {
   uint64_t allocs = 0;
   bool dirty = false;
   std::vector<SeriesPoint> changes;  // at step ends where the site changed
+  SiteEstimate allocated;            // everything the site allocated
   uint64_t count = 0;  // live allocations
   // The site's live bytes and count when the running peak was last reached,
   // valid while peak_epoch is the replay's: saved on the first change after a
@@ -110,6 +122,7 @@ class Replay {
 
   const Trace& trace_;
   const bool sampled_;
+  const uint64_t sample_interval_;
   ReplayOutput out_;
   DeviceLedger device_;
   absl::flat_hash_map<uint64_t, uint32_t> site_index_;  // (kind << 32 | stack) -> index

@@ -8,6 +8,7 @@
 
 #include "file_io.h"
 #include "job_report.h"
+#include "sampling.h"
 #include "trace_format.h"
 
 namespace memledger::report {
@@ -215,6 +216,9 @@ json process_json(const ProcessReport& p) {
                         {"bytes_per_step", std::llround(s.bytes_per_step)},
                         {"bytes_per_step_exact", s.bytes_per_step},
                         {"allocations_per_step", s.allocations_per_step},
+                        {"estimated", s.estimated},
+                        {"bytes_per_step_error", s.bytes_per_step_error},
+                        {"allocations_per_step_error", s.allocations_per_step_error},
                         {"first_step", s.first_step},
                         {"monotonicity", s.monotonicity},
                         {"r_squared", s.r_squared},
@@ -281,9 +285,17 @@ json process_json(const ProcessReport& p) {
         {"count", p.startup_count},
         {"count_estimated", p.leak_counts_estimated},
         {"sites", site_totals_json(p.startup)}}},
+      {"growth_per_step",
+       {{"judged", p.total_growth.judged},
+        {"bytes_per_step", p.total_growth.per_step},
+        {"r_squared", p.total_growth.r_squared},
+        {"first_step", p.total_growth.first_step},
+        {"last_step", p.total_growth.last_step},
+        {"plateau", p.total_growth.plateau}}},
       {"peak",
        {{"bytes", p.peak.bytes},
         {"step", p.peak.step},
+        {"phase", peak_phase(p.peak, p.steps.size())},
         {"ts_ns", p.peak.ts_ns},
         {"kind", format::kind_name(static_cast<format::Kind>(p.peak.kind))}}},
       {"verdict", verdict},
@@ -414,13 +426,37 @@ std::string escape_terminal(std::string_view text) {
   return out;
 }
 
+std::string suspect_rate_text(const LeakSuspect& s) {
+  if (!s.estimated) return human_bytes(s.bytes_per_step) + "/step";
+  return bytes_with_error(s.bytes_per_step, s.bytes_per_step_error) + "/step estimated";
+}
+
+std::string suspect_count_text(const LeakSuspect& s) {
+  if (!s.estimated) return fixed(s.allocations_per_step, 1) + " allocations/step";
+  return number_with_error(s.allocations_per_step, s.allocations_per_step_error) + " allocations/step estimated";
+}
+
+std::string total_growth_text(const ProcessReport& p) {
+  const TotalGrowth& g = p.total_growth;
+  char fit[96];
+  std::snprintf(fit, sizeof fit, " (all live bytes, fit over steps %llu-%llu%s, R\u00b2 %.2f)",
+                static_cast<unsigned long long>(g.first_step), static_cast<unsigned long long>(g.last_step),
+                g.plateau ? ", last half" : "", g.r_squared);
+  std::string out = human_bytes(g.per_step) + "/step" + fit;
+  if (!p.leak_suspects.empty()) {
+    const LeakSuspect& s = p.leak_suspects.front();
+    out += "; top suspect " + suspect_rate_text(s) + " at " + site_name(s.site);
+  }
+  return out;
+}
+
 std::string render_summary_line(const RunReport& run) {
   const ProcessReport& p = run.processes[run.root];
   std::ostringstream out;
   out << p.verdict.summary << "; " << p.steps.size() << " steps (" << p.step_source << ")";
   if (!p.leak_suspects.empty()) {
     const LeakSuspect& s = p.leak_suspects.front();
-    out << "; top growth: " << human_bytes(s.bytes_per_step) << "/step at " << site_name(s.site);
+    out << "; top growth: " << suspect_rate_text(s) << " at " << site_name(s.site);
   } else if (!p.steps.empty()) {
     out << "; no growth suspects";
   }
@@ -454,8 +490,10 @@ void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
   if (!p.steps.empty()) out << ", warm-up " << p.warmup_steps;
   out << "\n";
   out << "peak live: " << human_bytes(double(p.peak.bytes));
-  if (p.peak.step) out << " in step " << p.peak.step;
+  const std::string phase = peak_phase(p.peak, p.steps.size());
+  if (!phase.empty()) out << " " << phase;
   out << "\n";
+  if (p.total_growth.judged) out << "growth per step: " << total_growth_text(p) << "\n";
 }
 
 // Each out-of-memory failure, with the device's live set at that moment.
@@ -529,8 +567,9 @@ void text_suspects(const ProcessReport& p, std::ostringstream& out) {
   out << "\ngrowth leak suspects: " << p.leak_suspects.size() << "\n";
   for (size_t k = 0; k < p.leak_suspects.size(); ++k) {
     const LeakSuspect& s = p.leak_suspects[k];
-    out << "  #" << k + 1 << " " << human_bytes(s.bytes_per_step) << "/step (" << std::llround(s.bytes_per_step)
-        << " B/step), " << fixed(s.allocations_per_step, 1) << " allocations/step, from step " << s.first_step
+    out << "  #" << k + 1 << " " << suspect_rate_text(s);
+    if (!s.estimated) out << " (" << std::llround(s.bytes_per_step) << " B/step)";
+    out << ", " << suspect_count_text(s) << ", from step " << s.first_step
         << ", monotone " << fixed(s.monotonicity * 100, 0) << "%, " << format::kind_name(format::Kind(s.site.kind))
         << "\n     " << site_name(s.site) << "\n";
     for (const Frame& f : s.site.frames) out << "       " << frame_text(f) << "\n";

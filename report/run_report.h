@@ -41,6 +41,15 @@ std::string site_name(const Site& site);
 // One frame as the text report prints it.
 std::string frame_text(const Frame& f);
 
+// A suspect's bytes and allocations per step: "64.0 KiB/step", or in
+// sampled mode "64 ± 12 KiB/step estimated" (one standard deviation).
+std::string suspect_rate_text(const LeakSuspect& s);
+std::string suspect_count_text(const LeakSuspect& s);
+
+// The growth of all live bytes per step (what `check` gates on) with the
+// window fitted, next to the top suspect's rate.
+std::string total_growth_text(const ProcessReport& p);
+
 // One line, for the end of `memledger run`.
 std::string render_summary_line(const RunReport& run);
 

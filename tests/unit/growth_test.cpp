@@ -19,7 +19,7 @@ SiteAcc site(uint32_t stack, const std::vector<int64_t>& live, uint8_t kind = 0)
   for (size_t k = 0; k < live.size(); ++k) {
     if (live[k] == last) continue;
     if (live[k] > last) ++acc.allocs;
-    acc.changes.push_back(SeriesPoint{static_cast<uint32_t>(k + 1), live[k], acc.allocs});
+    acc.changes.push_back(SeriesPoint{static_cast<uint32_t>(k + 1), live[k], acc.allocs, double(acc.allocs)});
     last = live[k];
   }
   acc.live = last;
