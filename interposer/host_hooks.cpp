@@ -1,148 +1,522 @@
-// Hooks for the host heap: the whole malloc family. Each hook guards against
-// recursion, calls the real allocator (glibc's __libc_* entry points, so no
-// dlsym is needed and calls made before the library is initialised, such as
-// dlsym's own calloc, are served directly), and records the result.
-// Free-type hooks record before calling the real free, so the address cannot
-// be handed out again in between.
+// Hooks for the host heap: the malloc family, the C++ allocation functions,
+// and the extended entry points of jemalloc, tcmalloc and mimalloc. Each hook guards against recursion, calls the next
+// definition of its own name (next_allocator.h: the allocator the program
+// would have used, so a block always goes back to the heap that made it),
+// and records the result. Free-type hooks record before calling the real
+// free, so the address cannot be handed out again in between. A failed
+// allocation is recorded too, with errno and the result left as they were.
+//
+// Every list entry is X(name, return type, parameters, arguments, SHAPE, ...):
+//   ALLOC, size, fallback         returns a block of `size` bytes (nullptr: failed)
+//   NEW, size, fallback           the same, but failure throws (C++ operator new)
+//   FREE, ptr, fallback           releases `ptr`
+//   REALLOC, ptr, size, fallback  moves `ptr` to a block of `size` bytes
+//   SIZED, fallback               no record of its own (queries, or a hook reached again)
+// `fallback` serves the call when the name has no definition after memledger
+// (a C program has no operator new; a mallocx caller without jemalloc): the
+// equivalent call through the malloc family's hooks, so the block's heap
+// stays the malloc heap.
 
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
+#include <dlfcn.h>
 #include <malloc.h>
+#include <new>
+#include <unistd.h>
 
 #include "internal_alloc.h"
+#include "next_allocator.h"
 #include "recorder.h"
-
-// Every hooked host symbol, once: X(name, return type, parameters).
-// The test `hooks_test` checks that each is exported by libmemledger.so.
-#define MEMLEDGER_HOST_HOOKS(X)                                        \
-  X(malloc, void*, (size_t size))                                      \
-  X(free, void, (void* ptr))                                           \
-  X(calloc, void*, (size_t count, size_t size))                        \
-  X(realloc, void*, (void* ptr, size_t size))                          \
-  X(reallocarray, void*, (void* ptr, size_t count, size_t size))       \
-  X(posix_memalign, int, (void** out, size_t alignment, size_t size))  \
-  X(aligned_alloc, void*, (size_t alignment, size_t size))             \
-  X(memalign, void*, (size_t alignment, size_t size))                  \
-  X(valloc, void*, (size_t size))                                      \
-  X(pvalloc, void*, (size_t size))                                     \
-  X(free_sized, void, (void* ptr, size_t size))                        \
-  X(free_aligned_sized, void, (void* ptr, size_t alignment, size_t size))
+#include "spin_lock.h"
 
 using memledger::interposer::HookGuard;
 using memledger::interposer::recorder;
+namespace ip = memledger::interposer;
 
 namespace {
 
-inline void* record_alloc(HookGuard& guard, void* ptr, size_t size) {
-  if (ptr != nullptr && guard.entered() && recorder().host_enabled()) {
-    recorder().on_host_alloc(guard.thread(), ptr, size);
+size_t mul_or_max(size_t a, size_t b) {
+  size_t bytes;
+  return __builtin_mul_overflow(a, b, &bytes) ? SIZE_MAX : bytes;
+}
+bool power_of_two(size_t n) { return n != 0 && (n & (n - 1)) == 0; }
+size_t page_round(size_t n) {
+  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+  return n == 0 ? page : (n + page - 1) & ~(page - 1);
+}
+void* aligned_via_posix_memalign(size_t alignment, size_t size) {
+  if (alignment < sizeof(void*)) alignment = sizeof(void*);
+  void* p = nullptr;
+  const int rc = posix_memalign(&p, alignment, size);
+  if (rc != 0) {
+    errno = rc;
+    return nullptr;
   }
-  return ptr;
+  return p;
+}
+// jemalloc's flags: the low 6 bits hold log2(alignment), bit 6 asks for zeroed memory.
+size_t jemalloc_alignment(int flags) { return (flags & 0x3f) ? size_t{1} << (flags & 0x3f) : 0; }
+void* jemalloc_fallback_alloc(size_t size, int flags) {
+  const size_t alignment = jemalloc_alignment(flags);
+  void* p = alignment ? aligned_via_posix_memalign(alignment, size) : malloc(size);
+  if (p != nullptr && (flags & 0x40)) memset(p, 0, size);
+  return p;
+}
+void* jemalloc_fallback_realloc(void* ptr, size_t size, int flags) {
+  if (jemalloc_alignment(flags) == 0 && (flags & 0x40) == 0) return realloc(ptr, size);
+  void* p = jemalloc_fallback_alloc(size, flags);
+  if (p != nullptr && ptr != nullptr) {
+    const size_t old = malloc_usable_size(ptr);
+    memcpy(p, ptr, old < size ? old : size);
+    free(ptr);
+  }
+  return p;
+}
+void* new_or_throw(void* p) {
+  if (p == nullptr) throw std::bad_alloc();
+  return p;
+}
+char* duplicate(const char* s, size_t n) {
+  const size_t len = strnlen(s, n);
+  char* p = static_cast<char*>(malloc(len + 1));
+  if (p != nullptr) {
+    memcpy(p, s, len);
+    p[len] = '\0';
+  }
+  return p;
 }
 
+}  // namespace
+
+// The malloc family. Entries whose next definition is not in the object that
+// defines the next malloc (glibc's reallocarray or pvalloc beside a jemalloc
+// that has none) take their fallback: glibc's would use glibc's heap.
+// The test `test_library_hygiene` checks that every name of every list is exported.
+#define MEMLEDGER_HOST_HOOKS(X)                                                                            \
+  X(malloc, void*, (size_t size), (size), ALLOC, size, nullptr)                                            \
+  X(free, void, (void* ptr), (ptr), FREE, ptr, (void)0)                                                    \
+  X(calloc, void*, (size_t count, size_t size), (count, size), ALLOC, mul_or_max(count, size), nullptr)    \
+  X(realloc, void*, (void* ptr, size_t size), (ptr, size), REALLOC, ptr, size, nullptr)                    \
+  X(reallocarray, void*, (void* ptr, size_t count, size_t size), (ptr, count, size), REALLOC, ptr,         \
+    mul_or_max(count, size), mul_or_max(count, size) == SIZE_MAX ? (errno = ENOMEM, nullptr) : realloc(ptr, count * size)) \
+  X(posix_memalign, int, (void** out, size_t alignment, size_t size), (out, alignment, size), SIZED,      \
+    posix_memalign_hook(out, alignment, size))                                                             \
+  X(aligned_alloc, void*, (size_t alignment, size_t size), (alignment, size), ALLOC, size,                \
+    power_of_two(alignment) ? aligned_via_posix_memalign(alignment, size) : (errno = EINVAL, nullptr))      \
+  X(memalign, void*, (size_t alignment, size_t size), (alignment, size), ALLOC, size,                     \
+    aligned_via_posix_memalign(power_of_two(alignment) ? alignment : 16, size))                            \
+  X(valloc, void*, (size_t size), (size), ALLOC, size, aligned_via_posix_memalign(page_round(1), size))    \
+  X(pvalloc, void*, (size_t size), (size), ALLOC, page_round(size),                                       \
+    aligned_via_posix_memalign(page_round(1), page_round(size)))                                           \
+  X(free_sized, void, (void* ptr, size_t size), (ptr, size), FREE, ptr, free(ptr))                         \
+  X(free_aligned_sized, void, (void* ptr, size_t alignment, size_t size), (ptr, alignment, size), FREE, ptr, free(ptr))
+
+// The C++ allocation functions, by their mangled names: jemalloc and
+// tcmalloc define their own, which never call malloc.
+#define MEMLEDGER_CXX_HOOKS(X)                                                                                    \
+  X(_Znwm, void*, (size_t size), (size), NEW, size, new_or_throw(malloc(size)))                                   \
+  X(_Znam, void*, (size_t size), (size), NEW, size, new_or_throw(malloc(size)))                                   \
+  X(_ZnwmRKSt9nothrow_t, void*, (size_t size, const std::nothrow_t& t), (size, t), ALLOC, size, malloc(size))     \
+  X(_ZnamRKSt9nothrow_t, void*, (size_t size, const std::nothrow_t& t), (size, t), ALLOC, size, malloc(size))     \
+  X(_ZnwmSt11align_val_t, void*, (size_t size, std::align_val_t a), (size, a), NEW, size,                         \
+    new_or_throw(aligned_via_posix_memalign(static_cast<size_t>(a), size)))                                       \
+  X(_ZnamSt11align_val_t, void*, (size_t size, std::align_val_t a), (size, a), NEW, size,                         \
+    new_or_throw(aligned_via_posix_memalign(static_cast<size_t>(a), size)))                                       \
+  X(_ZnwmSt11align_val_tRKSt9nothrow_t, void*, (size_t size, std::align_val_t a, const std::nothrow_t& t),        \
+    (size, a, t), ALLOC, size, aligned_via_posix_memalign(static_cast<size_t>(a), size))                          \
+  X(_ZnamSt11align_val_tRKSt9nothrow_t, void*, (size_t size, std::align_val_t a, const std::nothrow_t& t),        \
+    (size, a, t), ALLOC, size, aligned_via_posix_memalign(static_cast<size_t>(a), size))                          \
+  X(_ZdlPv, void, (void* ptr), (ptr), FREE, ptr, free(ptr))                                                       \
+  X(_ZdaPv, void, (void* ptr), (ptr), FREE, ptr, free(ptr))                                                       \
+  X(_ZdlPvm, void, (void* ptr, size_t size), (ptr, size), FREE, ptr, free(ptr))                                   \
+  X(_ZdaPvm, void, (void* ptr, size_t size), (ptr, size), FREE, ptr, free(ptr))                                   \
+  X(_ZdlPvRKSt9nothrow_t, void, (void* ptr, const std::nothrow_t& t), (ptr, t), FREE, ptr, free(ptr))             \
+  X(_ZdaPvRKSt9nothrow_t, void, (void* ptr, const std::nothrow_t& t), (ptr, t), FREE, ptr, free(ptr))             \
+  X(_ZdlPvSt11align_val_t, void, (void* ptr, std::align_val_t a), (ptr, a), FREE, ptr, free(ptr))                 \
+  X(_ZdaPvSt11align_val_t, void, (void* ptr, std::align_val_t a), (ptr, a), FREE, ptr, free(ptr))                 \
+  X(_ZdlPvmSt11align_val_t, void, (void* ptr, size_t size, std::align_val_t a), (ptr, size, a), FREE, ptr,        \
+    free(ptr))                                                                                                    \
+  X(_ZdaPvmSt11align_val_t, void, (void* ptr, size_t size, std::align_val_t a), (ptr, size, a), FREE, ptr,        \
+    free(ptr))                                                                                                    \
+  X(_ZdlPvSt11align_val_tRKSt9nothrow_t, void, (void* ptr, std::align_val_t a, const std::nothrow_t& t),          \
+    (ptr, a, t), FREE, ptr, free(ptr))                                                                            \
+  X(_ZdaPvSt11align_val_tRKSt9nothrow_t, void, (void* ptr, std::align_val_t a, const std::nothrow_t& t),          \
+    (ptr, a, t), FREE, ptr, free(ptr))
+
+// jemalloc's non-standard API (sallocx gives the sizes).
+#define MEMLEDGER_JEMALLOC_HOOKS(X)                                                                            \
+  X(mallocx, void*, (size_t size, int flags), (size, flags), ALLOC, size, jemalloc_fallback_alloc(size, flags)) \
+  X(rallocx, void*, (void* ptr, size_t size, int flags), (ptr, size, flags), REALLOC, ptr, size,              \
+    jemalloc_fallback_realloc(ptr, size, flags))                                                               \
+  X(xallocx, size_t, (void* ptr, size_t size, size_t extra, int flags), (ptr, size, extra, flags), SIZED,      \
+    xallocx_hook(ptr, size, extra, flags))                                                                     \
+  X(sdallocx, void, (void* ptr, size_t size, int flags), (ptr, size, flags), FREE, ptr, free(ptr))             \
+  X(dallocx, void, (void* ptr, int flags), (ptr, flags), FREE, ptr, free(ptr))
+
+// gperftools tcmalloc's tc_* entry points (tc_malloc_size gives the sizes).
+#define MEMLEDGER_TCMALLOC_HOOKS(X)                                                                             \
+  X(tc_malloc, void*, (size_t size), (size), ALLOC, size, malloc(size))                                         \
+  X(tc_malloc_skip_new_handler, void*, (size_t size), (size), ALLOC, size, malloc(size))                        \
+  X(tc_free, void, (void* ptr), (ptr), FREE, ptr, free(ptr))                                                    \
+  X(tc_free_sized, void, (void* ptr, size_t size), (ptr, size), FREE, ptr, free(ptr))                           \
+  X(tc_calloc, void*, (size_t count, size_t size), (count, size), ALLOC, mul_or_max(count, size),               \
+    calloc(count, size))                                                                                        \
+  X(tc_realloc, void*, (void* ptr, size_t size), (ptr, size), REALLOC, ptr, size, realloc(ptr, size))           \
+  X(tc_memalign, void*, (size_t alignment, size_t size), (alignment, size), ALLOC, size,                       \
+    memalign(alignment, size))                                                                                  \
+  X(tc_posix_memalign, int, (void** out, size_t alignment, size_t size), (out, alignment, size), SIZED,        \
+    posix_memalign(out, alignment, size))                                                                       \
+  X(tc_valloc, void*, (size_t size), (size), ALLOC, size, valloc(size))                                         \
+  X(tc_pvalloc, void*, (size_t size), (size), ALLOC, page_round(size), pvalloc(size))                           \
+  X(tc_new, void*, (size_t size), (size), NEW, size, _Znwm(size))                                               \
+  X(tc_newarray, void*, (size_t size), (size), NEW, size, _Znam(size))                                          \
+  X(tc_new_nothrow, void*, (size_t size, const std::nothrow_t& t), (size, t), ALLOC, size, malloc(size))        \
+  X(tc_newarray_nothrow, void*, (size_t size, const std::nothrow_t& t), (size, t), ALLOC, size, malloc(size))   \
+  X(tc_delete, void, (void* ptr), (ptr), FREE, ptr, free(ptr))                                                  \
+  X(tc_deletearray, void, (void* ptr), (ptr), FREE, ptr, free(ptr))                                             \
+  X(tc_delete_sized, void, (void* ptr, size_t size), (ptr, size), FREE, ptr, free(ptr))                         \
+  X(tc_deletearray_sized, void, (void* ptr, size_t size), (ptr, size), FREE, ptr, free(ptr))                    \
+  X(tc_delete_nothrow, void, (void* ptr, const std::nothrow_t& t), (ptr, t), FREE, ptr, free(ptr))              \
+  X(tc_deletearray_nothrow, void, (void* ptr, const std::nothrow_t& t), (ptr, t), FREE, ptr, free(ptr))
+
+// mimalloc's mi_* entry points (mi_usable_size gives the sizes).
+#define MEMLEDGER_MIMALLOC_HOOKS(X)                                                                            \
+  X(mi_malloc, void*, (size_t size), (size), ALLOC, size, malloc(size))                                        \
+  X(mi_zalloc, void*, (size_t size), (size), ALLOC, size, calloc(1, size))                                     \
+  X(mi_calloc, void*, (size_t count, size_t size), (count, size), ALLOC, mul_or_max(count, size),              \
+    calloc(count, size))                                                                                       \
+  X(mi_mallocn, void*, (size_t count, size_t size), (count, size), ALLOC, mul_or_max(count, size),             \
+    reallocarray(nullptr, count, size))                                                                        \
+  X(mi_malloc_aligned, void*, (size_t size, size_t alignment), (size, alignment), ALLOC, size,                \
+    aligned_via_posix_memalign(alignment, size))                                                               \
+  X(mi_zalloc_aligned, void*, (size_t size, size_t alignment), (size, alignment), ALLOC, size,                \
+    mi_zalloc_aligned_fallback(size, alignment))                                                               \
+  X(mi_realloc, void*, (void* ptr, size_t size), (ptr, size), REALLOC, ptr, size, realloc(ptr, size))          \
+  X(mi_reallocn, void*, (void* ptr, size_t count, size_t size), (ptr, count, size), REALLOC, ptr,             \
+    mul_or_max(count, size), reallocarray(ptr, count, size))                                                   \
+  X(mi_reallocf, void*, (void* ptr, size_t size), (ptr, size), REALLOC, ptr, size, mi_reallocf_fallback(ptr, size)) \
+  X(mi_strdup, char*, (const char* s), (s), ALLOC, strlen(s) + 1, duplicate(s, SIZE_MAX))                     \
+  X(mi_strndup, char*, (const char* s, size_t n), (s, n), ALLOC, strnlen(s, n) + 1, duplicate(s, n))          \
+  X(mi_new, void*, (size_t size), (size), NEW, size, _Znwm(size))                                              \
+  X(mi_new_nothrow, void*, (size_t size), (size), ALLOC, size, malloc(size))                                   \
+  X(mi_new_aligned, void*, (size_t size, size_t alignment), (size, alignment), NEW, size,                     \
+    new_or_throw(aligned_via_posix_memalign(alignment, size)))                                                 \
+  X(mi_free, void, (void* ptr), (ptr), FREE, ptr, free(ptr))                                                   \
+  X(mi_free_size, void, (void* ptr, size_t size), (ptr, size), FREE, ptr, free(ptr))                           \
+  X(mi_free_aligned, void, (void* ptr, size_t alignment), (ptr, alignment), FREE, ptr, free(ptr))              \
+  X(mi_free_size_aligned, void, (void* ptr, size_t size, size_t alignment), (ptr, size, alignment), FREE, ptr, \
+    free(ptr))
+
+// The next definition of every hooked name, filled once (resolve_next_slow).
+#define MEMLEDGER_DECLARE_NEXT(name, ret, params, args, ...) ret(*next_##name) params = nullptr;
+namespace {
+MEMLEDGER_HOST_HOOKS(MEMLEDGER_DECLARE_NEXT)
+MEMLEDGER_CXX_HOOKS(MEMLEDGER_DECLARE_NEXT)
+MEMLEDGER_JEMALLOC_HOOKS(MEMLEDGER_DECLARE_NEXT)
+MEMLEDGER_TCMALLOC_HOOKS(MEMLEDGER_DECLARE_NEXT)
+MEMLEDGER_MIMALLOC_HOOKS(MEMLEDGER_DECLARE_NEXT)
+
+// Size queries of each family, for the live totals.
+size_t (*next_malloc_usable_size)(void*) = nullptr;
+size_t (*next_sallocx)(const void*, int) = nullptr;
+size_t (*next_tc_malloc_size)(void*) = nullptr;
+size_t (*next_mi_usable_size)(const void*) = nullptr;
+bool g_glibc_heap = true;  // the next malloc is glibc's: sizes are read from its chunk headers
+
+// The usable size of a block from glibc's allocator, read from its chunk
+// header as malloc_usable_size() does but without its checks: the hooks
+// call this on every allocation and free, and the header is in cache then.
+inline size_t glibc_usable_size(void* ptr) {
+  const size_t header = static_cast<const size_t*>(ptr)[-1];
+  const size_t chunk = header & ~size_t{7};
+  constexpr size_t kIsMmapped = 2;
+  return (header & kIsMmapped) ? chunk - 2 * sizeof(size_t) : chunk - sizeof(size_t);
+}
+
+inline size_t host_usable(void* ptr) {
+  if (__builtin_expect(g_glibc_heap, 1)) return glibc_usable_size(ptr);
+  return next_malloc_usable_size != nullptr ? next_malloc_usable_size(ptr) : 0;
+}
+inline size_t jemalloc_usable(void* ptr) { return next_sallocx ? next_sallocx(ptr, 0) : host_usable(ptr); }
+inline size_t tcmalloc_usable(void* ptr) { return next_tc_malloc_size ? next_tc_malloc_size(ptr) : host_usable(ptr); }
+inline size_t mimalloc_usable(void* ptr) { return next_mi_usable_size ? next_mi_usable_size(ptr) : host_usable(ptr); }
+
+template <size_t (*Usable)(void*)>
+inline void record_alloc(HookGuard& guard, void* ptr, size_t size) {
+  if (!guard.entered() || !recorder().host_enabled()) return;
+  if (ptr != nullptr) {
+    recorder().on_host_alloc(guard.thread(), ptr, size, Usable(ptr));
+  } else {
+    const int saved = errno;
+    recorder().on_host_failed(guard.thread(), size, saved ? saved : ENOMEM);
+    errno = saved;
+  }
+}
+
+template <size_t (*Usable)(void*)>
 inline void record_free(HookGuard& guard, void* ptr) {
   if (ptr != nullptr && guard.entered() && recorder().host_enabled()) {
-    recorder().on_host_free(guard.thread(), ptr);
+    recorder().on_host_free(guard.thread(), ptr, Usable(ptr));
   }
 }
 
-bool power_of_two(size_t n) { return n != 0 && (n & (n - 1)) == 0; }
+// realloc and its kin: the old block is recorded as freed first (once the
+// call returns another thread may be given its address), the new one after.
+// A failed call leaves the old block live: it is recorded again.
+template <size_t (*Usable)(void*), typename Call>
+inline void* forward_realloc(void* ptr, size_t size, Call call) {
+  HookGuard guard;
+  const bool record = guard.entered() && recorder().host_enabled();
+  if (!record) return call();
+  const size_t old_usable = ptr != nullptr ? Usable(ptr) : 0;
+  if (ptr != nullptr) recorder().on_host_free(guard.thread(), ptr, old_usable);
+  void* result = call();
+  if (result != nullptr) {
+    recorder().on_host_alloc(guard.thread(), result, size, Usable(result));
+  } else if (size != 0) {
+    const int saved = errno;
+    recorder().on_host_failed(guard.thread(), size, saved ? saved : ENOMEM);
+    if (ptr != nullptr) recorder().on_host_alloc(guard.thread(), ptr, old_usable, old_usable);
+    errno = saved;
+  }
+  return result;
+}
+
+void* mi_zalloc_aligned_fallback(size_t size, size_t alignment) {
+  void* p = aligned_via_posix_memalign(alignment, size);
+  if (p != nullptr) memset(p, 0, size);
+  return p;
+}
+void* mi_reallocf_fallback(void* ptr, size_t size) {
+  void* p = realloc(ptr, size);
+  if (p == nullptr && size != 0) free(ptr);
+  return p;
+}
+
+int posix_memalign_hook(void** out, size_t alignment, size_t size);
+size_t xallocx_hook(void* ptr, size_t size, size_t extra, int flags);
 
 }  // namespace
 
 #define MEMLEDGER_EXPORT extern "C" __attribute__((visibility("default")))
 
-MEMLEDGER_EXPORT void* malloc(size_t size) {
-  HookGuard guard;
-  return record_alloc(guard, __libc_malloc(size), size);
-}
+// Bootstrap: until the look-up is done, the resolving thread's own calls
+// (dlsym allocating) are served by the static arena.
+#define MEMLEDGER_BOOTSTRAP_ALLOC(ret, size) \
+  if (!ip::next_resolved()) return static_cast<ret>(ip::arena_alloc(size));
+#define MEMLEDGER_BOOTSTRAP_FREE(ptr) \
+  if (ptr != nullptr && ip::in_arena(ptr)) return;   \
+  if (!ip::next_resolved()) return;
 
-MEMLEDGER_EXPORT void free(void* ptr) {
-  HookGuard guard;
-  record_free(guard, ptr);
-  __libc_free(ptr);
-}
-
-MEMLEDGER_EXPORT void* calloc(size_t count, size_t size) {
-  HookGuard guard;
-  size_t bytes;
-  if (__builtin_mul_overflow(count, size, &bytes)) bytes = SIZE_MAX;
-  return record_alloc(guard, __libc_calloc(count, size), bytes);
-}
-
-MEMLEDGER_EXPORT void* realloc(void* ptr, size_t size) {
-  HookGuard guard;
-  if (ptr == nullptr) return record_alloc(guard, __libc_malloc(size), size);
-  if (size == 0) {
-    // glibc frees and returns NULL.
-    record_free(guard, ptr);
-    return __libc_realloc(ptr, 0);
+#define MEMLEDGER_HOOK_ALLOC(usable, name, ret, params, args, size, fallback) \
+  MEMLEDGER_EXPORT ret name params {                                          \
+    MEMLEDGER_BOOTSTRAP_ALLOC(ret, size)                                 \
+    if (next_##name == nullptr) return fallback;                              \
+    HookGuard guard;                                                          \
+    ret p = next_##name args;                                                 \
+    record_alloc<usable>(guard, p, size);                                     \
+    return p;                                                                 \
   }
-  if (!guard.entered() || !recorder().host_enabled()) return __libc_realloc(ptr, size);
-  // Record the free first: once realloc returns, another thread may be given
-  // the old address.
-  record_free(guard, ptr);
-  void* result = __libc_realloc(ptr, size);
-  if (result == nullptr) {
-    // The old block is still live: record it again (its size is not known
-    // here; its usable size is what stays allocated).
-    return record_alloc(guard, ptr, malloc_usable_size(ptr)), nullptr;
+#define MEMLEDGER_HOOK_NEW(usable, name, ret, params, args, size, fallback) \
+  MEMLEDGER_EXPORT ret name params {                                        \
+    if (!ip::next_resolved()) return new_or_throw(ip::arena_alloc(size));   \
+    if (next_##name == nullptr) return fallback;                            \
+    HookGuard guard;                                                        \
+    ret p;                                                                  \
+    try {                                                                   \
+      p = next_##name args;                                                 \
+    } catch (...) {                                                         \
+      record_alloc<usable>(guard, nullptr, size);                           \
+      throw;                                                                \
+    }                                                                       \
+    record_alloc<usable>(guard, p, size);                                   \
+    return p;                                                                \
   }
-  return record_alloc(guard, result, size);
-}
-
-MEMLEDGER_EXPORT void* reallocarray(void* ptr, size_t count, size_t size) {
-  size_t bytes;
-  if (__builtin_mul_overflow(count, size, &bytes)) {
-    errno = ENOMEM;
-    return nullptr;
+#define MEMLEDGER_HOOK_FREE(usable, name, ret, params, args, ptr, fallback) \
+  MEMLEDGER_EXPORT ret name params {                                        \
+    MEMLEDGER_BOOTSTRAP_FREE(ptr)                                           \
+    if (next_##name == nullptr) return fallback;                            \
+    HookGuard guard;                                                        \
+    record_free<usable>(guard, ptr);                                        \
+    next_##name args;                                                       \
   }
-  return realloc(ptr, bytes);
-}
+#define MEMLEDGER_HOOK_REALLOC(usable, name, ret, params, args, ptr, size, fallback)            \
+  MEMLEDGER_EXPORT ret name params {                                                            \
+    if (ptr != nullptr && ip::in_arena(ptr)) return static_cast<ret>(realloc_out_of_arena(ptr, size)); \
+    MEMLEDGER_BOOTSTRAP_ALLOC(ret, size)                                                   \
+    if (next_##name == nullptr) return fallback;                                                \
+    return static_cast<ret>(forward_realloc<usable>(ptr, size, [&] { return next_##name args; })); \
+  }
+#define MEMLEDGER_HOOK_SIZED(usable, name, ret, params, args, fallback)
 
-MEMLEDGER_EXPORT int posix_memalign(void** out, size_t alignment, size_t size) {
+#define MEMLEDGER_GLIBC_HOOK(name, ret, params, args, shape, ...) \
+  MEMLEDGER_HOOK_##shape(host_usable, name, ret, params, args, __VA_ARGS__)
+#define MEMLEDGER_JEMALLOC_HOOK(name, ret, params, args, shape, ...) \
+  MEMLEDGER_HOOK_##shape(jemalloc_usable, name, ret, params, args, __VA_ARGS__)
+#define MEMLEDGER_TCMALLOC_HOOK(name, ret, params, args, shape, ...) \
+  MEMLEDGER_HOOK_##shape(tcmalloc_usable, name, ret, params, args, __VA_ARGS__)
+#define MEMLEDGER_MIMALLOC_HOOK(name, ret, params, args, shape, ...) \
+  MEMLEDGER_HOOK_##shape(mimalloc_usable, name, ret, params, args, __VA_ARGS__)
+
+namespace {
+void* realloc_out_of_arena(void* ptr, size_t size) {
+  void* p = malloc(size);
+  if (p != nullptr) {
+    const size_t old = ip::arena_size(ptr);
+    memcpy(p, ptr, old < size ? old : size);
+  }
+  return p;
+}
+}  // namespace
+
+MEMLEDGER_HOST_HOOKS(MEMLEDGER_GLIBC_HOOK)
+MEMLEDGER_CXX_HOOKS(MEMLEDGER_GLIBC_HOOK)
+MEMLEDGER_JEMALLOC_HOOKS(MEMLEDGER_JEMALLOC_HOOK)
+MEMLEDGER_TCMALLOC_HOOKS(MEMLEDGER_TCMALLOC_HOOK)
+MEMLEDGER_MIMALLOC_HOOKS(MEMLEDGER_MIMALLOC_HOOK)
+
+// The hooks whose shape no macro covers.
+
+namespace {
+
+int posix_memalign_hook(void** out, size_t alignment, size_t size) {
   if (!power_of_two(alignment) || alignment % sizeof(void*) != 0) return EINVAL;
+  if (!ip::next_resolved()) {
+    *out = ip::arena_alloc(size, alignment);
+    return *out ? 0 : ENOMEM;
+  }
   HookGuard guard;
   const int saved = errno;
-  void* p = __libc_memalign(alignment, size);
-  if (p == nullptr) {
-    errno = saved;
-    return ENOMEM;
+  void* p = nullptr;
+  int rc;
+  if (next_posix_memalign != nullptr) {
+    rc = next_posix_memalign(&p, alignment, size);
+  } else {
+    // An allocator without posix_memalign: its memalign.
+    p = next_memalign != nullptr ? next_memalign(alignment, size) : nullptr;
+    rc = p != nullptr ? 0 : ENOMEM;
   }
-  *out = record_alloc(guard, p, size);
+  if (rc != 0) {
+    errno = rc;
+    record_alloc<host_usable>(guard, nullptr, size);
+    errno = saved;
+    return rc;
+  }
+  record_alloc<host_usable>(guard, p, size);
+  *out = p;
   return 0;
 }
 
-MEMLEDGER_EXPORT void* aligned_alloc(size_t alignment, size_t size) {
-  if (!power_of_two(alignment)) {
-    errno = EINVAL;
-    return nullptr;
+size_t xallocx_hook(void* ptr, size_t size, size_t extra, int flags) {
+  // Resizes in place or not at all: the block keeps its address, its
+  // recorded size changes.
+  if (next_xallocx == nullptr) return malloc_usable_size(ptr);
+  HookGuard guard;
+  const bool record = guard.entered() && recorder().host_enabled();
+  if (!record) return next_xallocx(ptr, size, extra, flags);
+  recorder().on_host_free(guard.thread(), ptr, jemalloc_usable(ptr));
+  const size_t result = next_xallocx(ptr, size, extra, flags);
+  recorder().on_host_alloc(guard.thread(), ptr, result, jemalloc_usable(ptr));
+  return result;
+}
+
+}  // namespace
+
+MEMLEDGER_EXPORT int posix_memalign(void** out, size_t alignment, size_t size) {
+  return posix_memalign_hook(out, alignment, size);
+}
+
+MEMLEDGER_EXPORT size_t xallocx(void* ptr, size_t size, size_t extra, int flags) {
+  return xallocx_hook(ptr, size, extra, flags);
+}
+
+MEMLEDGER_EXPORT int tc_posix_memalign(void** out, size_t alignment, size_t size) {
+  if (next_tc_posix_memalign == nullptr) return posix_memalign(out, alignment, size);
+  if (!power_of_two(alignment) || alignment % sizeof(void*) != 0) return EINVAL;
+  HookGuard guard;
+  void* p = nullptr;
+  const int rc = next_tc_posix_memalign(&p, alignment, size);
+  record_alloc<tcmalloc_usable>(guard, rc == 0 ? p : nullptr, size);
+  if (rc == 0) *out = p;
+  return rc;
+}
+
+// The look-up, once per process (a forked child inherits it).
+namespace memledger::interposer {
+
+std::atomic<bool> g_next_resolved{false};
+
+namespace {
+SpinLock g_resolve_lock;
+__thread bool tls_resolving __attribute__((tls_model("initial-exec")));
+
+// Whether two functions live in the same loaded object.
+bool same_object(void* a, void* b) {
+  Dl_info ia, ib;
+  return a != nullptr && b != nullptr && dladdr(a, &ia) != 0 && dladdr(b, &ib) != 0 && ia.dli_fbase == ib.dli_fbase;
+}
+
+template <typename Fn>
+void resolve(Fn& fn, const char* name) {
+  fn = reinterpret_cast<Fn>(next_symbol(name));
+}
+
+}  // namespace
+
+bool resolve_next_slow() {
+  if (tls_resolving) return false;
+  SpinGuard lock(g_resolve_lock);
+  if (g_next_resolved.load(std::memory_order_acquire)) return true;
+  tls_resolving = true;
+  // The core first: once malloc and free are known, the rest may allocate.
+  resolve(next_malloc, "malloc");
+  resolve(next_free, "free");
+  resolve(next_calloc, "calloc");
+  resolve(next_realloc, "realloc");
+  resolve(next_malloc_usable_size, "malloc_usable_size");
+  if (next_malloc == nullptr || next_free == nullptr || next_calloc == nullptr || next_realloc == nullptr) {
+    // No allocator after memledger (cannot happen with a C library loaded):
+    // glibc's own entry points.
+    next_malloc = __libc_malloc;
+    next_free = __libc_free;
+    next_calloc = __libc_calloc;
+    next_realloc = __libc_realloc;
+    next_malloc_usable_size = ::malloc_usable_size;
   }
-  HookGuard guard;
-  return record_alloc(guard, __libc_memalign(alignment, size), size);
+  Dl_info info;
+  g_glibc_heap = dladdr(reinterpret_cast<void*>(next_malloc), &info) != 0 && info.dli_fname != nullptr &&
+                 strstr(info.dli_fname, "/libc.so") != nullptr;
+#define MEMLEDGER_RESOLVE(name, ...) \
+  if (next_##name == nullptr) resolve(next_##name, #name);
+  MEMLEDGER_HOST_HOOKS(MEMLEDGER_RESOLVE)
+  MEMLEDGER_CXX_HOOKS(MEMLEDGER_RESOLVE)
+  MEMLEDGER_JEMALLOC_HOOKS(MEMLEDGER_RESOLVE)
+  MEMLEDGER_TCMALLOC_HOOKS(MEMLEDGER_RESOLVE)
+  MEMLEDGER_MIMALLOC_HOOKS(MEMLEDGER_RESOLVE)
+#undef MEMLEDGER_RESOLVE
+  // The rest of the malloc family must come from the allocator that made
+  // the block: glibc's pvalloc beside jemalloc's free would corrupt both.
+  void* core = reinterpret_cast<void*>(next_malloc);
+#define MEMLEDGER_SAME_HEAP(name, ...) \
+  if (!same_object(reinterpret_cast<void*>(next_##name), core)) next_##name = nullptr;
+  MEMLEDGER_HOST_HOOKS(MEMLEDGER_SAME_HEAP)
+#undef MEMLEDGER_SAME_HEAP
+  next_malloc = reinterpret_cast<decltype(next_malloc)>(core);
+  resolve(next_sallocx, "sallocx");
+  resolve(next_tc_malloc_size, "tc_malloc_size");
+  resolve(next_mi_usable_size, "mi_usable_size");
+  tls_resolving = false;
+  g_next_resolved.store(true, std::memory_order_release);
+  return true;
 }
 
-MEMLEDGER_EXPORT void* memalign(size_t alignment, size_t size) {
-  HookGuard guard;
-  return record_alloc(guard, __libc_memalign(alignment, size), size);
-}
+}  // namespace memledger::interposer
 
-MEMLEDGER_EXPORT void* valloc(size_t size) {
-  HookGuard guard;
-  return record_alloc(guard, __libc_valloc(size), size);
-}
-
-MEMLEDGER_EXPORT void* pvalloc(size_t size) {
-  HookGuard guard;
-  return record_alloc(guard, __libc_pvalloc(size), size);
-}
-
-MEMLEDGER_EXPORT void free_sized(void* ptr, size_t) { free(ptr); }
-
-MEMLEDGER_EXPORT void free_aligned_sized(void* ptr, size_t, size_t) { free(ptr); }
-
-// The hook list as data, for the test that checks every hook is exported.
-#define MEMLEDGER_HOOK_NAME(name, ret, params) #name,
+// The hook lists as data, for the test that checks every hook is exported.
+#define MEMLEDGER_HOOK_NAME(name, ...) #name,
 extern "C" __attribute__((visibility("default"))) const char* const memledger_host_hook_names[] = {
-    MEMLEDGER_HOST_HOOKS(MEMLEDGER_HOOK_NAME) nullptr};
+    MEMLEDGER_HOST_HOOKS(MEMLEDGER_HOOK_NAME) MEMLEDGER_CXX_HOOKS(MEMLEDGER_HOOK_NAME)
+        MEMLEDGER_JEMALLOC_HOOKS(MEMLEDGER_HOOK_NAME) MEMLEDGER_TCMALLOC_HOOKS(MEMLEDGER_HOOK_NAME)
+            MEMLEDGER_MIMALLOC_HOOKS(MEMLEDGER_HOOK_NAME) nullptr};

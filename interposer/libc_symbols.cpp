@@ -13,6 +13,7 @@ namespace {
 struct Lookup {
   const char* name;
   void* result = nullptr;
+  uintptr_t skip_base = 0;  // 0: libc only; else every object but the one loaded here
 };
 
 // Number of symbols covered by a GNU hash table: past the highest bucket's
@@ -33,7 +34,13 @@ uint32_t gnu_hash_symbol_count(const uint32_t* table) {
 int scan(dl_phdr_info* info, size_t, void* data) {
   auto* lookup = static_cast<Lookup*>(data);
   const char* name = info->dlpi_name;
-  if (name == nullptr || strstr(name, "/libc.so") == nullptr) return 0;
+  if (lookup->skip_base == 0) {
+    if (name == nullptr || strstr(name, "/libc.so") == nullptr) return 0;
+  } else if (info->dlpi_addr == lookup->skip_base || info->dlpi_phnum == 0 ||
+             (name != nullptr && strstr(name, "linux-vdso") != nullptr)) {
+    // The vDSO's dynamic section is not relocated, and it defines no allocator.
+    return 0;
+  }
   const ElfW(Dyn)* dyn = nullptr;
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) {
@@ -57,6 +64,39 @@ int scan(dl_phdr_info* info, size_t, void* data) {
     }
   }
   if (symtab == nullptr || strtab == nullptr) return 0;
+  // An object whose tables the loader left unrelocated (below its load address).
+  if (info->dlpi_addr != 0 && reinterpret_cast<uintptr_t>(symtab) < info->dlpi_addr) return 0;
+  auto defines = [&](uint32_t i) {
+    const ElfW(Sym)& sym = symtab[i];
+    if (sym.st_shndx == SHN_UNDEF || ELF64_ST_TYPE(sym.st_info) != STT_FUNC) return false;
+    if (versym != nullptr && (versym[i] & 0x8000) != 0) return false;  // a hidden (non-default) version
+    if (strcmp(strtab + sym.st_name, lookup->name) != 0) return false;
+    lookup->result = reinterpret_cast<void*>(info->dlpi_addr + sym.st_value);
+    return true;
+  };
+  const int not_here = lookup->skip_base == 0 ? 1 : 0;
+  if (gnu_hash != nullptr) {
+    // The GNU hash table: big objects (libtorch) define 10^5 symbols.
+    const uint32_t nbuckets = gnu_hash[0], symoffset = gnu_hash[1], bloom_size = gnu_hash[2],
+                   bloom_shift = gnu_hash[3];
+    const auto* bloom = reinterpret_cast<const ElfW(Addr)*>(gnu_hash + 4);
+    const uint32_t* buckets = reinterpret_cast<const uint32_t*>(bloom + bloom_size);
+    const uint32_t* chain = buckets + nbuckets;
+    uint32_t h = 5381;
+    for (const char* c = lookup->name; *c; ++c) h = h * 33 + static_cast<uint8_t>(*c);
+    constexpr uint32_t kBits = sizeof(ElfW(Addr)) * 8;
+    const ElfW(Addr) word = bloom[(h / kBits) % bloom_size];
+    const ElfW(Addr) mask = (ElfW(Addr){1} << (h % kBits)) | (ElfW(Addr){1} << ((h >> bloom_shift) % kBits));
+    if (nbuckets == 0 || (word & mask) != mask) return not_here;
+    uint32_t i = buckets[h % nbuckets];
+    if (i < symoffset) return not_here;
+    for (;; ++i) {
+      const uint32_t h2 = chain[i - symoffset];
+      if ((h | 1) == (h2 | 1) && defines(i)) return 1;
+      if (h2 & 1) break;
+    }
+    return not_here;
+  }
   uint32_t count = 0;
   if (sysv_hash != nullptr) {
     count = sysv_hash[1];
@@ -64,18 +104,13 @@ int scan(dl_phdr_info* info, size_t, void* data) {
     count = gnu_hash_symbol_count(gnu_hash);
   }
   for (uint32_t i = 0; i < count; ++i) {
-    const ElfW(Sym)& sym = symtab[i];
-    if (sym.st_shndx == SHN_UNDEF || ELF64_ST_TYPE(sym.st_info) != STT_FUNC) continue;
-    if (versym != nullptr && (versym[i] & 0x8000) != 0) continue;  // a hidden (non-default) version
-    if (strcmp(strtab + sym.st_name, lookup->name) != 0) continue;
-    lookup->result = reinterpret_cast<void*>(info->dlpi_addr + sym.st_value);
-    return 1;
+    if (defines(i)) return 1;
   }
-  return 1;
+  return not_here;
 }
 
-void* find(const char* name) {
-  Lookup lookup{name};
+void* find(const char* name, uintptr_t skip_base = 0) {
+  Lookup lookup{name, nullptr, skip_base};
   dl_iterate_phdr(scan, &lookup);
   return lookup.result;
 }
@@ -102,5 +137,7 @@ void* libc_dlvsym_address() {
   }
   return p;
 }
+
+void* find_in_loaded_objects(const char* name, uintptr_t skip_base) { return find(name, skip_base); }
 
 }  // namespace memledger::interposer

@@ -21,10 +21,12 @@ const char *memledger_run_dir(void);
 
 /* This process's memory as the tracer knows it now, for a program that
  * checks itself (a test's growth, a step's budget): a few relaxed loads and
- * one mallinfo2(), cheap enough for every step. Kinds are indexed host,
- * device (all GPUs), managed, pinned host. Live: bytes allocated and not yet
- * freed; held: bytes the allocators hold from the system (host: the glibc
- * heap's arenas and mmap'ed blocks, mallinfo2; device: allocations rounded
+ * one read of the allocator's statistics, cheap enough for every step. Kinds
+ * are indexed host, device (all GPUs), managed, pinned host. Live: bytes
+ * allocated and not yet freed; held: bytes the allocators hold from the
+ * system (host: from the program's allocator, glibc mallinfo2, jemalloc
+ * stats.resident, tcmalloc heap size less its free and unmapped pages,
+ * mimalloc's committed bytes; 0 when it offers none; device: allocations rounded
  * to the 2 MiB granularity, VMM physical memory, memory pools' reserve at
  * their last sample). Host live bytes are exact (usable sizes) in sampled
  * mode too: only the trace's per-site figures are estimates there. */

@@ -22,6 +22,7 @@
 #include "internal_alloc.h"
 #include "live_ledger.h"
 #include "memledger.h"
+#include "next_allocator.h"
 #include "python_frames.h"
 #include "signals.h"
 #include "spin_lock.h"
@@ -176,16 +177,6 @@ uint64_t parse_u64_env(const char* name, uint64_t fallback) {
   return (end && *end == '\0') ? v : fallback;
 }
 
-// The usable size of a block from glibc's allocator, read from its chunk
-// header as malloc_usable_size() does but without its checks: the hooks call
-// this twice per allocation, and the header is in cache at that moment.
-inline size_t usable_size(void* ptr) {
-  const size_t header = static_cast<const size_t*>(ptr)[-1];
-  const size_t chunk = header & ~size_t{7};
-  constexpr size_t kIsMmapped = 2;
-  return (header & kIsMmapped) ? chunk - 2 * sizeof(size_t) : chunk - sizeof(size_t);
-}
-
 // Updates a ring's exact totals. The owning thread is the only writer of its
 // ring's counters, so plain loads and stores suffice (no locked instruction
 // on the hot path); the shared ring has many writers.
@@ -250,6 +241,12 @@ void Recorder::start() {
     snprintf(config_.dir, sizeof config_.dir, "memledger-%s-%d", stamp, pid_);
     setenv("MEMLEDGER_DIR", config_.dir, 0);
   }
+
+  // The allocator the hooks forward to (looked up by the first allocation
+  // if one came before this constructor), named for the trace header.
+  next_resolved();
+  AllocatorInfo allocator;
+  identify_allocator(allocator);
 
   std::pair<uintptr_t, uintptr_t> self{0, 0};
   dl_iterate_phdr(find_self, &self);
@@ -518,8 +515,7 @@ bool Recorder::forget_sampled(uintptr_t addr) {
   return erased;
 }
 
-void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size) {
-  const size_t usable = usable_size(ptr);
+void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usable) {
   ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
   add_totals(ring ? ring : shared_ring_, ring == nullptr, static_cast<int64_t>(usable), 1, 0);
 
@@ -548,8 +544,7 @@ void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size) {
   push(t, e);
 }
 
-void Recorder::on_host_free(ThreadState& t, void* ptr) {
-  const size_t usable = usable_size(ptr);
+void Recorder::on_host_free(ThreadState& t, void* ptr, size_t usable) {
   ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
   add_totals(ring ? ring : shared_ring_, ring == nullptr, -static_cast<int64_t>(usable), 0, 1);
   if (config_.host_mode == HostMode::kSampled && !forget_sampled(reinterpret_cast<uintptr_t>(ptr))) return;
@@ -557,6 +552,18 @@ void Recorder::on_host_free(ThreadState& t, void* ptr) {
   e.type = EventType::kFree;
   e.kind = static_cast<uint8_t>(format::Kind::kHost);
   e.addr = reinterpret_cast<uintptr_t>(ptr);
+  push(t, e);
+}
+
+void Recorder::on_host_failed(ThreadState& t, size_t size, int error) {
+  // Rare: recorded in every host mode, with its stack.
+  Event e{};
+  e.type = EventType::kAlloc;
+  e.kind = static_cast<uint8_t>(format::Kind::kHost);
+  e.size = size;
+  e.weight = static_cast<uint64_t>(error);
+  e.flags = format::kAllocFailed;
+  e.stack = capture_stack();
   push(t, e);
 }
 
@@ -624,8 +631,14 @@ void Recorder::read_live(struct memledger_live& out) const {
     host_live += ring->host_live.load(std::memory_order_relaxed);
   }
   out.live[static_cast<int>(format::Kind::kHost)] = host_live;
-  const struct mallinfo2 mi = mallinfo2();  // as the trace's samples read it (trace_writer.cpp)
-  out.held[static_cast<int>(format::Kind::kHost)] = mi.arena + mi.hblkhd;
+  // As the trace's samples read it (trace_writer.cpp); the allocator's own
+  // statistics may allocate, which is not the program's memory.
+  uint64_t held = 0, in_use = 0;
+  {
+    HookGuard guard;
+    allocator_heap_stats(&held, &in_use);
+  }
+  out.held[static_cast<int>(format::Kind::kHost)] = held;
   out.gpus = totals.gpus;
   for (int d = 0; d < LiveLedger::kMaxGpus; ++d) {
     out.device_live[d] = totals.device_live[d];

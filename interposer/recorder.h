@@ -58,9 +58,12 @@ class Recorder {
   bool active() const { return lifecycle_.load(std::memory_order_relaxed) == Lifecycle::kActive; }
   const Config& config() const { return config_; }
 
-  // Hot path. `t` is the caller's ThreadState with in_hook already set.
-  void on_host_alloc(ThreadState& t, void* ptr, size_t size);
-  void on_host_free(ThreadState& t, void* ptr);
+  // Hot path. `t` is the caller's ThreadState with in_hook already set;
+  // `usable` is the block's usable size from the allocator that made it.
+  void on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usable);
+  void on_host_free(ThreadState& t, void* ptr, size_t usable);
+  // A host allocation of `size` bytes failed with `error` (an errno value).
+  void on_host_failed(ThreadState& t, size_t size, int error);
 
   // Device-side events (CUDA hooks). Every one is recorded with its stack:
   // they are rare and large. `error` != 0 records a failed allocation.

@@ -66,9 +66,15 @@ static_assert(sizeof(FrameHeader) == 24);
 //   host_mode (full|sampled|off), sample_interval (bytes, sampled mode),
 //   stack_depth, page_size, step_interval_ms, rank, local_rank, world_size,
 //   parent_trace (set in forked children), env.<VAR> for the frameworks'
-//   allocator switches (PYTORCH_CUDA_ALLOC_CONF, TF_GPU_ALLOCATOR, ...).
+//   allocator switches (PYTORCH_CUDA_ALLOC_CONF, TF_GPU_ALLOCATOR, ...),
+//   allocator (glibc|jemalloc|tcmalloc|mimalloc|other: the program's malloc),
+//   allocator_path (the object that defines it), allocator_reached (how the
+//   program reaches it, one phrase), allocator_held (the statistic kSample's
+//   heap_held and heap_in_use come from; "none": the allocator offers none,
+//   and both fields are 0 meaning unknown), host_untraced=1 (the program's
+//   malloc bypasses memledger: the host heap is not traced).
 
-// Memory kinds. Host heap only for now; the numbering is stable.
+// Memory kinds; the numbering is stable.
 enum class Kind : uint8_t {
   kHost = 0,
   kDevice = 1,

@@ -25,6 +25,7 @@
 #include <zstd.h>
 
 #include "internal_alloc.h"
+#include "next_allocator.h"
 #include "python_frames.h"
 #include "spin_lock.h"
 #include "recorder.h"
@@ -475,6 +476,15 @@ bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error
       add(key, v, strlen(v));
     }
   }
+
+  // The program's allocator and where its held bytes come from.
+  const AllocatorInfo& allocator = allocator_info();
+  add("allocator", allocator.name, strlen(allocator.name));
+  add("allocator_path", allocator.path, strlen(allocator.path));
+  add("allocator_reached", allocator.reached, strlen(allocator.reached));
+  const char* held = allocator.held_source[0] ? allocator.held_source : "none";
+  add("allocator_held", held, strlen(held));
+  if (allocator.untraced) add_num("host_untraced", 1);
 
   format::FileHeader fh;
   memcpy(fh.magic, format::kFileMagic, sizeof fh.magic);
@@ -1009,12 +1019,13 @@ void TraceWriter::cycle(bool final) {
       const char* p = strchr(buf, ' ');
       if (p) rss = parse_u64(p + 1) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     }
-    struct mallinfo2 mi = mallinfo2();
+    uint64_t held = 0, in_use = 0;
+    allocator_heap_stats(&held, &in_use);
     enc.tag(format::Tag::kSample);
     enc.u(now - st.start_mono_ns);
     enc.u(rss);
-    enc.u(mi.arena + mi.hblkhd);
-    enc.u(mi.uordblks + mi.hblkhd);
+    enc.u(held);
+    enc.u(in_use);
     enc.u(read_cgroup_value(st.cgroup.limit));
     enc.u(read_cgroup_value(st.cgroup.usage));
     enc.s(live_total);

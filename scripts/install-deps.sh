@@ -16,6 +16,9 @@ packages+=(python3-torch python3-venv)
 # The trace reader's fuzz target (tests/fuzz): clang with libFuzzer; zstd makes
 # the compressed hostile traces of its corpus (tests/fuzz/make_corpus.py).
 packages+=(clang libclang-rt-dev zstd)
+# The replacement allocators that programs link in or preload (the
+# allocator integration tests and the host benchmark run under each).
+packages+=(libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -1,0 +1,133 @@
+"""Replacement allocators: a program on jemalloc, tcmalloc or mimalloc
+(Debian's libjemalloc2, libtcmalloc-minimal4, libmimalloc2.0) keeps its
+allocator under memledger, exits as it does untraced, and has its leak
+through operator new found at its line, whether the allocator is linked in,
+preloaded in front of `memledger run` or preloaded behind libmemledger.so
+(tests/programs/alloc_steps). One that comes before memledger in the lookup
+order cannot be traced: the report says so instead of showing totals."""
+
+import os
+
+import mltest
+
+LIB = "/usr/lib/x86_64-linux-gnu/"
+ALLOCATORS = {
+    "jemalloc": LIB + "libjemalloc.so.2",
+    "tcmalloc": LIB + "libtcmalloc_minimal.so.4",
+    "mimalloc": LIB + "libmimalloc.so.2",
+}
+STEPS = 12
+# Larger than the mean sample interval: sampled mode records each leaked
+# object at its true size, so both modes can be held to the same figure.
+LEAK = 160 * 1024
+EXIT = 5  # alloc_steps' own exit status
+
+
+class AllocatorCase(mltest.TestCase):
+    allocator = None
+
+    @classmethod
+    def setUpClass(cls):
+        cls.library = ALLOCATORS[cls.allocator]
+        cls.linked = mltest.program("alloc_steps_" + cls.allocator)
+        cls.plain = mltest.program("alloc_steps")
+        cls.tmp = cls.class_tmpdir()
+
+    def setUp(self):
+        if not os.path.exists(self.library) or not os.path.exists(self.linked):
+            self.skipTest("%s not installed (scripts/install-deps.sh installs it)" % self.library)
+
+    def untraced(self, linked):
+        env = mltest.clean_env() if linked else mltest.clean_env(LD_PRELOAD=self.library)
+        return self.run_cmd([self.linked if linked else self.plain, STEPS, LEAK], env=env)
+
+    def run_traced(self, how, host):
+        """Runs alloc_steps traced; `how`: linked, front (LD_PRELOAD in front
+        of memledger run), behind (raw LD_PRELOAD, memledger first). Returns
+        (process, report)."""
+        run_dir = os.path.join(self.tmp, "%s-%s" % (how, host))
+        if how == "behind":
+            env = mltest.clean_env(LD_PRELOAD="%s:%s" % (mltest.LIBRARY, self.library), MEMLEDGER_DIR=run_dir,
+                                   MEMLEDGER_HOST=host)
+            proc = self.run_cmd([self.plain, STEPS, LEAK], env=env)
+            out = os.path.join(run_dir, "report.json")
+            self.assertExit(self.memledger("report", run_dir, "--format", "json", "-o", out), 0)
+        else:
+            env = mltest.clean_env(LD_PRELOAD=self.library) if how == "front" else None
+            program = self.linked if how == "linked" else self.plain
+            proc = self.traced(run_dir, [program, STEPS, LEAK], options=("--host", host), env=env)
+        return proc, self.load_report(run_dir)
+
+    def check(self, how, host):
+        direct = self.untraced(linked=how == "linked")
+        self.assertExit(direct, EXIT)
+        self.assertIn("SERVED_BY=%s" % self.allocator, direct.stdout)
+        proc, report = self.run_traced(how, host)
+        self.assertExit(proc, EXIT)
+        # The same output but for TRACED: still served by its allocator.
+        self.assertEqual(proc.stdout.replace("TRACED=1", "TRACED=0"), direct.stdout)
+        out = mltest.parse_kv(proc.stdout)
+        self.assertEqual(report["verdict"]["exit_code"], EXIT)
+        self.assertEqual(report["stats"]["unknown_frees"], 0)
+        # The six failing calls at the end, errno and results as untraced.
+        self.assertEqual(report["stats"]["failed_allocations"], 6)
+        suspects = report["leak_suspects"]
+        self.assertTrue(suspects, report["notes"])
+        top = suspects[0]
+        self.assertEqual(mltest.site_parts(top["site"]), ("plant_leak", "alloc_steps.cpp", int(out["LEAK_LINE"])))
+        self.assertEqual(top["kind"], "host")
+        self.assertAlmostEqual(top["bytes_per_step_exact"], LEAK, delta=0.05 * LEAK)
+        # Host live never goes negative (frees of blocks the hooks never saw).
+        self.assertGreater(min(s["live"]["host"] for s in report["steps"]), 0)
+        return report
+
+    def test_linked_full(self):
+        self.check("linked", "full")
+
+    def test_linked_sampled(self):
+        self.check("linked", "sampled")
+
+    def test_preloaded_in_front_of_run_full(self):
+        report = self.check("front", "full")
+        # Held bytes come from the allocator's own statistics.
+        held = [s["held"]["host"] for s in report["steps"]]
+        self.assertTrue(all(h > 0 for h in held), held)
+
+    def test_preloaded_in_front_of_run_sampled(self):
+        self.check("front", "sampled")
+
+    def test_preloaded_behind_full(self):
+        self.check("behind", "full")
+
+    def test_preloaded_behind_sampled(self):
+        self.check("behind", "sampled")
+
+    def test_ahead_of_memledger_is_said_untraced(self):
+        run_dir = os.path.join(self.tmp, "ahead")
+        env = mltest.clean_env(LD_PRELOAD="%s:%s" % (self.library, mltest.LIBRARY), MEMLEDGER_DIR=run_dir,
+                               MEMLEDGER_HOST="full")
+        proc = self.run_cmd([self.plain, STEPS, LEAK], env=env)
+        self.assertExit(proc, EXIT)
+        self.assertIn("SERVED_BY=%s" % self.allocator, proc.stdout)
+        trace = [f for f in os.listdir(run_dir) if f.endswith(".mlt")][0]
+        dump = self.memledger("dump", os.path.join(run_dir, trace))
+        self.assertIn("host_untraced=1", dump.stdout)
+        self.assertIn("allocator=%s" % self.allocator, dump.stdout)
+
+
+class Jemalloc(AllocatorCase):
+    allocator = "jemalloc"
+
+
+class Tcmalloc(AllocatorCase):
+    allocator = "tcmalloc"
+
+
+class Mimalloc(AllocatorCase):
+    allocator = "mimalloc"
+
+
+del AllocatorCase
+
+if __name__ == "__main__":
+    mltest.main()
