@@ -16,7 +16,8 @@ void* libc_dlsym_address();
 void* libc_dlvsym_address();
 
 // The first definition of the function `name` in the loaded objects, in load
-// order, skipping the object loaded at `skip_base` (memledger itself): finds
+// order, skipping the object loaded at `skip_base` (memledger itself; 1:
+// none), undefined references (a PLT entry) never counting: finds
 // what a library dlopen'ed with RTLD_LOCAL defines, which dlsym(RTLD_NEXT)
 // does not see. Reads the objects' tables: no lock but the loader's, no heap.
 void* find_in_loaded_objects(const char* name, uintptr_t skip_base);

@@ -144,11 +144,11 @@ bool in_arena(const void* ptr) {
 size_t arena_size(const void* ptr) { return static_cast<const size_t*>(ptr)[-1]; }
 
 void identify_allocator(AllocatorInfo& info) {
-  // What the program's own calls reach: the first malloc in the global
-  // lookup order. When it is not memledger's, the heap bypasses the hooks.
-  using DlsymFn = void* (*)(void*, const char*);
-  auto libc_dlsym = reinterpret_cast<DlsymFn>(libc_dlsym_address());
-  void* first = libc_dlsym != nullptr ? libc_dlsym(RTLD_DEFAULT, "malloc") : nullptr;
+  // What the program's own calls reach: the first definition of malloc in
+  // load order (the global scope at start-up). Not dlsym(RTLD_DEFAULT): it
+  // answers with the executable's PLT entry when the program takes malloc's
+  // address. When the first is not memledger's, the heap bypasses the hooks.
+  void* first = find_in_loaded_objects("malloc", 1);
   void* next = next_symbol("malloc");
   Dl_info first_info{}, next_info{};
   const bool first_known = first != nullptr && dladdr(first, &first_info) != 0;
