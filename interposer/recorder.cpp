@@ -367,7 +367,7 @@ bool behind(const ThreadRing* ring, uint64_t head, uint64_t tail, uint64_t now) 
 void hold_back_if_behind(ThreadRing* ring, uint64_t head) {
   const uint64_t first_tail = ring->tail.load(std::memory_order_acquire);
   const uint64_t start = coarse_ns();
-  if (first_tail == head || !behind(ring, head, first_tail, start)) return;
+  if (first_tail == head || !behind(ring, head, first_tail, start) || !trace_writer().draining()) return;
   trace_writer().wake();
   for (;;) {
     timespec pause = {0, 50'000};

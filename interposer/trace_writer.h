@@ -75,6 +75,12 @@ class TraceWriter {
   // in the file (or timeout). Async-signal-safe.
   void flush_and_wait(int timeout_ms);
   void wake();
+  // The writer thread is there to drain the rings (not before it starts,
+  // nor once stop() has begun).
+  bool draining() const {
+    return running_.load(std::memory_order_acquire) && !stopping_.load(std::memory_order_acquire) &&
+           trace_.is_open();
+  }
 
   struct State;  // everything only the writer thread touches
 
