@@ -115,6 +115,38 @@ class AllocatorCase(mltest.TestCase):
         self.assertIn("allocator=%s" % self.allocator, dump.stdout)
 
 
+class FailingOperatorNew(mltest.TestCase):
+    """A failed operator new reaches the program as it does untraced: NULL
+    from the nothrow form, std::bad_alloc caught by the program's handler.
+    The exception unwinds through memledger's hook frames, so the preload
+    library must use the process's own unwinder (shared libgcc_s)."""
+
+    def check(self, allocator):
+        env = mltest.clean_env(LD_PRELOAD=allocator) if allocator else None
+        expected = "nothrow: null\nthrowing: bad_alloc caught\n"
+        untraced = self.run_cmd([mltest.program("new_fails")], env=env)
+        self.assertExit(untraced, 3)
+        self.assertEqual(untraced.stdout, expected)
+        for host in ("full", "sampled"):
+            run_dir = os.path.join(self.class_tmpdir(), "%s-%s" % (os.path.basename(allocator or "glibc"), host))
+            proc = self.traced(run_dir, [mltest.program("new_fails")], options=("--host", host), env=env)
+            self.assertExit(proc, 3)
+            self.assertEqual(proc.stdout, expected)
+
+    def test_glibc(self):
+        self.check(None)
+
+    def test_jemalloc(self):
+        if not os.path.exists(ALLOCATORS["jemalloc"]):
+            self.skipTest("jemalloc not installed")
+        self.check(ALLOCATORS["jemalloc"])
+
+    def test_tcmalloc(self):
+        if not os.path.exists(ALLOCATORS["tcmalloc"]):
+            self.skipTest("tcmalloc not installed")
+        self.check(ALLOCATORS["tcmalloc"])
+
+
 class Jemalloc(AllocatorCase):
     allocator = "jemalloc"
 

@@ -14,7 +14,7 @@ import mltest
 INTERPOSER = mltest.SOURCE_DIR / "interposer"
 
 # What the library may need at run time: the C library and the loader.
-ALLOWED_NEEDED = {"libc.so.6", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "ld-linux-x86-64.so.2"}
+ALLOWED_NEEDED = {"libc.so.6", "libgcc_s.so.1", "libm.so.6", "libdl.so.2", "libpthread.so.0", "librt.so.1", "ld-linux-x86-64.so.2"}
 FORBIDDEN_IN_LDD = ("libunwind", "libzstd", "libabsl", "libstdc++", "libdw", "libelf", "liblzma", "libz.so")
 
 
