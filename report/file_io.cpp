@@ -65,6 +65,22 @@ bool read_regular_file(const std::string& path, std::string& out, std::string& e
   return true;
 }
 
+// Writes all of `content`, syncs and closes `fd`; false with `err` set on the
+// first failure. A full disk can show only at the sync (delayed allocation) or
+// the close (network filesystems).
+static bool write_sync_close(int fd, std::string_view content, int& err) {
+  bool ok = write_all(fd, content, err);
+  if (ok && fsync(fd) != 0 && errno != EINVAL) {
+    err = errno;
+    ok = false;
+  }
+  if (::close(fd) != 0 && ok) {
+    err = errno;
+    ok = false;
+  }
+  return ok;
+}
+
 bool write_private_file(const std::string& path, std::string_view content, std::string& error) {
   const std::string tmp = path + ".tmp";
   ::unlink(tmp.c_str());  // left by a run that was killed while writing
@@ -74,17 +90,7 @@ bool write_private_file(const std::string& path, std::string_view content, std::
     return false;
   }
   int err = 0;
-  bool ok = write_all(fd, content, err);
-  // A full disk can show only at the sync (delayed allocation) or the close
-  // (network filesystems).
-  if (ok && fsync(fd) != 0 && errno != EINVAL) {
-    err = errno;
-    ok = false;
-  }
-  if (::close(fd) != 0 && ok) {
-    err = errno;
-    ok = false;
-  }
+  bool ok = write_sync_close(fd, content, err);
   if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
     err = errno;
     ok = false;
@@ -103,15 +109,7 @@ bool overwrite_private_file(const std::string& path, std::string_view content, s
     return false;
   }
   int err = 0;
-  bool ok = write_all(fd, content, err);
-  if (ok && fsync(fd) != 0 && errno != EINVAL) {
-    err = errno;
-    ok = false;
-  }
-  if (::close(fd) != 0 && ok) {
-    err = errno;
-    ok = false;
-  }
+  const bool ok = write_sync_close(fd, content, err);
   if (!ok) error = "cannot write " + path + ": " + std::strerror(err);
   return ok;
 }
