@@ -4,12 +4,12 @@
 #include <cctype>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <sstream>
 #include <tuple>
 
 #include "analysis.h"
+#include "file_io.h"
 #include "run_report.h"
 #include "trace_reader.h"
 
@@ -25,6 +25,10 @@ constexpr const char* kKindNames[4] = {"host", "device", "managed", "pinned_host
 // report's usual top 20: per-kind exit leaks are sums over every site.
 constexpr size_t kLoadSuspects = 1000;
 constexpr size_t kLoadExitSites = 100000;
+// A report.json past this is refused before it is parsed: the parsed
+// document takes several times the text's size. memledger's own reports stay
+// far below it however long the run (per-step rows are thinned).
+constexpr size_t kMaxReportJsonBytes = size_t{256} << 20;
 
 int kind_index(const std::string& name) {
   for (int k = 0; k < 4; ++k) {
@@ -516,14 +520,15 @@ RunData load_run_data(const std::string& path, const LoadOptions& options) {
   const fs::path p(path);
   if (!fs::exists(p, ec)) throw InputError(path + ": no such file or folder");
   auto from_json_file = [&](const fs::path& file) {
-    std::ifstream in(file);
-    if (!in) throw InputError(file.string() + ": cannot be read");
+    std::string text, error;
+    if (!read_regular_file(file.string(), text, error, kMaxReportJsonBytes)) throw InputError(error);
     json j;
     try {
-      j = json::parse(in);
+      j = json::parse(text);
     } catch (const json::exception& e) {
       throw InputError(file.string() + ": not valid JSON (" + e.what() + ")");
     }
+    text = std::string();
     return run_data_from_json(std::move(j), path, "report JSON");
   };
   auto from_traces = [&]() {
@@ -545,17 +550,17 @@ RunData load_run_data(const std::string& path, const LoadOptions& options) {
       traces = traces || (name.rfind("trace.", 0) == 0 && entry.path().extension() == ".mlt");
     }
     if (traces) return from_traces();
-    if (fs::exists(p / "report.json", ec)) return from_json_file(p / "report.json");
+    if (fs::exists(fs::symlink_status(p / "report.json", ec))) return from_json_file(p / "report.json");
     throw InputError(path + ": no traces (trace.*.mlt) and no report.json in this folder");
   }
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw InputError(path + ": cannot be read");
-  char c = 0;
-  while (in.get(c) && std::isspace(static_cast<unsigned char>(c))) {
-  }
   // Traces begin with their magic; a report is a JSON object (a file named
-  // .json that is not one gets the JSON parser's message).
-  if ((in && (c == '{' || c == '[')) || p.extension() == ".json") return from_json_file(p);
+  // .json that is not one gets the JSON parser's message). Only the start of
+  // a regular file is read to tell which: a FIFO or a device is refused here.
+  std::string start, error;
+  if (!read_regular_file_start(path, start, error, 4096)) throw InputError(error);
+  const size_t first = start.find_first_not_of(" \t\r\n");
+  const bool json_text = first != std::string::npos && (start[first] == '{' || start[first] == '[');
+  if (json_text || p.extension() == ".json") return from_json_file(p);
   return from_traces();
 }
 

@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 
 namespace memledger::report {
@@ -28,41 +30,93 @@ bool write_all(int fd, std::string_view content, int& err) {
   return true;
 }
 
-}  // namespace
 
-bool read_regular_file(const std::string& path, std::string& out, std::string& error, size_t max_bytes) {
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+// Opens PATH for reading if it is a regular file: O_NONBLOCK, because opening
+// a FIFO for reading would otherwise wait for a writer. Returns the
+// descriptor, or -1 with `error` set ("PATH: why").
+int open_regular_file(const std::string& path, struct stat& st, std::string& error) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     error = path + ": " + std::strerror(errno);
-    return false;
+    return -1;
   }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    error = path + ": not a regular file; not read";
+  if (fstat(fd, &st) != 0) {
+    error = path + ": " + std::strerror(errno);
     ::close(fd);
-    return false;
+    return -1;
   }
-  out.clear();
+  if (!S_ISREG(st.st_mode)) {
+    error = path + ": not a regular file (" +
+            (S_ISDIR(st.st_mode)    ? "a folder"
+             : S_ISFIFO(st.st_mode) ? "a FIFO"
+             : S_ISSOCK(st.st_mode) ? "a socket"
+                                    : "a device") +
+            "); not read";
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Appends up to `limit` bytes read from `fd` to `out`; false with `err` set on
+// a read error. Stops at the end of the file.
+bool read_up_to(int fd, std::string& out, size_t limit, int& err) {
   char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof buf);
+  while (out.size() < limit) {
+    const ssize_t n = ::read(fd, buf, std::min(sizeof buf, limit - out.size()));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
-      error = path + ": " + std::strerror(errno);
-      ::close(fd);
+      err = errno;
       return false;
     }
     if (n == 0) break;
-    if (out.size() + static_cast<size_t>(n) > max_bytes) {
-      error = path + ": larger than " + std::to_string(max_bytes) + " bytes; not read";
-      ::close(fd);
-      return false;
-    }
     out.append(buf, static_cast<size_t>(n));
   }
-  ::close(fd);
   return true;
+}
+
+std::string size_refusal(const std::string& path, size_t max_bytes) {
+  return path + ": larger than " + std::to_string(max_bytes) + " bytes; not read";
+}
+
+}  // namespace
+
+bool read_regular_file(const std::string& path, std::string& out, std::string& error, size_t max_bytes) {
+  struct stat st;
+  const int fd = open_regular_file(path, st, error);
+  if (fd < 0) return false;
+  out.clear();
+  if (static_cast<uint64_t>(st.st_size) > max_bytes) {
+    error = size_refusal(path, max_bytes);
+    ::close(fd);
+    return false;
+  }
+  // One byte past the bound tells a file that grew while it was read.
+  int err = 0;
+  const bool ok = read_up_to(fd, out, max_bytes + 1, err);
+  ::close(fd);
+  if (!ok) {
+    error = path + ": " + std::strerror(err);
+    return false;
+  }
+  if (out.size() > max_bytes) {
+    out.clear();
+    error = size_refusal(path, max_bytes);
+    return false;
+  }
+  return true;
+}
+
+bool read_regular_file_start(const std::string& path, std::string& out, std::string& error, size_t max_bytes) {
+  struct stat st;
+  const int fd = open_regular_file(path, st, error);
+  if (fd < 0) return false;
+  out.clear();
+  int err = 0;
+  const bool ok = read_up_to(fd, out, max_bytes, err);
+  ::close(fd);
+  if (!ok) error = path + ": " + std::strerror(err);
+  return ok;
 }
 
 // Writes all of `content`, syncs and closes `fd`; false with `err` set on the

@@ -10,10 +10,16 @@ namespace memledger::report {
 
 // Reads a whole regular file (at most max_bytes). A FIFO, a device or a
 // folder is refused without being read, so a reader never blocks on a pipe
-// that someone named like a run file. Returns false and sets `error`
+// that someone named like a run file; a file larger than max_bytes is
+// refused before any of it is read. Returns false and sets `error`
 // ("PATH: why") when it cannot be read.
 bool read_regular_file(const std::string& path, std::string& out, std::string& error,
                        size_t max_bytes = size_t{64} << 20);
+
+// Reads the first max_bytes (or fewer, when the file is shorter) of a regular
+// file, refusing what read_regular_file refuses: enough to tell what a file
+// is (a JSON report or a trace, a script's "#!" line) without reading it all.
+bool read_regular_file_start(const std::string& path, std::string& out, std::string& error, size_t max_bytes);
 
 // Writes `content` to PATH as a new 0600 file: first to PATH.tmp (created
 // afresh, never through a symlink), synced, then renamed over PATH. On any

@@ -4,14 +4,14 @@
 #include <cctype>
 #include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <memory>
 #include <regex>
 #include <toml++/toml.h>
 #include <yaml-cpp/yaml.h>
+
+#include "file_io.h"
 
 namespace memledger::report {
 namespace {
@@ -548,13 +548,15 @@ Policy load_policy_file(const std::string& path) {
     throw PolicyError("--policy: " + in_quotes(path) +
                       ": the file name says neither TOML nor YAML (name it .toml, .yaml or .yml)");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw PolicyError("--policy: cannot read " + in_quotes(path) + ": " + std::strerror(errno));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw PolicyError("--policy: cannot read " + in_quotes(path) + ": " + std::strerror(errno));
+  // A policy is a few lines: a FIFO, a device or a huge file is refused.
+  std::string text, error;
+  if (!read_regular_file(path, text, error, size_t{1} << 20)) {
+    // error is "PATH: why"; the path is shown quoted, as in every policy message.
+    const std::string why = error.rfind(path + ": ", 0) == 0 ? error.substr(path.size() + 2) : error;
+    throw PolicyError("--policy: cannot read " + in_quotes(path) + ": " + why);
+  }
   const std::string dir = fs::path(path).parent_path().string();
-  return yaml ? parse_policy_yaml(text.str(), path, dir) : parse_policy_toml(text.str(), path, dir);
+  return yaml ? parse_policy_yaml(text, path, dir) : parse_policy_toml(text, path, dir);
 }
 
 void merge_policy(Policy& base, const Policy& over) {

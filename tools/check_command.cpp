@@ -8,12 +8,12 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <map>
 #include <string>
 #include <utility>
 
 #include "check.h"
+#include "file_io.h"
 #include "policy.h"
 
 namespace memledger::tools {
@@ -37,17 +37,6 @@ int fail(const char* command, const std::string& message) {
 int usage(const char* command, const std::string& message) {
   std::fprintf(stderr, "memledger: %s: %s\n%s", command, message.c_str(), kCheckUsage);
   return kExitUsage;
-}
-
-bool write_file(const std::string& path, const std::string& content, std::string& error) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << content;
-  out.flush();
-  if (!out) {
-    error = "cannot write " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  return true;
 }
 
 // The file's folder exists and takes new files (or the file exists and is
@@ -249,19 +238,18 @@ int check_main(int argc, char** argv) {
 
   const report::CheckOutcome outcome = report::run_check(run, policy.baseline ? &baseline : nullptr, policy);
   const std::string text = report::render_check_text(outcome, quiet);
-  std::fwrite(text.data(), 1, text.size(), stdout);
-  std::fflush(stdout);
+  if (std::string error; !report::write_stream(stdout, text, error)) return fail("check", error);
 
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::string error;
   if (!junit_file.empty() &&
-      !write_file(junit_file, report::render_check_junit(outcome, local_timestamp(), host_name(), seconds), error)) {
+      !report::write_user_file(junit_file, report::render_check_junit(outcome, local_timestamp(), host_name(), seconds), error)) {
     return fail("check", "--junit: " + error);
   }
-  if (!json_file.empty() && !write_file(json_file, report::render_check_json(outcome).dump(2) + "\n", error)) {
+  if (!json_file.empty() && !report::write_user_file(json_file, report::render_check_json(outcome).dump(2) + "\n", error)) {
     return fail("check", "--json: " + error);
   }
-  if (!markdown_file.empty() && !write_file(markdown_file, report::render_check_markdown(outcome), error)) {
+  if (!markdown_file.empty() && !report::write_user_file(markdown_file, report::render_check_markdown(outcome), error)) {
     return fail("check", "--markdown: " + error);
   }
   return outcome.passed() ? 0 : kExitBroken;
@@ -337,12 +325,9 @@ int cmd_diff(int argc, char** argv) {
   }
   const nlohmann::json diff = report::diff_runs(a, b, warmup, max_sites);
   const std::string text = format == "json" ? diff.dump(2) + "\n" : report::render_diff_text(diff, max_rows);
-  if (output.empty() || output == "-") {
-    std::fwrite(text.data(), 1, text.size(), stdout);
-    return 0;
-  }
   std::string error;
-  if (!write_file(output, text, error)) return fail("diff", error);
+  if (output.empty() || output == "-") return report::write_stream(stdout, text, error) ? 0 : fail("diff", error);
+  if (!report::write_user_file(output, text, error)) return fail("diff", error);
   return 0;
 }
 

@@ -9,8 +9,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <thread>
+
+#include "file_io.h"
 
 extern char** environ;
 
@@ -130,10 +131,11 @@ std::string command_python(const std::vector<std::string>& command) {
       pos = colon + 1;
     }
   }
-  std::ifstream in(path);
-  std::string line;
-  if (in && std::getline(in, line) && line.rfind("#!", 0) == 0) {
-    line = line.substr(2);
+  // Only the "#!" line of a regular file is read: a FIFO on the PATH does
+  // not hold memledger up.
+  std::string line, error;
+  if (report::read_regular_file_start(path, line, error, 256) && line.rfind("#!", 0) == 0) {
+    line = line.substr(2, line.find('\n') == std::string::npos ? std::string::npos : line.find('\n') - 2);
     const size_t start = line.find_first_not_of(' ');
     if (start != std::string::npos) line = line.substr(start);
     const std::string interpreter = line.substr(0, line.find(' '));
