@@ -5,6 +5,7 @@ refused with a message that names the path (exit 2), before any of it is
 read."""
 
 import os
+import subprocess
 
 import mltest
 
@@ -97,6 +98,14 @@ class InputFiles(mltest.TestCase):
         self.assertIn("memledger check: passed", proc.stdout)
         proc = self.memledger("diff", report, self.run_dir, timeout=mltest.TIMEOUT)
         self.assertExit(proc, 0)
+
+    def test_full_disk_behind_stdout(self):
+        for args in (["check", self.run_dir, *LIMITS], ["diff", self.run_dir, self.run_dir]):
+            with open("/dev/full", "w") as full:
+                proc = subprocess.run([mltest.MEMLEDGER, *args], stdout=full, stderr=subprocess.PIPE, text=True,
+                                      env=mltest.clean_env(), timeout=mltest.TIMEOUT)
+            self.assertEqual(proc.returncode, 2, proc.stderr)
+            self.assertIn("No space left on device", proc.stderr)
 
 
 if __name__ == "__main__":
