@@ -35,6 +35,7 @@
 #include "run_report.h"
 #include "trace_format.h"
 #include "trace_reader.h"
+#include "window_command.h"
 
 namespace fs = std::filesystem;
 using memledger::report::AnalysisOptions;
@@ -58,6 +59,7 @@ const char* const kUsage =
     "                                     or against a baseline run\n"
     "  diff A B [options]                 two runs side by side: series, figures, sites that changed\n"
     "  dump TRACE                         every record of a trace file, as text\n"
+    "  window TRACE --from-seq N          what one stretch of a process did to its memory (JSON)\n"
     "\n"
     "run options:\n"
     "  -o, --output DIR          run folder (default: ./memledger-<program>-<date>-<time>)\n"
@@ -88,6 +90,7 @@ const char* const kUsage =
     "      --warmup-steps N      steps ignored before judging growth (default: a tenth, 1 to 10)\n"
     "      --debug-dir DIR       also look for binaries and debug info in DIR (repeatable)\n"
     "\n" MEMLEDGER_CHECK_USAGE
+    "\n" MEMLEDGER_WINDOW_USAGE
     "\n"
     "  memledger --help | --version\n";
 
@@ -860,6 +863,7 @@ int main(int argc, char** argv) {
     if (command == "check") rc = memledger::tools::cmd_check(argc - 1, argv + 1);
     if (command == "diff") rc = memledger::tools::cmd_diff(argc - 1, argv + 1);
     if (command == "dump") rc = cmd_dump(argc - 1, argv + 1);
+    if (command == "window") rc = memledger::tools::cmd_window(argc - 1, argv + 1);
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "memledger: out of memory\n");
     return 1;
