@@ -19,6 +19,8 @@ packages+=(clang libclang-rt-dev zstd)
 # The replacement allocators that programs link in or preload (the
 # allocator integration tests and the host benchmark run under each).
 packages+=(libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0)
+# The pytest plugin's tests (tools/python/memledger/pytest_plugin.py).
+packages+=(python3-pytest)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
