@@ -15,6 +15,7 @@
 #include "growth.h"
 #include "notes.h"
 #include "replay.h"
+#include "site_groups.h"
 #include "step_inference.h"
 #include "verdict.h"
 
@@ -65,6 +66,11 @@ bool is_allocator_frame(const Frame& f) {
 }  // namespace
 
 namespace {
+
+// Stacks judged per row shown: rows are lines of user code, each made of the
+// stacks below it (site_groups.h), so the stages before it keep this many
+// times as many stacks as the report shows rows.
+constexpr size_t kStacksPerRow = 10;
 
 // What the events gave: the replay, CUPTI's view beside it, and the steps
 // added in front of it.
@@ -252,9 +258,12 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   const bool sampled = r.host_mode == "sampled";
   EventPass pass = replay_with_steps(trace, feed, rewind, sampled);
   const ReplayOutput& replay = pass.replay;
+  // More stacks than rows are kept until the rows are made of them (one row
+  // per user line, site_groups.h).
   Growth growth = find_growth(replay.sites, replay.steps.size(),
-                              GrowthOptions{options.warmup_steps, options.max_suspects, sampled, r.sample_interval});
-  ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites, sampled ? r.sample_interval : 0);
+                              GrowthOptions{options.warmup_steps, options.max_suspects * kStacksPerRow, sampled,
+                                            r.sample_interval});
+  ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites * kStacksPerRow, sampled ? r.sample_interval : 0);
   LiveSets live = live_sets(replay, options.max_profile_sites);
   const HiddenAllocator hidden = find_hidden_allocator(trace.modules, replay.steps, replay.pool_allocs, !trace.vmm.empty());
   const StopVerdict stop = judge_stop(trace, exit_info, replay.ooms);
@@ -269,6 +278,9 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   r.verdict = stop.verdict;
   SiteNamer namer(trace, options.symbolizer);
   name_sites(r, pass.replay.oom_sites, stop, namer);
+  r.leak_suspects = group_suspects(std::move(r.leak_suspects), r.warmup_steps, options.max_suspects);
+  r.exit_leaks = group_site_totals(std::move(r.exit_leaks), options.max_exit_sites);
+  r.startup = group_site_totals(std::move(r.startup), options.max_exit_sites);
   // Device memory no hook saw, judged like a site (named already).
   for (LeakSuspect& s : find_not_hooked_growth(r.steps, options.warmup_steps, options.max_suspects)) {
     r.leak_suspects.push_back(std::move(s));

@@ -81,12 +81,22 @@ struct LeakSuspect {
   double r_squared = 0;
   int64_t live_at_end = 0;
   std::vector<int64_t> series;  // live bytes of the site at each step end
+  // One row per line of user code (site_groups.h): how many stacks that
+  // differ only around the same user line were merged into this row, and,
+  // when more than one, each of them with its own figures, fastest first.
+  // The figures above are their sums; `site` is the fastest one's stack.
+  size_t stacks_merged = 1;
+  std::vector<LeakSuspect> variants;
 };
 
 struct SiteTotal {
   Site site;
   int64_t bytes = 0;
   uint64_t count = 0;
+  // As LeakSuspect's: the stacks merged into this row by its user line, and
+  // each of them (largest first) when more than one; `site` is the largest.
+  size_t stacks_merged = 1;
+  std::vector<SiteTotal> variants;
 };
 
 // A failed device allocation, with the picture at that moment.
@@ -211,6 +221,10 @@ std::string signal_name(int signo);
 // Index of the first frame that is the user's code rather than allocator
 // plumbing (operator new, std:: containers, libc): the frame a site is named by.
 size_t user_frame_index(const std::vector<Frame>& frames);
+
+// Python source of the interpreter or an installed package (the standard
+// library, site-packages, dist-packages, frozen modules), not the program's.
+bool is_library_python_file(const std::string& file);
 
 std::string human_bytes(double bytes);
 

@@ -577,10 +577,26 @@ void process_charts(const ProcessReport& p, std::ostringstream& o) {
                   x_label, mem, step_names, mem_note);
 }
 
+// A row made of several stacks below one user line (site_groups.h): how
+// many, and each of them with its figure and stack, to expand.
+template <typename T, typename Figure>
+std::string variants_html(const T& row, Figure figure_of) {
+  if (row.stacks_merged <= 1) return {};
+  std::ostringstream o;
+  o << "<details class=\"variants\"><summary>" << row.stacks_merged << " stacks merged";
+  if (row.variants.size() < row.stacks_merged) o << " (the largest " << row.variants.size() << " listed)";
+  o << "</summary><ol>";
+  for (const T& v : row.variants) o << "<li>" << esc(figure_of(v)) << stack_html(v.site.frames) << "</li>";
+  o << "</ol></details>";
+  return o.str();
+}
+
 void site_table(const std::vector<SiteTotal>& sites, std::ostringstream& o) {
   o << "<table><thead><tr><th>site</th><th>kind</th><th class=\"n\">bytes</th><th class=\"n\">allocations</th><th>stack</th></tr></thead><tbody>\n";
   for (const SiteTotal& t : sites) {
-    o << "<tr><td>" << esc(site_name(t.site)) << "</td><td>" << esc(kind_title(t.site.kind & 3)) << "</td><td class=\"n\">"
+    o << "<tr><td>" << esc(site_name(t.site))
+      << variants_html(t, [](const SiteTotal& v) { return bytes(double(v.bytes)) + " in " + std::to_string(v.count); })
+      << "</td><td>" << esc(kind_title(t.site.kind & 3)) << "</td><td class=\"n\">"
       << esc(bytes(double(t.bytes))) << "</td><td class=\"n\">" << t.count << "</td><td>" << stack_html(t.site.frames)
       << "</td></tr>\n";
   }
@@ -663,7 +679,8 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
       const LeakSuspect& s = p.leak_suspects[k];
       std::vector<double> y(s.series.begin(), s.series.end());
       o << "<tr class=\"grows\"><td>" << k + 1 << "</td><td><b>" << esc(site_name(s.site)) << "</b><br><span class=\"note\">"
-        << esc(kind_title(s.site.kind & 3)) << "</span>" << stack_html(s.site.frames) << "</td><td class=\"n\">"
+        << esc(kind_title(s.site.kind & 3)) << "</span>" << stack_html(s.site.frames)
+        << variants_html(s, [](const LeakSuspect& v) { return suspect_rate_text(v); }) << "</td><td class=\"n\">"
         << esc(s.estimated ? suspect_rate_text(s) : bytes(s.bytes_per_step)) << "</td><td class=\"n\">"
         << esc(s.estimated ? suspect_count_text(s) : num(s.allocations_per_step)) << "</td><td class=\"n\">"
         << s.first_step << "</td><td class=\"n\">" << num(s.monotonicity * 100, 0) << "%</td><td class=\"n\">"

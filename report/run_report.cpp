@@ -110,15 +110,49 @@ json frames_json(const std::vector<Frame>& frames) {
   return out;
 }
 
+// A row's stacks (one row per user line): their number, and each of them
+// with its own figures when more than one was merged.
+template <typename T, typename ToJson>
+void merged_json(const T& row, ToJson to_json, json& out) {
+  out["stacks_merged"] = row.stacks_merged;
+  if (row.variants.empty()) return;
+  json variants = json::array();
+  for (const T& v : row.variants) variants.push_back(to_json(v));
+  out["variants"] = std::move(variants);
+}
+
+json site_total_json(const SiteTotal& t) {
+  json out = {{"kind", format::kind_name(static_cast<format::Kind>(t.site.kind))},
+              {"site", site_name(t.site)},
+              {"bytes", t.bytes},
+              {"count", t.count},
+              {"stack", frames_json(t.site.frames)}};
+  merged_json(t, site_total_json, out);
+  return out;
+}
+
 json site_totals_json(const std::vector<SiteTotal>& totals) {
   json out = json::array();
-  for (const SiteTotal& t : totals) {
-    out.push_back({{"kind", format::kind_name(static_cast<format::Kind>(t.site.kind))},
-                   {"site", site_name(t.site)},
-                   {"bytes", t.bytes},
-                   {"count", t.count},
-                   {"stack", frames_json(t.site.frames)}});
-  }
+  for (const SiteTotal& t : totals) out.push_back(site_total_json(t));
+  return out;
+}
+
+json suspect_json(const LeakSuspect& s) {
+  json out = {{"kind", format::kind_name(static_cast<format::Kind>(s.site.kind))},
+              {"site", site_name(s.site)},
+              {"bytes_per_step", std::llround(s.bytes_per_step)},
+              {"bytes_per_step_exact", s.bytes_per_step},
+              {"allocations_per_step", s.allocations_per_step},
+              {"estimated", s.estimated},
+              {"bytes_per_step_error", s.bytes_per_step_error},
+              {"allocations_per_step_error", s.allocations_per_step_error},
+              {"first_step", s.first_step},
+              {"monotonicity", s.monotonicity},
+              {"r_squared", s.r_squared},
+              {"live_at_end", s.live_at_end},
+              {"series", s.series},
+              {"stack", frames_json(s.site.frames)}};
+  merged_json(s, suspect_json, out);
   return out;
 }
 
@@ -210,22 +244,7 @@ json process_json(const ProcessReport& p) {
     steps.push_back(std::move(step));
   }
   json suspects = json::array();
-  for (const LeakSuspect& s : p.leak_suspects) {
-    suspects.push_back({{"kind", format::kind_name(static_cast<format::Kind>(s.site.kind))},
-                        {"site", site_name(s.site)},
-                        {"bytes_per_step", std::llround(s.bytes_per_step)},
-                        {"bytes_per_step_exact", s.bytes_per_step},
-                        {"allocations_per_step", s.allocations_per_step},
-                        {"estimated", s.estimated},
-                        {"bytes_per_step_error", s.bytes_per_step_error},
-                        {"allocations_per_step_error", s.allocations_per_step_error},
-                        {"first_step", s.first_step},
-                        {"monotonicity", s.monotonicity},
-                        {"r_squared", s.r_squared},
-                        {"live_at_end", s.live_at_end},
-                        {"series", s.series},
-                        {"stack", frames_json(s.site.frames)}});
-  }
+  for (const LeakSuspect& s : p.leak_suspects) suspects.push_back(suspect_json(s));
   const Verdict& v = p.verdict;
   json verdict = {{"kind", v.kind},
                   {"summary", v.summary},
@@ -563,6 +582,12 @@ void text_host_steps(const ProcessReport& p, std::ostringstream& out) {
   }
 }
 
+// A row made of several stacks below one user line says so.
+std::string merged_text(size_t stacks, bool largest_below) {
+  if (stacks <= 1) return {};
+  return "  (" + std::to_string(stacks) + " stacks merged" + (largest_below ? "; the largest below" : "") + ")";
+}
+
 void text_suspects(const ProcessReport& p, std::ostringstream& out) {
   out << "\ngrowth leak suspects: " << p.leak_suspects.size() << "\n";
   for (size_t k = 0; k < p.leak_suspects.size(); ++k) {
@@ -571,7 +596,7 @@ void text_suspects(const ProcessReport& p, std::ostringstream& out) {
     if (!s.estimated) out << " (" << std::llround(s.bytes_per_step) << " B/step)";
     out << ", " << suspect_count_text(s) << ", from step " << s.first_step
         << ", monotone " << fixed(s.monotonicity * 100, 0) << "%, " << format::kind_name(format::Kind(s.site.kind))
-        << "\n     " << site_name(s.site) << "\n";
+        << "\n     " << site_name(s.site) << merged_text(s.stacks_merged, true) << "\n";
     for (const Frame& f : s.site.frames) out << "       " << frame_text(f) << "\n";
   }
 }
@@ -584,14 +609,16 @@ void text_exit_leaks(const ProcessReport& p, std::ostringstream& out) {
       << " in " << about << p.exit_leak_count << " allocations"
       << (p.leak_counts_estimated ? " (estimated from the sampled ones)" : "") << "\n";
   for (const SiteTotal& t : p.exit_leaks) {
-    out << "  " << human_bytes(double(t.bytes)) << " in " << about << t.count << " at " << site_name(t.site) << "\n";
+    out << "  " << human_bytes(double(t.bytes)) << " in " << about << t.count << " at " << site_name(t.site)
+        << merged_text(t.stacks_merged, false) << "\n";
   }
   if (!p.steps.empty()) {
     out << "one-off start-up allocations (before the first step, still live): "
         << human_bytes(double(p.startup_bytes)) << " in " << about << p.startup_count << " allocations\n";
     for (size_t k = 0; k < p.startup.size() && k < 5; ++k) {
       const SiteTotal& t = p.startup[k];
-      out << "  " << human_bytes(double(t.bytes)) << " in " << about << t.count << " at " << site_name(t.site) << "\n";
+      out << "  " << human_bytes(double(t.bytes)) << " in " << about << t.count << " at " << site_name(t.site)
+          << merged_text(t.stacks_merged, false) << "\n";
     }
   }
 }
