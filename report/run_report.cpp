@@ -9,6 +9,7 @@
 #include "file_io.h"
 #include "job_report.h"
 #include "sampling.h"
+#include "stack_fold.h"
 #include "trace_format.h"
 
 namespace memledger::report {
@@ -588,7 +589,7 @@ std::string merged_text(size_t stacks, bool largest_below) {
   return "  (" + std::to_string(stacks) + " stacks merged" + (largest_below ? "; the largest below" : "") + ")";
 }
 
-void text_suspects(const ProcessReport& p, std::ostringstream& out) {
+void text_suspects(const ProcessReport& p, bool full_stacks, std::ostringstream& out) {
   out << "\ngrowth leak suspects: " << p.leak_suspects.size() << "\n";
   for (size_t k = 0; k < p.leak_suspects.size(); ++k) {
     const LeakSuspect& s = p.leak_suspects[k];
@@ -597,7 +598,11 @@ void text_suspects(const ProcessReport& p, std::ostringstream& out) {
     out << ", " << suspect_count_text(s) << ", from step " << s.first_step
         << ", monotone " << fixed(s.monotonicity * 100, 0) << "%, " << format::kind_name(format::Kind(s.site.kind))
         << "\n     " << site_name(s.site) << merged_text(s.stacks_merged, true) << "\n";
-    for (const Frame& f : s.site.frames) out << "       " << frame_text(f) << "\n";
+    if (full_stacks) {
+      for (const Frame& f : s.site.frames) out << "       " << frame_text(f) << "\n";
+    } else {
+      for (const std::string& line : folded_stack(s.site.frames)) out << "       " << line << "\n";
+    }
   }
 }
 
@@ -646,7 +651,7 @@ void text_cupti(const ProcessReport& p, std::ostringstream& out) {
 
 }  // namespace
 
-std::string render_text(const RunReport& run) {
+std::string render_text(const RunReport& run, bool full_stacks) {
   std::ostringstream out;
   const ProcessReport& root = run.processes[run.root];
   out << "memledger report";
@@ -670,7 +675,7 @@ std::string render_text(const RunReport& run) {
     text_ooms(p, out);
     text_device_steps(p, out);
     text_host_steps(p, out);
-    text_suspects(p, out);
+    text_suspects(p, full_stacks, out);
     text_exit_leaks(p, out);
     text_cupti(p, out);
     if (!p.notes.empty()) {

@@ -33,7 +33,9 @@ struct RunOutcome {
 // when given, is taken over run.json.
 RunReport load_run(const std::string& path, const AnalysisOptions& options, const RunOutcome* outcome = nullptr);
 
-std::string render_text(const RunReport& run);
+// `full_stacks`: every frame of a stack; else runs of library frames are
+// folded into one line each (stack_fold.h).
+std::string render_text(const RunReport& run, bool full_stacks = false);
 nlohmann::json render_json(const RunReport& run);
 
 // A site by the frame that is the user's code: "FUNCTION at FILE:LINE".

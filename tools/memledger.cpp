@@ -89,6 +89,7 @@ const char* const kUsage =
     "  -o, --output FILE         write the report to FILE instead of standard output\n"
     "      --warmup-steps N      steps ignored before judging growth (default: a tenth, 1 to 10)\n"
     "      --debug-dir DIR       also look for binaries and debug info in DIR (repeatable)\n"
+    "      --full-stacks         text: every frame (by default runs of library frames are folded)\n"
     "\n" MEMLEDGER_CHECK_USAGE
     "\n" MEMLEDGER_WINDOW_USAGE
     "\n"
@@ -739,6 +740,7 @@ int cmd_report(int argc, char** argv) {
   std::string format = "text";
   std::string output;
   memledger::report::Snapshot at = memledger::report::Snapshot::kPeak;
+  bool full_stacks = false;
   AnalysisOptions options;
   static const option long_options[] = {
       {"format", required_argument, nullptr, 'f'},
@@ -746,6 +748,7 @@ int cmd_report(int argc, char** argv) {
       {"output", required_argument, nullptr, 'o'},
       {"warmup-steps", required_argument, nullptr, 'w'},
       {"debug-dir", required_argument, nullptr, 'd'},
+      {"full-stacks", no_argument, nullptr, 'F'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
@@ -779,6 +782,7 @@ int cmd_report(int argc, char** argv) {
         break;
       }
       case 'd': options.symbolizer.debug_dirs.emplace_back(optarg); break;
+      case 'F': full_stacks = true; break;
       case 'h': std::fputs(kUsage, stdout); return 0;
       case ':': return usage_error(std::string("option ") + argv[optind - 1] + " needs a value");
       default: return usage_error(std::string("unknown option for report: ") + argv[optind - 1]);
@@ -804,7 +808,7 @@ int cmd_report(int argc, char** argv) {
     } else if (format == "chrome") {
       text = memledger::report::render_chrome_trace(run).dump(-1, ' ', false, kReplace) + "\n";
     } else {
-      text = memledger::report::render_text(run);
+      text = memledger::report::render_text(run, full_stacks);
     }
     for (const std::string& p : run.problems) {
       std::fprintf(stderr, "memledger: warning: %s\n", memledger::report::escape_terminal(p).c_str());

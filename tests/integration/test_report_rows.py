@@ -3,7 +3,11 @@ that keeps a bytearray, a bytes object and a list each step allocates through
 several native stacks below that one line; the report gives it one growth
 suspect and one exit-leak row, with the figures summed, the number of stacks
 merged and each stack kept under the row, and `memledger check` counts that
-row once."""
+row once. The text report's stacks show the user's frames and fold each run
+of library frames (the standard library's json, the interpreter, libc) into
+one line; JSON, HTML and `--full-stacks` keep every frame."""
+
+import re
 
 import collections
 import os
@@ -13,16 +17,18 @@ import textwrap
 import mltest
 
 PROGRAM = textwrap.dedent('''
-    import ctypes, os
+    import ctypes, json, os
 
     libc = ctypes.CDLL(None)
     step = libc.memledger_step
     step.argtypes = [ctypes.c_char_p]
     kept = []
+    DOC = json.dumps(list(range(2_000)))
 
 
     def grow(i):
         kept.append((bytearray(40_000), b"x" * (50_000 + i), list(range(6_000))))  # ROW_LINE
+        kept.append(json.loads(DOC))  # STDLIB_LINE
 
 
     for i in range(12):
@@ -32,6 +38,8 @@ PROGRAM = textwrap.dedent('''
 ''')
 ROW_LINE = next(n for n, line in enumerate(PROGRAM.splitlines(), 1) if "ROW_LINE" in line)
 ROW_SITE = "grow at rows.py:%d" % ROW_LINE
+STDLIB_LINE = next(n for n, line in enumerate(PROGRAM.splitlines(), 1) if "STDLIB_LINE" in line)
+STDLIB_SITE = "grow at rows.py:%d" % STDLIB_LINE
 
 
 class ReportRows(mltest.TestCase):
@@ -52,8 +60,8 @@ class ReportRows(mltest.TestCase):
         names = collections.Counter((r["kind"], r["site"]) for r in rows)
         self.assertEqual([n for n, c in names.items() if c > 1], [], what + ": a line in more than one row")
 
-    def row(self, rows):
-        found = [r for r in rows if r["site"] == ROW_SITE]
+    def row(self, rows, site=ROW_SITE):
+        found = [r for r in rows if r["site"] == site]
         self.assertEqual(len(found), 1, [r["site"] for r in rows])
         return found[0]
 
@@ -100,12 +108,47 @@ class ReportRows(mltest.TestCase):
         self.assertRegex(html, r"<details class=\"variants\"><summary>\d+ stacks merged</summary>")
 
     def test_check_counts_rows(self):
-        proc = self.memledger("check", self.run_dir, "--max-suspects", "1")
+        # Two lines grow: ROW_LINE and STDLIB_LINE.
+        proc = self.memledger("check", self.run_dir, "--max-suspects", "2")
         self.assertExit(proc, 0)
-        self.assertIn("growth suspects (total): 1 <= limit 1", proc.stdout)
+        self.assertIn("growth suspects (total): 2 <= limit 2", proc.stdout)
         proc = self.memledger("check", self.run_dir, "--max-exit-leak", "100KiB")
         self.assertExit(proc, 1)
         self.assertIn("largest exit leak: %s" % ROW_SITE, proc.stdout)
+
+
+    def suspect_text(self, text, site):
+        """The lines of the text report's growth suspect named `site`: its
+        heading and its stack."""
+        growth = text[text.index("growth leak suspects:"):text.index("exit leaks")]
+        blocks = re.split(r"\n  #\d+ ", growth)
+        found = [b for b in blocks if "\n     %s" % site in b]
+        self.assertEqual(len(found), 1, growth)
+        return [line for line in found[0].splitlines() if line.strip()]
+
+    def test_text_stacks_fold_library_frames(self):
+        with open(os.path.join(self.run_dir, "report.txt")) as f:
+            lines = [l.strip() for l in self.suspect_text(f.read(), STDLIB_SITE)[2:]]
+        row = self.row(self.report["leak_suspects"], STDLIB_SITE)
+        stack = row["stack"]
+        # The JSON keeps every frame: json's three, the program's two, the interpreter's.
+        self.assertEqual([f["function"] for f in stack[:3]], ["JSONDecoder.raw_decode", "JSONDecoder.decode", "loads"])
+        self.assertTrue(any(f["function"] == "_PyEval_EvalFrameDefault" for f in stack), stack)
+        # The text: json's frames folded, the program's lines, the interpreter and libc folded.
+        self.assertEqual(lines[0], "\u2026 3 frames in the Python standard library \u2026", lines)
+        self.assertRegex(lines[1], r"^grow  .*rows\.py:%d$" % STDLIB_LINE)
+        self.assertRegex(lines[2], r"^<module>  .*rows\.py:\d+$")
+        self.assertRegex(lines[3], r"^\u2026 \d+ frames in python3\.\d+.*, libc \u2026$")
+        self.assertLess(len(lines), len(stack))
+        self.assertNotIn("_PyEval_EvalFrameDefault", "\n".join(lines))
+        # --full-stacks and the HTML page show every frame.
+        proc = self.memledger("report", self.run_dir, "--full-stacks")
+        self.assertExit(proc, 0)
+        full = self.suspect_text(proc.stdout, STDLIB_SITE)[2:]
+        self.assertEqual(len(full), len(stack))
+        self.assertNotIn("\u2026", "\n".join(full))
+        with open(os.path.join(self.run_dir, "report.html")) as f:
+            self.assertIn("_PyEval_EvalFrameDefault", f.read())
 
 
 if __name__ == "__main__":
