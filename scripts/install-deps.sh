@@ -61,3 +61,14 @@ if ! "$lightning_venv/bin/python3" -c "import importlib.util as u, sys; sys.exit
     'pytorch-lightning==1.6.5' 'torchmetrics==0.11.4' 'setuptools<70' ||
     echo "memledger setup: pip could not install pytorch-lightning; its test will be skipped" >&2
 fi
+
+# meson-python from PyPI for the wheel's test (tests/integration/test_wheel.py
+# builds with `pip wheel --no-build-isolation` from $venv): it drives
+# Debian's meson and ninja, the ones that configured build/, so the wheel's
+# compile commands are build/'s and ccache serves them. Without network that
+# test is skipped with a message.
+if ! "$venv/bin/python3" -c "import importlib.util as u, sys; sys.exit(not u.find_spec('mesonpy'))"; then
+  echo "memledger setup: installing meson-python into $venv" >&2
+  "$venv/bin/pip" install --quiet --disable-pip-version-check meson-python ||
+    echo "memledger setup: pip could not install meson-python; the wheel's test will be skipped" >&2
+fi

@@ -1,5 +1,6 @@
 """Runs pytest_suite/test_gates.py under `pytest --memledger` and checks the
-outcome, for test_pytest_plugin.py. Not a test by itself."""
+outcome: shared by test_pytest_plugin.py (build tree) and test_wheel.py
+(the installed wheel). Not a test by itself."""
 
 import os
 import re

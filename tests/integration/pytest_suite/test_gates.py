@@ -1,6 +1,6 @@
-"""A small test suite with memory gates, run by test_pytest_plugin.py under
-`pytest --memledger` (not part of the project's suite by itself). The lines
-marked LEAK and PEAK are what the failures must name."""
+"""A small memory-gated suite for test_pytest_plugin.py and test_wheel.py
+(`pytest --memledger`; not part of the project's suite by itself). The
+lines marked LEAK and PEAK are what the failures must name."""
 
 import pytest
 import torch

@@ -1,5 +1,5 @@
-"""`python -m memledger ARGS`: runs the memledger command line that came
-with this package."""
+"""`python -m memledger ARGS` and the wheel's `memledger` console script:
+run the memledger command line that came with this package."""
 
 import os
 import sys

@@ -1,6 +1,6 @@
 """memledger's pytest plugin: memory gates per test, from the tracer's own
-counters (`pytest -p memledger.pytest_plugin`, with the memledger package
-on the path).
+counters (the wheel's `pytest11` entry point; from a source build, `pytest
+-p memledger.pytest_plugin` with the memledger package on the path).
 
     pytest --memledger                  # re-runs this pytest command under `memledger run`
     pytest --memledger-report DIR       # the same, keeping the run folder in DIR
