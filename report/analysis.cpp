@@ -190,6 +190,13 @@ ProcessReport describe_process(const Trace& trace) {
   r.world_size = trace.header_value("world_size");
   r.host = trace.header_value("host");
   r.start_mono_ns = std::strtoull(trace.header_value("start_mono_ns", "0").c_str(), nullptr, 10);
+  r.allocator.name = trace.header_value("allocator");
+  r.allocator.path = trace.header_value("allocator_path");
+  r.allocator.reached = trace.header_value("allocator_reached");
+  // Traces from before the allocator was named took held bytes from mallinfo2.
+  r.allocator.held_source = trace.header_value("allocator_held", r.allocator.name.empty() ? "mallinfo2" : "none");
+  r.allocator.held_known = r.allocator.held_source != "none";
+  r.allocator.traced = trace.header_value("host_untraced", "0") != "1";
   return r;
 }
 
@@ -287,7 +294,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   }
   r.notes = collect_notes(NotesInput{trace, sampled, r.sample_interval, r.events, stackless, r.unknown_frees,
                                      r.failed_allocations, r.ooms.size(), growth.note, hidden.note, r.cupti,
-                                     namer.warnings(), pass.steps.note});
+                                     namer.warnings(), pass.steps.note, &r.allocator});
   return r;
 }
 

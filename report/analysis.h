@@ -147,6 +147,17 @@ struct TotalGrowth {
   bool plateau = false;  // the last half of the window grew less, and its slope is the one given
 };
 
+// The program's host allocator, as the trace header names it
+// (interposer/next_allocator.h).
+struct HostAllocator {
+  std::string name;         // glibc, jemalloc, tcmalloc, mimalloc, other; empty: not recorded (older trace)
+  std::string path;         // the object that defines its malloc
+  std::string reached;      // how the program reaches it
+  std::string held_source;  // the statistic held host bytes come from
+  bool traced = true;       // false: the program's malloc bypasses memledger
+  bool held_known = true;   // false: the allocator offers no statistics (held host bytes unknown, not 0)
+};
+
 struct ProcessReport {
   std::string trace_path;
   int pid = 0;
@@ -154,6 +165,7 @@ struct ProcessReport {
   std::string command;
   std::string host_mode;
   uint64_t sample_interval = 0;
+  HostAllocator allocator;
   std::string rank;
   std::string local_rank;
   std::string world_size;

@@ -313,6 +313,20 @@ void oom_figure(const FigureInput& in, Figure& f) {
   }
 }
 
+// Why a host figure was not measured, or empty: a gate must not pass on
+// host bytes memledger never saw (an allocator ahead of it in the lookup
+// order) or held bytes it could not read (shown as 0 in the JSON of no run).
+std::string unmeasured_host(const ProcessData& p, Metric metric, int k) {
+  if (k > 0 || metric == Metric::kOoms || metric == Metric::kMinSteps) return {};
+  if (!p.host_traced) {
+    return "the host heap was not traced (" + p.allocator + " comes before memledger in the lookup order)";
+  }
+  if (!p.host_held_known && (metric == Metric::kHeld || metric == Metric::kFragmentationShare)) {
+    return "held host bytes are unknown (" + p.allocator + " offers no statistics memledger reads)";
+  }
+  return {};
+}
+
 // One process's value of a metric; judged=false when it has none.
 Figure process_figure(const RunData& run, size_t index, Metric metric, Scope scope, int warmup_steps) {
   const ProcessData& p = run.processes[index];
@@ -320,6 +334,11 @@ Figure process_figure(const RunData& run, size_t index, Metric metric, Scope sco
   Figure f;
   f.pid = p.pid;
   f.rank = p.rank;
+  f.why_not = unmeasured_host(p, metric, scope_kind(scope));
+  if (!f.why_not.empty()) {
+    f.judged = false;
+    return f;
+  }
   const FigureInput in{p, pj, member(pj, "steps"), scope, scope_kind(scope), warmup_steps};
   switch (metric) {
     case Metric::kGrowthPerStep: growth_figure(in, f); return f;
@@ -487,6 +506,12 @@ RunData run_data_from_json(json report, const std::string& path, const std::stri
         const json& frag = member(member(s, "fragmentation"), "device");
         p.device_share.push_back(frag.is_object() ? number(frag, "share", -1) : -1);
       }
+      const json& allocator = member(pj, "allocator");
+      p.allocator = text(allocator, "name");
+      const json& traced = member(allocator, "traced");
+      p.host_traced = !(traced.is_boolean() && !traced.get<bool>());
+      // Reports from before the allocator was named took held bytes from mallinfo2.
+      p.host_held_known = p.allocator.empty() || !text(allocator, "held_source").empty();
       p.peak = number(member(pj, "peak"), "bytes");
       p.peak_kind = text(member(pj, "peak"), "kind");
       if (p.pid == root_pid) run.root = i;

@@ -42,6 +42,11 @@ struct ProcessData {
   std::vector<double> device_share;         // per step: the report's device fragmentation share (-1: none)
   double peak = 0;                          // the report's peak live total
   std::string peak_kind;
+  // The report's `allocator`: the host heap bypassed memledger (traced
+  // false), or its held bytes could not be read (held_source null).
+  std::string allocator;
+  bool host_traced = true;
+  bool host_held_known = true;
 };
 
 // A run to judge or compare: its JSON report and what check reads from it.

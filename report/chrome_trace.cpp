@@ -57,12 +57,18 @@ json render_chrome_trace(const RunReport& run) {
                         {"args", {{"live", live}, {"allocations", s.allocations}, {"frees", s.frees}, {"rss", s.rss}}}});
       const double ts = micros(offset + s.end_ns);
       events.push_back({{"ph", "C"}, {"name", "live bytes"}, {"pid", pid}, {"ts", ts}, {"args", live}});
-      json held = {{"host", s.held_host}};
+      // Host counters memledger could not measure are left out, not drawn as 0.
+      json held = json::object(), frag = json::object();
+      if (p.allocator.held_known) held["host"] = s.held_host;
+      if (p.allocator.held_known && p.allocator.traced) {
+        frag["host"] = std::max<int64_t>(0, static_cast<int64_t>(s.held_host) - s.live[0]);
+      }
       if (s.held_device != 0) held["device"] = s.held_device;
-      events.push_back({{"ph", "C"}, {"name", "held bytes"}, {"pid", pid}, {"ts", ts}, {"args", held}});
-      json frag = {{"host", std::max<int64_t>(0, static_cast<int64_t>(s.held_host) - s.live[0])}};
       if (s.held_device != 0) frag["device"] = std::max<int64_t>(0, s.held_device - s.live[1] - s.live[2]);
-      events.push_back({{"ph", "C"}, {"name", "fragmentation bytes"}, {"pid", pid}, {"ts", ts}, {"args", frag}});
+      if (!held.empty()) events.push_back({{"ph", "C"}, {"name", "held bytes"}, {"pid", pid}, {"ts", ts}, {"args", held}});
+      if (!frag.empty()) {
+        events.push_back({{"ph", "C"}, {"name", "fragmentation bytes"}, {"pid", pid}, {"ts", ts}, {"args", frag}});
+      }
       json rss = {{"rss", s.rss}};
       if (p.verdict.cgroup_limit) rss["cgroup_limit"] = p.verdict.cgroup_limit;
       events.push_back({{"ph", "C"}, {"name", "host RSS"}, {"pid", pid}, {"ts", ts}, {"args", rss}});

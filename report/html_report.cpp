@@ -510,8 +510,13 @@ void process_charts(const ProcessReport& p, std::ostringstream& o) {
   };
   const char* colors[] = {"#2962a8", "#c0392b", "#8e44ad", "#16a085"};
   std::vector<Series> live;
-  live.push_back({"host heap live", colors[0], series_of([](const StepStats& s) { return s.live[0]; }), false});
-  live.push_back({"host heap held", colors[0], series_of([](const StepStats& s) { return s.held_host; }), true});
+  // Host figures memledger could not measure are left out, not drawn as 0.
+  if (p.allocator.traced) {
+    live.push_back({"host heap live", colors[0], series_of([](const StepStats& s) { return s.live[0]; }), false});
+  }
+  if (p.allocator.held_known) {
+    live.push_back({"host heap held", colors[0], series_of([](const StepStats& s) { return s.held_host; }), true});
+  }
   size_t devices = 0;
   for (const StepStats& s : p.steps) devices = std::max(devices, s.live_by_device.size());
   if (devices > 1) {
@@ -529,16 +534,18 @@ void process_charts(const ProcessReport& p, std::ostringstream& o) {
   }
   if (kind_seen[2]) live.push_back({"managed live", colors[2], series_of([](const StepStats& s) { return s.live[2]; }), false});
   if (kind_seen[3]) live.push_back({"pinned host live", colors[3], series_of([](const StepStats& s) { return s.live[3]; }), false});
-  std::string live_note = "Live: bytes requested and not yet freed, at each step end. Held: what the allocators hold from the system (glibc's heap";
+  std::string live_note = "Live: bytes requested and not yet freed, at each step end. Held: what the allocators hold from the system (the host allocator's statistics";
   live_note += (kind_seen[1] || device_held) ? "; device: granularity-rounded allocations, pools' reserve, VMM physical memory; all devices together)." : ").";
   if (p.host_mode == "sampled") live_note += " Host live totals are exact; per-site figures are sampled estimates.";
-  o << line_chart("Live and held bytes per step", x_label, live, step_names, live_note);
+  if (!live.empty()) o << line_chart("Live and held bytes per step", x_label, live, step_names, live_note);
 
   std::vector<Series> frag;
-  frag.push_back({"host heap (held \u2212 live)", colors[0], series_of([](const StepStats& s) {
-                    return std::max<int64_t>(0, static_cast<int64_t>(s.held_host) - s.live[0]);
-                  }),
-                  false});
+  if (p.allocator.traced && p.allocator.held_known) {
+    frag.push_back({"host heap (held \u2212 live)", colors[0], series_of([](const StepStats& s) {
+                      return std::max<int64_t>(0, static_cast<int64_t>(s.held_host) - s.live[0]);
+                    }),
+                    false});
+  }
   if (device_held) {
     frag.push_back({"device (held \u2212 live)", colors[1], series_of([](const StepStats& s) {
                       return std::max<int64_t>(0, s.held_device - s.live[1] - s.live[2]);
@@ -553,7 +560,7 @@ void process_charts(const ProcessReport& p, std::ostringstream& o) {
     }
   }
   if (p.caching_allocator_hidden) frag_note += " " + p.caching_allocator_note;
-  o << line_chart("Fragmentation per step", x_label, frag, step_names, frag_note);
+  if (!frag.empty()) o << line_chart("Fragmentation per step", x_label, frag, step_names, frag_note);
 
   std::vector<Series> mem;
   mem.push_back({"host RSS", "#37474f", series_of([](const StepStats& s) { return s.rss; }), false});
@@ -605,7 +612,8 @@ void site_table(const std::vector<SiteTotal>& sites, std::ostringstream& o) {
 
 std::string process_figures(const ProcessReport& p) {
   return "<div class=\"figures\">" + figure(std::to_string(p.steps.size()), "steps (source: " + p.step_source + ")") +
-         figure(bytes(double(p.peak.bytes)), p.peak.step ? "peak live, " + peak_phase(p.peak, p.steps.size()) : "peak live") +
+         figure(bytes(double(p.peak.bytes)), std::string(p.allocator.traced ? "peak live" : "peak live (host heap not traced)") +
+                                                 (p.peak.step ? ", " + peak_phase(p.peak, p.steps.size()) : "")) +
          (p.total_growth.judged ? figure(bytes(p.total_growth.per_step) + "/step", "growth per step, all live bytes (what check gates on)")
                                 : std::string()) +
          figure(p.leak_suspects.empty() ? "no growth" : suspect_rate_text(p.leak_suspects.front()),
@@ -617,6 +625,12 @@ std::string process_figures(const ProcessReport& p) {
                                                        std::to_string(p.exit_leak_count) + " allocations") +
          figure(num(double(p.duration_ns) / 1e9, 2) + " s", "duration, " + std::to_string(p.events) + " events") +
          figure(p.host_mode, p.host_mode == "sampled" ? "host mode, mean interval " + bytes(double(p.sample_interval)) : "host mode") +
+         (p.allocator.name.empty()
+              ? std::string()
+              : figure(p.allocator.name, p.allocator.traced ? "host allocator, " + p.allocator.reached +
+                                                                 (p.allocator.held_known ? "; held from " + p.allocator.held_source
+                                                                                         : "; held bytes unknown")
+                                                            : "host allocator: the host heap is not traced")) +
          "</div>\n";
 }
 

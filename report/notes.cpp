@@ -48,10 +48,27 @@ void cupti_notes(const CuptiView& cupti, std::vector<std::string>& notes) {
   }
 }
 
+// What the host figures cannot say because of the program's allocator.
+void allocator_notes(const HostAllocator* allocator, std::vector<std::string>& notes) {
+  if (allocator == nullptr || allocator->name.empty()) return;
+  const std::string who = allocator->name + (allocator->path.empty() ? "" : " (" + allocator->path + ")");
+  if (!allocator->traced) {
+    notes.insert(notes.begin(), "host figures are incomplete, the host heap is not traced: the program's malloc is " +
+                                    who + ", which " + allocator->reached +
+                                    "; host live bytes, peak, sites and growth count only the calls that still reach "
+                                    "memledger (put libmemledger.so first in LD_PRELOAD, as memledger run does)");
+  } else if (!allocator->held_known) {
+    notes.push_back("held host bytes are unknown: " + who +
+                    " offers none of the statistics memledger reads (glibc mallinfo2, jemalloc mallctl, tcmalloc "
+                    "MallocExtension, mimalloc mi_process_info)");
+  }
+}
+
 }  // namespace
 
 std::vector<std::string> collect_notes(const NotesInput& in) {
   std::vector<std::string> notes(in.trace.problems.begin(), in.trace.problems.end());
+  allocator_notes(in.allocator, notes);
   if (in.sampled) {
     notes.push_back("sampled host mode: per-site figures are estimates from allocations sampled every " +
                     human_bytes(static_cast<double>(in.sample_interval)) +
@@ -59,7 +76,7 @@ std::vector<std::string> collect_notes(const NotesInput& in) {
   }
   if (!in.growth.empty()) notes.push_back(in.growth);
   if (in.ooms > 0) {
-    notes.push_back(std::to_string(in.failed_allocations) + " device allocations failed, " + std::to_string(in.ooms) +
+    notes.push_back(std::to_string(in.failed_allocations) + " allocations failed (host and device), " + std::to_string(in.ooms) +
                     " of them out of memory");
   }
   if (!in.hidden_allocator.empty()) notes.push_back(in.hidden_allocator);

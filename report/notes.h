@@ -7,7 +7,8 @@
 //      frees, failed allocations), the other stages' sentences (why growth
 //      was not judged, a hidden caching allocator, automatic steps that
 //      found no loop), CUPTI's comparison with the hooks and the
-//      symbolizer's warnings.
+//      symbolizer's warnings, the host allocator (not traced, or no held
+//      bytes to read from it).
 // Out: the notes, one sentence each.
 #pragma once
 
@@ -19,6 +20,8 @@
 #include "trace_reader.h"
 
 namespace memledger::report {
+
+struct HostAllocator;
 
 struct NotesInput {
   const Trace& trace;
@@ -35,6 +38,7 @@ struct NotesInput {
   const CuptiView& cupti;
   std::vector<std::string> symbolizer_warnings = {};
   std::string steps = {};  // StepPlan::note
+  const HostAllocator* allocator = nullptr;  // the program's host allocator, when known
 };
 
 std::vector<std::string> collect_notes(const NotesInput& in);

@@ -219,7 +219,7 @@ json process_json(const ProcessReport& p) {
                  {"label", s.label},
                  {"end_ns", s.end_ns},
                  {"live", live},
-                 {"held", {{"host", s.held_host}}},
+                 {"held", {{"host", p.allocator.held_known ? json(s.held_host) : json(nullptr)}}},
                  {"rss", s.rss},
                  {"allocations", s.allocations},
                  {"frees", s.frees}};
@@ -289,6 +289,12 @@ json process_json(const ProcessReport& p) {
       {"trace", p.trace_path},
       {"host_mode", p.host_mode},
       {"sample_interval", p.sample_interval},
+      {"allocator",
+       {{"name", p.allocator.name.empty() ? json(nullptr) : json(p.allocator.name)},
+        {"path", p.allocator.path},
+        {"reached", p.allocator.reached},
+        {"held_source", p.allocator.held_known ? json(p.allocator.held_source) : json(nullptr)},
+        {"traced", p.allocator.traced}}},
       {"step_source", p.step_source},
       {"step_inference", p.step_inference},
       {"warmup_steps", p.warmup_steps},
@@ -474,6 +480,9 @@ std::string render_summary_line(const RunReport& run) {
   const ProcessReport& p = run.processes[run.root];
   std::ostringstream out;
   out << p.verdict.summary << "; " << p.steps.size() << " steps (" << p.step_source << ")";
+  if (!p.allocator.traced) {
+    out << "; the host heap was not traced (" << p.allocator.name << " comes before memledger in the lookup order)";
+  }
   if (!p.leak_suspects.empty()) {
     const LeakSuspect& s = p.leak_suspects.front();
     out << "; top growth: " << suspect_rate_text(s) << " at " << site_name(s.site);
@@ -491,6 +500,19 @@ std::string render_summary_line(const RunReport& run) {
 namespace {
 
 // A process's heading: who it is, why it stopped, its mode, steps and peak.
+// Which host allocator served the program, and what that means for the
+// host figures (not traced at all, or held bytes unknown).
+void text_allocator(const HostAllocator& a, std::ostringstream& out) {
+  if (a.name.empty()) return;
+  out << "host allocator: " << a.name;
+  if (!a.reached.empty()) out << ", " << a.reached;
+  if (!a.traced) {
+    out << ": the host heap is not traced\n";
+  } else {
+    out << "; held bytes " << (a.held_known ? "from " + a.held_source : std::string("unknown")) << "\n";
+  }
+}
+
 void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
   out << "\n== process " << p.pid;
   if (!p.rank.empty()) out << " (rank " << p.rank << ")";
@@ -504,12 +526,13 @@ void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
   out << "host mode: " << p.host_mode;
   if (p.host_mode == "sampled") out << " (mean interval " << human_bytes(double(p.sample_interval)) << ")";
   out << "; duration " << fixed(double(p.duration_ns) / 1e9, 2) << " s; " << p.events << " events\n";
+  text_allocator(p.allocator, out);
   out << "steps: " << p.steps.size() << " (source: " << p.step_source;
   if (!p.step_inference.empty()) out << " (" << p.step_inference << ")";
   out << ")";
   if (!p.steps.empty()) out << ", warm-up " << p.warmup_steps;
   out << "\n";
-  out << "peak live: " << human_bytes(double(p.peak.bytes));
+  out << (p.allocator.traced ? "peak live: " : "peak live (host heap not traced): ") << human_bytes(double(p.peak.bytes));
   const std::string phase = peak_phase(p.peak, p.steps.size());
   if (!phase.empty()) out << " " << phase;
   out << "\n";
@@ -574,10 +597,12 @@ void text_host_steps(const ProcessReport& p, std::ostringstream& out) {
     for (size_t k = 0; k < n; ++k) {
       if (elided_row(k, n, out)) continue;
       const StepStats& s = p.steps[k];
+      // Figures memledger could not measure are not shown as if it had.
+      const std::string live = p.allocator.traced ? human_bytes(double(s.live[0])) : "untraced";
+      const std::string held = p.allocator.held_known ? human_bytes(double(s.held_host)) : "unknown";
       char line[160];
       std::snprintf(line, sizeof line, "  %4" PRIu64 "  %10s  %10s  %10s  %8" PRIu64 "  %8" PRIu64 "\n", s.index,
-                    human_bytes(double(s.live[0])).c_str(), human_bytes(double(s.held_host)).c_str(),
-                    human_bytes(double(s.rss)).c_str(), s.allocations, s.frees);
+                    live.c_str(), held.c_str(), human_bytes(double(s.rss)).c_str(), s.allocations, s.frees);
       out << line;
     }
   }

@@ -79,17 +79,24 @@ class AllocatorCase(mltest.TestCase):
         self.assertAlmostEqual(top["bytes_per_step_exact"], LEAK, delta=0.05 * LEAK)
         # Host live never goes negative (frees of blocks the hooks never saw).
         self.assertGreater(min(s["live"]["host"] for s in report["steps"]), 0)
+        allocator = report["allocator"]
+        self.assertEqual(allocator["name"], self.allocator)
+        self.assertTrue(allocator["traced"])
+        self.assertIn(os.path.basename(self.library), allocator["path"])
         return report
 
     def test_linked_full(self):
-        self.check("linked", "full")
+        report = self.check("linked", "full")
+        self.assertIn("linked into the program", report["allocator"]["reached"])
 
     def test_linked_sampled(self):
         self.check("linked", "sampled")
 
     def test_preloaded_in_front_of_run_full(self):
         report = self.check("front", "full")
+        self.assertIn("preloaded after memledger", report["allocator"]["reached"])
         # Held bytes come from the allocator's own statistics.
+        self.assertTrue(report["allocator"]["held_source"])
         held = [s["held"]["host"] for s in report["steps"]]
         self.assertTrue(all(h > 0 for h in held), held)
 
@@ -109,10 +116,27 @@ class AllocatorCase(mltest.TestCase):
         proc = self.run_cmd([self.plain, STEPS, LEAK], env=env)
         self.assertExit(proc, EXIT)
         self.assertIn("SERVED_BY=%s" % self.allocator, proc.stdout)
-        trace = [f for f in os.listdir(run_dir) if f.endswith(".mlt")][0]
-        dump = self.memledger("dump", os.path.join(run_dir, trace))
-        self.assertIn("host_untraced=1", dump.stdout)
-        self.assertIn("allocator=%s" % self.allocator, dump.stdout)
+        text = self.memledger("report", run_dir)
+        self.assertExit(text, 0)
+        self.assertIn("host figures are incomplete, the host heap is not traced: the program's malloc is %s"
+                      % self.allocator, text.stdout)
+        self.assertIn("host allocator: %s" % self.allocator, text.stdout)
+        self.assertRegex(text.stdout, r"\n +1 +untraced ")
+        html = self.memledger("report", run_dir, "--format", "html")
+        self.assertExit(html, 0)
+        self.assertIn("host allocator: the host heap is not traced", html.stdout)
+        self.assertIn("host figures are incomplete", html.stdout)
+        # check does not judge host figures it never saw.
+        gate = self.memledger("check", run_dir, "--max-growth-per-step", "1MiB")
+        self.assertNotEqual(gate.returncode, 0)
+        self.assertIn("the host heap was not traced", gate.stdout + gate.stderr)
+        self.assertIn("peak live (host heap not traced)", text.stdout)
+        out = os.path.join(run_dir, "report.json")
+        self.assertExit(self.memledger("report", run_dir, "--format", "json", "-o", out), 0)
+        report = self.load_report(run_dir)
+        self.assertEqual(report["allocator"]["name"], self.allocator)
+        self.assertFalse(report["allocator"]["traced"])
+        self.assertEqual(report["leak_suspects"], [])
 
 
 class FailingOperatorNew(mltest.TestCase):
@@ -160,6 +184,28 @@ class Mimalloc(AllocatorCase):
 
 
 del AllocatorCase
+
+
+class Glibc(mltest.TestCase):
+    """Without a replacement allocator: glibc named, failed calls recorded."""
+
+    def test_glibc_named_and_failed_allocations_recorded(self):
+        program = [mltest.program("alloc_steps"), STEPS, LEAK]
+        direct = self.run_cmd(program)
+        self.assertExit(direct, EXIT)
+        run_dir = os.path.join(self.tmpdir(), "run")
+        proc = self.traced(run_dir, program)
+        self.assertExit(proc, EXIT)
+        # errno and each failing call's result as untraced.
+        self.assertEqual(proc.stdout.replace("TRACED=1", "TRACED=0"), direct.stdout)
+        report = self.load_report(run_dir)
+        self.assertEqual(report["stats"]["failed_allocations"], 6)
+        self.assertEqual(report["allocator"]["name"], "glibc")
+        self.assertEqual(report["allocator"]["held_source"], "mallinfo2")
+        self.assertIn("host allocator: glibc, the C library's own; held bytes from mallinfo2",
+                      self.memledger("report", run_dir).stdout)
+        html = self.memledger("report", run_dir, "--format", "html").stdout
+        self.assertIn("host allocator, the C library&#39;s own; held from mallinfo2", html)
 
 if __name__ == "__main__":
     mltest.main()

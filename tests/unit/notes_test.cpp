@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include "analysis.h"
 #include "notes.h"
 
 using namespace memledger::report;
@@ -48,7 +49,7 @@ TEST_CASE("notes: every caveat, in the order the report prints them", "[notes]")
   CHECK(notes[0] == "trace.bin: 1 damaged frame skipped");
   CHECK(notes[1].rfind("sampled host mode: per-site figures are estimates from allocations sampled every 512.0 KiB", 0) == 0);
   CHECK(notes[2] == in.growth);
-  CHECK(notes[3] == "2 device allocations failed, 1 of them out of memory");
+  CHECK(notes[3] == "2 allocations failed (host and device), 1 of them out of memory");
   CHECK(notes[4] == in.hidden_allocator);
   CHECK(notes[5].rfind("12 events were dropped", 0) == 0);
   CHECK(notes[6].rfind("3 of 100 events are allocations recorded without a call stack", 0) == 0);
@@ -90,4 +91,24 @@ TEST_CASE("notes: CUPTI's disagreement with the hooks and its losses", "[notes]"
   cupti.message.clear();
   CHECK(collect_notes(NotesInput{.trace = trace, .cupti = cupti}) ==
         std::vector<std::string>{"CUPTI was not used (held)"});
+}
+
+TEST_CASE("notes: the host allocator, when host figures are incomplete or held bytes unknown", "[notes]") {
+  Trace trace;
+  trace.problems = {"trace.bin: 1 damaged frame skipped"};
+  CuptiView cupti;
+  HostAllocator ahead{.name = "jemalloc", .path = "/lib/libjemalloc.so.2", .reached = "comes before memledger",
+                      .held_source = "mallctl stats.resident", .traced = false};
+  std::vector<std::string> notes = collect_notes(NotesInput{.trace = trace, .cupti = cupti, .allocator = &ahead});
+  REQUIRE(notes.size() == 2);
+  // First: every host figure after it depends on it.
+  CHECK(notes[0].rfind("host figures are incomplete, the host heap is not traced: the program's malloc is jemalloc "
+                       "(/lib/libjemalloc.so.2), which comes before memledger;",
+                       0) == 0);
+  HostAllocator mute{.name = "other", .path = "/lib/libmine.so", .reached = "linked into the program", .held_known = false};
+  notes = collect_notes(NotesInput{.trace = trace, .cupti = cupti, .allocator = &mute});
+  REQUIRE(notes.size() == 2);
+  CHECK(notes[1].rfind("held host bytes are unknown: other (/lib/libmine.so) offers none", 0) == 0);
+  HostAllocator glibc{.name = "glibc", .reached = "the C library's own", .held_source = "mallinfo2"};
+  CHECK(collect_notes(NotesInput{.trace = trace, .cupti = cupti, .allocator = &glibc}).size() == 1);
 }
