@@ -298,6 +298,13 @@ void* mi_reallocf_fallback(void* ptr, size_t size) {
 int posix_memalign_hook(void** out, size_t alignment, size_t size);
 size_t xallocx_hook(void* ptr, size_t size, size_t extra, int flags);
 
+// Whether `next` has a definition after a late look-up.
+template <typename Fn>
+bool resolved_late(Fn& next) {
+  ip::resolve_late();
+  return __atomic_load_n(&next, __ATOMIC_ACQUIRE) != nullptr;
+}
+
 }  // namespace
 
 #define MEMLEDGER_EXPORT extern "C" __attribute__((visibility("default")))
@@ -310,19 +317,23 @@ size_t xallocx_hook(void* ptr, size_t size, size_t extra, int flags);
   if (ptr != nullptr && ip::in_arena(ptr)) return;   \
   if (!ip::next_resolved()) return;
 
-#define MEMLEDGER_HOOK_ALLOC(usable, name, ret, params, args, size, fallback) \
+// No definition of `name` after memledger: look again if the hook's family
+// may arrive later (`late`), else serve the call by its fallback.
+#define MEMLEDGER_NO_NEXT(late, name) (next_##name == nullptr && !(late && resolved_late(next_##name)))
+
+#define MEMLEDGER_HOOK_ALLOC(usable, late, name, ret, params, args, size, fallback) \
   MEMLEDGER_EXPORT ret name params {                                          \
     MEMLEDGER_BOOTSTRAP_ALLOC(ret, size)                                 \
-    if (next_##name == nullptr) return fallback;                              \
+    if (MEMLEDGER_NO_NEXT(late, name)) return fallback;                       \
     HookGuard guard;                                                          \
     ret p = next_##name args;                                                 \
     record_alloc<usable>(guard, p, size);                                     \
     return p;                                                                 \
   }
-#define MEMLEDGER_HOOK_NEW(usable, name, ret, params, args, size, fallback) \
+#define MEMLEDGER_HOOK_NEW(usable, late, name, ret, params, args, size, fallback) \
   MEMLEDGER_EXPORT ret name params {                                        \
     if (!ip::next_resolved()) return new_or_throw(ip::arena_alloc(size));   \
-    if (next_##name == nullptr) return fallback;                            \
+    if (MEMLEDGER_NO_NEXT(late, name)) return fallback;                     \
     HookGuard guard;                                                        \
     ret p;                                                                  \
     try {                                                                   \
@@ -334,31 +345,36 @@ size_t xallocx_hook(void* ptr, size_t size, size_t extra, int flags);
     record_alloc<usable>(guard, p, size);                                   \
     return p;                                                                \
   }
-#define MEMLEDGER_HOOK_FREE(usable, name, ret, params, args, ptr, fallback) \
+#define MEMLEDGER_HOOK_FREE(usable, late, name, ret, params, args, ptr, fallback) \
   MEMLEDGER_EXPORT ret name params {                                        \
     MEMLEDGER_BOOTSTRAP_FREE(ptr)                                           \
-    if (next_##name == nullptr) return fallback;                            \
+    if (MEMLEDGER_NO_NEXT(late, name)) return fallback;                     \
     HookGuard guard;                                                        \
     record_free<usable>(guard, ptr);                                        \
     next_##name args;                                                       \
   }
-#define MEMLEDGER_HOOK_REALLOC(usable, name, ret, params, args, ptr, size, fallback)            \
+#define MEMLEDGER_HOOK_REALLOC(usable, late, name, ret, params, args, ptr, size, fallback)      \
   MEMLEDGER_EXPORT ret name params {                                                            \
     if (ptr != nullptr && ip::in_arena(ptr)) return static_cast<ret>(realloc_out_of_arena(ptr, size)); \
     MEMLEDGER_BOOTSTRAP_ALLOC(ret, size)                                                   \
-    if (next_##name == nullptr) return fallback;                                                \
+    if (MEMLEDGER_NO_NEXT(late, name)) return fallback;                                         \
     return static_cast<ret>(forward_realloc<usable>(ptr, size, [&] { return next_##name args; })); \
   }
-#define MEMLEDGER_HOOK_SIZED(usable, name, ret, params, args, fallback)
+#define MEMLEDGER_HOOK_SIZED(usable, late, name, ret, params, args, fallback)
 
+// The malloc family's own entry points are never looked up late: they must
+// come from the object of the next malloc, fixed at start-up. The C++
+// functions and the replacement allocators' APIs may arrive with a dlopen.
 #define MEMLEDGER_GLIBC_HOOK(name, ret, params, args, shape, ...) \
-  MEMLEDGER_HOOK_##shape(host_usable, name, ret, params, args, __VA_ARGS__)
+  MEMLEDGER_HOOK_##shape(host_usable, false, name, ret, params, args, __VA_ARGS__)
+#define MEMLEDGER_CXX_HOOK(name, ret, params, args, shape, ...) \
+  MEMLEDGER_HOOK_##shape(host_usable, true, name, ret, params, args, __VA_ARGS__)
 #define MEMLEDGER_JEMALLOC_HOOK(name, ret, params, args, shape, ...) \
-  MEMLEDGER_HOOK_##shape(jemalloc_usable, name, ret, params, args, __VA_ARGS__)
+  MEMLEDGER_HOOK_##shape(jemalloc_usable, true, name, ret, params, args, __VA_ARGS__)
 #define MEMLEDGER_TCMALLOC_HOOK(name, ret, params, args, shape, ...) \
-  MEMLEDGER_HOOK_##shape(tcmalloc_usable, name, ret, params, args, __VA_ARGS__)
+  MEMLEDGER_HOOK_##shape(tcmalloc_usable, true, name, ret, params, args, __VA_ARGS__)
 #define MEMLEDGER_MIMALLOC_HOOK(name, ret, params, args, shape, ...) \
-  MEMLEDGER_HOOK_##shape(mimalloc_usable, name, ret, params, args, __VA_ARGS__)
+  MEMLEDGER_HOOK_##shape(mimalloc_usable, true, name, ret, params, args, __VA_ARGS__)
 
 namespace {
 void* realloc_out_of_arena(void* ptr, size_t size) {
@@ -372,7 +388,7 @@ void* realloc_out_of_arena(void* ptr, size_t size) {
 }  // namespace
 
 MEMLEDGER_HOST_HOOKS(MEMLEDGER_GLIBC_HOOK)
-MEMLEDGER_CXX_HOOKS(MEMLEDGER_GLIBC_HOOK)
+MEMLEDGER_CXX_HOOKS(MEMLEDGER_CXX_HOOK)
 MEMLEDGER_JEMALLOC_HOOKS(MEMLEDGER_JEMALLOC_HOOK)
 MEMLEDGER_TCMALLOC_HOOKS(MEMLEDGER_TCMALLOC_HOOK)
 MEMLEDGER_MIMALLOC_HOOKS(MEMLEDGER_MIMALLOC_HOOK)
@@ -412,7 +428,7 @@ int posix_memalign_hook(void** out, size_t alignment, size_t size) {
 size_t xallocx_hook(void* ptr, size_t size, size_t extra, int flags) {
   // Resizes in place or not at all: the block keeps its address, its
   // recorded size changes.
-  if (next_xallocx == nullptr) return malloc_usable_size(ptr);
+  if (next_xallocx == nullptr && !resolved_late(next_xallocx)) return malloc_usable_size(ptr);
   HookGuard guard;
   const bool record = guard.entered() && recorder().host_enabled();
   if (!record) return next_xallocx(ptr, size, extra, flags);
@@ -433,7 +449,9 @@ MEMLEDGER_EXPORT size_t xallocx(void* ptr, size_t size, size_t extra, int flags)
 }
 
 MEMLEDGER_EXPORT int tc_posix_memalign(void** out, size_t alignment, size_t size) {
-  if (next_tc_posix_memalign == nullptr) return posix_memalign(out, alignment, size);
+  if (next_tc_posix_memalign == nullptr && !resolved_late(next_tc_posix_memalign)) {
+    return posix_memalign(out, alignment, size);
+  }
   if (!power_of_two(alignment) || alignment % sizeof(void*) != 0) return EINVAL;
   HookGuard guard;
   void* p = nullptr;
@@ -461,6 +479,16 @@ bool same_object(void* a, void* b) {
 template <typename Fn>
 void resolve(Fn& fn, const char* name) {
   fn = reinterpret_cast<Fn>(next_symbol(name));
+}
+
+// Objects loaded when the pointers were last looked up.
+std::atomic<unsigned long long> g_loads_seen{0};
+
+// An empty pointer filled by a late look-up; hooks read it without the lock.
+template <typename Fn>
+void fill_late(Fn& fn, const char* name) {
+  if (fn != nullptr) return;
+  __atomic_store_n(&fn, reinterpret_cast<Fn>(next_symbol(name)), __ATOMIC_RELEASE);
 }
 
 }  // namespace
@@ -508,8 +536,31 @@ bool resolve_next_slow() {
   resolve(next_tc_malloc_size, "tc_malloc_size");
   resolve(next_mi_usable_size, "mi_usable_size");
   tls_resolving = false;
+  g_loads_seen.store(objects_loaded(), std::memory_order_relaxed);
   g_next_resolved.store(true, std::memory_order_release);
   return true;
+}
+
+void resolve_late() {
+  if (!g_next_resolved.load(std::memory_order_acquire) || tls_resolving) return;
+  const unsigned long long loads = objects_loaded();
+  if (loads == g_loads_seen.load(std::memory_order_relaxed)) return;
+  SpinGuard lock(g_resolve_lock);
+  if (loads == g_loads_seen.load(std::memory_order_relaxed)) return;
+  tls_resolving = true;  // a late hook reached again from the look-up takes its fallback
+  // The size queries first: a hook that finds its allocator's entry point
+  // must also find the size of the blocks it makes.
+  fill_late(next_sallocx, "sallocx");
+  fill_late(next_tc_malloc_size, "tc_malloc_size");
+  fill_late(next_mi_usable_size, "mi_usable_size");
+#define MEMLEDGER_FILL_LATE(name, ...) fill_late(next_##name, #name);
+  MEMLEDGER_CXX_HOOKS(MEMLEDGER_FILL_LATE)
+  MEMLEDGER_JEMALLOC_HOOKS(MEMLEDGER_FILL_LATE)
+  MEMLEDGER_TCMALLOC_HOOKS(MEMLEDGER_FILL_LATE)
+  MEMLEDGER_MIMALLOC_HOOKS(MEMLEDGER_FILL_LATE)
+#undef MEMLEDGER_FILL_LATE
+  tls_resolving = false;
+  g_loads_seen.store(loads, std::memory_order_relaxed);
 }
 
 }  // namespace memledger::interposer

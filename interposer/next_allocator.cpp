@@ -5,6 +5,7 @@
 #include <malloc.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -116,6 +117,17 @@ void* next_symbol(const char* name) {
   // Called from this object, so RTLD_NEXT means "after memledger".
   void* p = libc_dlsym != nullptr ? libc_dlsym(RTLD_NEXT, name) : nullptr;
   return p != nullptr ? p : anywhere;
+}
+
+unsigned long long objects_loaded() {
+  unsigned long long adds = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t size, void* out) {
+        if (size >= offsetof(dl_phdr_info, dlpi_subs)) *static_cast<unsigned long long*>(out) = info->dlpi_adds;
+        return 1;  // the first object carries the count
+      },
+      &adds);
+  return adds;
 }
 
 void* arena_alloc(size_t size, size_t alignment) {

@@ -31,6 +31,15 @@ inline bool next_resolved() {
   return __builtin_expect(g_next_resolved.load(std::memory_order_acquire), 1) || resolve_next_slow();
 }
 
+// A late look-up for the entry points that had no definition at start-up:
+// an allocator dlopen'ed later (a plugin, a Python extension that loads
+// jemalloc or tcmalloc) defines them, and a block it made must go back to
+// it. Only empty pointers are filled, so a block made before keeps its heap.
+// Cheap unless an object was loaded since the last call (dl_iterate_phdr's
+// count of loads); called on the hooks' fallback paths only.
+void resolve_late();
+unsigned long long objects_loaded();
+
 // The bootstrap arena: blocks handed out while the look-up runs.
 void* arena_alloc(size_t size, size_t alignment = 16);
 bool in_arena(const void* ptr);

@@ -171,6 +171,55 @@ class FailingOperatorNew(mltest.TestCase):
         self.check(ALLOCATORS["tcmalloc"])
 
 
+class DlopenedAfterStart(mltest.TestCase):
+    """An allocator dlopen'ed after memledger started (tests/programs/
+    dlopen_allocator.c): a plugin loaded next calls its API by name, bound
+    to memledger's hooks, which must forward to that allocator; blocks cross
+    between the hooks and the allocator's own entry points."""
+
+    STEPS = 8
+    # jemalloc's static TLS is larger than what glibc keeps for dlopen.
+    TUNABLES = "glibc.rtld.optional_static_tls=65536"
+
+    def check(self, allocator, host):
+        library = ALLOCATORS[allocator]
+        if not os.path.exists(library):
+            self.skipTest("%s not installed" % library)
+        program = [mltest.program("dlopen_allocator"), library, mltest.preload("heap_plugin_" + allocator), self.STEPS, LEAK]
+        env = mltest.clean_env(GLIBC_TUNABLES=self.TUNABLES)
+        direct = self.run_cmd(program, env=env)
+        self.assertExit(direct, 5)
+        self.assertIn("SERVED_BY=%s" % allocator, direct.stdout)
+        run_dir = os.path.join(self.tmpdir(), "run")
+        proc = self.traced(run_dir, program, options=("--host", host), env=env)
+        # Same exit and output: served by the allocator, no block freed by
+        # another heap (that aborts the program).
+        self.assertExit(proc, 5)
+        self.assertEqual(proc.stdout, direct.stdout)
+        self.assertIn("CROSS=ok", proc.stdout)
+        report = self.load_report(run_dir)
+        if host == "full":
+            # One: the block the allocator made through its own handle, which
+            # no hook saw, freed through a hook.
+            self.assertEqual(report["stats"]["unknown_frees"], 1)
+        suspects = report["leak_suspects"]
+        self.assertTrue(suspects, report["notes"])
+        top = suspects[0]
+        out = mltest.parse_kv(proc.stdout)
+        self.assertEqual(mltest.site_parts(top["site"]), ("plant_leak", "heap_plugin.c", int(out["LEAK_LINE"])))
+        if host == "full":
+            self.assertAlmostEqual(top["bytes_per_step_exact"], LEAK, delta=0.05 * LEAK)
+
+    def test_jemalloc_full(self):
+        self.check("jemalloc", "full")
+
+    def test_jemalloc_sampled(self):
+        self.check("jemalloc", "sampled")
+
+    def test_tcmalloc_full(self):
+        self.check("tcmalloc", "full")
+
+
 class Jemalloc(AllocatorCase):
     allocator = "jemalloc"
 
