@@ -484,11 +484,15 @@ void resolve(Fn& fn, const char* name) {
 // Objects loaded when the pointers were last looked up.
 std::atomic<unsigned long long> g_loads_seen{0};
 
-// An empty pointer filled by a late look-up; hooks read it without the lock.
+// An empty pointer filled by a late look-up, never changed once set.
 template <typename Fn>
 void fill_late(Fn& fn, const char* name) {
-  if (fn != nullptr) return;
-  __atomic_store_n(&fn, reinterpret_cast<Fn>(next_symbol(name)), __ATOMIC_RELEASE);
+  if (__atomic_load_n(&fn, __ATOMIC_ACQUIRE) != nullptr) return;
+  Fn found = reinterpret_cast<Fn>(next_symbol(name));
+  Fn empty = nullptr;
+  if (found != nullptr) {
+    __atomic_compare_exchange_n(&fn, &empty, found, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
+  }
 }
 
 }  // namespace
@@ -544,9 +548,10 @@ bool resolve_next_slow() {
 void resolve_late() {
   if (!g_next_resolved.load(std::memory_order_acquire) || tls_resolving) return;
   const unsigned long long loads = objects_loaded();
-  if (loads == g_loads_seen.load(std::memory_order_relaxed)) return;
-  SpinGuard lock(g_resolve_lock);
-  if (loads == g_loads_seen.load(std::memory_order_relaxed)) return;
+  if (loads == g_loads_seen.load(std::memory_order_acquire)) return;
+  // No lock: a thread inside dlopen (holding the loader's lock) may reach
+  // here from a constructor while another waits in dlsym for that lock.
+  // Threads that look up at once find the same definitions.
   tls_resolving = true;  // a late hook reached again from the look-up takes its fallback
   // The size queries first: a hook that finds its allocator's entry point
   // must also find the size of the blocks it makes.
@@ -560,7 +565,7 @@ void resolve_late() {
   MEMLEDGER_MIMALLOC_HOOKS(MEMLEDGER_FILL_LATE)
 #undef MEMLEDGER_FILL_LATE
   tls_resolving = false;
-  g_loads_seen.store(loads, std::memory_order_relaxed);
+  g_loads_seen.store(loads, std::memory_order_release);
 }
 
 }  // namespace memledger::interposer
