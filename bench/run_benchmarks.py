@@ -88,6 +88,11 @@ class Config:
 GNU_TIME = "/usr/bin/time"
 
 
+# --preload LIB: every host run (untraced and traced) gets LIB in LD_PRELOAD,
+# as a user running `LD_PRELOAD=LIB memledger run ...` would.
+RUN_ENV: dict[str, str] | None = None
+
+
 def run_timed(argv: list[str], stdout_path: Path, stderr_path: Path,
               stdout_devnull: bool = False) -> tuple[int, float, int]:
     """Run argv; return (exit code, wall seconds, max RSS KiB of the tree).
@@ -107,7 +112,7 @@ def run_timed(argv: list[str], stdout_path: Path, stderr_path: Path,
         with out:
             start = time.perf_counter()
             proc = subprocess.Popen(argv, stdout=out, stderr=err,
-                                    stdin=subprocess.DEVNULL)
+                                    stdin=subprocess.DEVNULL, env=RUN_ENV)
             _, status, usage = os.wait4(proc.pid, 0)
             wall = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -321,6 +326,8 @@ class Bench:
         full.skipped = sampled.skipped = reason
         if self.heaptrack is None:
             heaptrack.skipped = "heaptrack not installed"
+        elif a.preload:
+            heaptrack.skipped = "--preload: heaptrack reaches glibc's malloc only"
 
         runners = [(untraced, self.run_untraced),
                    (full, lambda: self.run_memledger("full")),
@@ -338,8 +345,8 @@ class Bench:
 
         ml_report = Config("memledger report --format json")
         ht_print = Config("heaptrack_print")
-        if self.last_full_run is None:
-            ml_report.skipped = reason or "no successful full-mode run"
+        if self.last_full_run is None or a.preload:
+            ml_report.skipped = reason or ("--preload: the host runs only" if a.preload else "no successful full-mode run")
         if self.last_heaptrack is None or self.heaptrack_print is None:
             ht_print.skipped = heaptrack.skipped or "no heaptrack trace"
         report_runners = [(c, f) for c, f in ((ml_report, self.time_memledger_report),
@@ -355,7 +362,7 @@ class Bench:
 
         print()
         print(self.table(untraced, full, sampled, heaptrack, ml_report, ht_print))
-        memory = self.memory_benchmark()
+        memory = [] if a.preload else self.memory_benchmark()
         device = [] if a.no_device else self.device_benchmark()
         if a.json:
             self.write_json(Path(a.json), [untraced, full, sampled, heaptrack,
@@ -674,8 +681,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--json", metavar="FILE", help="also write raw results as JSON")
     p.add_argument("--no-device", action="store_true",
                    help="skip the device allocation benchmark")
+    p.add_argument("--preload", metavar="LIB",
+                   help="host runs on a replacement allocator: LIB (libjemalloc.so.2, "
+                        "libtcmalloc_minimal.so.4, libmimalloc.so.2) in LD_PRELOAD of every "
+                        "run; heaptrack, the tracer memory and device benchmarks are skipped")
     p.add_argument("-v", "--verbose", action="store_true", help="print every run")
     a = p.parse_args(argv)
+    if a.preload:
+        global RUN_ENV
+        RUN_ENV = dict(os.environ, LD_PRELOAD=a.preload)
+        a.no_device = True
     if a.steps is None:
         a.steps = QUICK_STEPS if a.quick else DEFAULT_STEPS
     if a.repeat is None:
