@@ -1060,7 +1060,14 @@ void TraceWriter::cycle(bool final) {
 
   // 10. Status for `memledger run`'s live line.
   if (!status_.is_open() && status_path_[0] != '\0' && !final && now - st.last_status_ns >= kStatusEveryNs) {
-    status_.adopt(::open(status_path_, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), status_path_, O_WRONLY);
+    // Made afresh, never opened through what is already there: a symlink
+    // or a hard link planted under this name would have the status written
+    // into another file. What was there is removed (the name is ours: our
+    // pid, in our run folder; a status file left by an earlier process with
+    // this pid is one such).
+    ::unlink(status_path_);
+    status_.adopt(::open(status_path_, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600), status_path_,
+                  O_WRONLY);
     status_path_[0] = '\0';  // made once: a status file the program closed is opened again by OwnedFile
   }
   if (status_.is_open() && (final || now - st.last_status_ns >= kStatusEveryNs)) {

@@ -1,12 +1,14 @@
 """The run folder and the files memledger writes: a folder that already
 existed keeps its mode (memledger sets only the mode of a folder it makes),
-every file memledger writes is 0600, a full disk is reported and never
+every file memledger writes is 0600 (the live status file made afresh, never
+through a symlink or hard link planted under its name), a full disk is reported and never
 announced as a written report, and a run that traced nothing says why."""
 
 import os
 import shutil
 import stat
 import subprocess
+import sys
 
 import mltest
 
@@ -80,6 +82,38 @@ class RunFolder(mltest.TestCase):
         traces = [f for f in os.listdir(shared) if f.startswith("trace.")]
         self.assertEqual(len(traces), 1)
         self.assertEqual(mode(os.path.join(shared, traces[0])), 0o600)
+
+    def test_planted_status_file_is_not_followed(self):
+        # The traced process's pid is known before it runs: the link is
+        # planted by the child itself, between fork and exec.
+        for kind in ("symlink", "hardlink"):
+            d = self.tmpdir()
+            run_dir = os.path.join(d, "run")
+            os.mkdir(run_dir)
+            victim = os.path.join(d, "victim")
+            with open(victim, "w") as f:
+                f.write("precious\n")
+            os.chmod(victim, 0o644)
+
+            def plant():
+                (os.symlink if kind == "symlink" else os.link)(victim, os.path.join(run_dir, "status.%d" % os.getpid()))
+
+            env = mltest.clean_env(LD_PRELOAD=mltest.LIBRARY, MEMLEDGER_DIR=run_dir)
+            # Longer than the first status update (250 ms after start).
+            proc = subprocess.run([sys.executable, "-c", "import time; time.sleep(1)"], env=env, preexec_fn=plant,
+                                  capture_output=True, text=True, timeout=mltest.TIMEOUT)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            with open(victim) as f:
+                self.assertEqual(f.read(), "precious\n", kind)
+            self.assertEqual(mode(victim), 0o644, kind)
+            names = [n for n in os.listdir(run_dir) if n.startswith("status.")]
+            self.assertEqual(len(names), 1, names)
+            path = os.path.join(run_dir, names[0])
+            self.assertTrue(stat.S_ISREG(os.lstat(path).st_mode), kind)
+            self.assertEqual(os.lstat(path).st_nlink, 1, kind)
+            self.assertEqual(mode(path), 0o600, kind)
+            with open(path) as f:
+                self.assertTrue(f.read().startswith("step="), kind)
 
     def test_command_not_found_keeps_an_existing_empty_folder(self):
         empty = os.path.join(self.tmpdir(), "empty")
