@@ -216,8 +216,10 @@ void held_figure(const FigureInput& in, Figure& f) {
       at = i;
     }
   }
-  if (k != 0 && f.value > 0 && steps.is_array() && at < steps.size()) {
-    f.site = largest_holder(steps[at], false);
+  const size_t row = p.rows.empty() ? at : std::lower_bound(p.rows.begin(), p.rows.end(), at) - p.rows.begin();
+  if (!p.rows.empty() && (row >= p.rows.size() || p.rows[row] != at)) return;  // a step without a row
+  if (k != 0 && f.value > 0 && steps.is_array() && row < steps.size()) {
+    f.site = largest_holder(steps[row], false);
     f.site_role = "largest holder";
   }
 }
@@ -451,6 +453,59 @@ std::string command_difference(const std::vector<std::string>& a, const std::vec
   return {};
 }
 
+namespace {
+
+// A thinned report's step count is filled back in one value per step: a
+// report that claims more steps than this is refused, not allocated for.
+constexpr double kMaxFilledSteps = 10e6;
+
+// A report that thinned its step rows (step_rows.positions) gets back a
+// value per step: live and held bytes interpolated linearly between the
+// rows around a step (a steady growth reads the same), a fragmentation
+// share held from the row before. The peaks are rows of their own.
+void fill_thinned_steps(const json& process, ProcessData& p, const std::string& damaged) {
+  const json& info = member(process, "step_rows");
+  const json& positions = member(info, "positions");
+  if (!positions.is_array()) return;
+  const double total = number(info, "steps");
+  if (positions.size() != p.live.size() || positions.size() < 2 || !(total >= 1)) {
+    throw InputError(damaged + " does not match its steps");
+  }
+  if (total > kMaxFilledSteps) {
+    throw InputError(damaged + ": " + std::to_string(static_cast<uint64_t>(total)) +
+                     " steps claimed; check and diff read at most 10000000");
+  }
+  for (const json& at : positions) {
+    const double step = at.is_number() ? at.get<double>() : 0;
+    if (step < 1 || step > total || (!p.rows.empty() && step - 1 <= static_cast<double>(p.rows.back()))) {
+      throw InputError(damaged + ".positions is not a rising list of steps");
+    }
+    p.rows.push_back(static_cast<size_t>(step) - 1);
+  }
+  const size_t n = static_cast<size_t>(total);
+  ProcessData full;
+  size_t r = 0;
+  for (size_t k = 0; k < n; ++k) {
+    while (r + 1 < p.rows.size() && p.rows[r + 1] <= k) ++r;
+    const size_t next = std::min(r + 1, p.rows.size() - 1);
+    const double span = static_cast<double>(p.rows[next]) - static_cast<double>(p.rows[r]);
+    const double t = k <= p.rows[r] || span <= 0 ? 0 : (static_cast<double>(k) - static_cast<double>(p.rows[r])) / span;
+    auto between = [&](const std::vector<double>& v) { return v[r] + (v[next] - v[r]) * t; };
+    std::array<double, 4> live{};
+    for (size_t kind = 0; kind < live.size(); ++kind) live[kind] = p.live[r][kind] + (p.live[next][kind] - p.live[r][kind]) * t;
+    full.live.push_back(live);
+    full.held_host.push_back(between(p.held_host));
+    full.held_device.push_back(between(p.held_device));
+    full.device_share.push_back(p.device_share[r]);
+  }
+  p.live = std::move(full.live);
+  p.held_host = std::move(full.held_host);
+  p.held_device = std::move(full.held_device);
+  p.device_share = std::move(full.device_share);
+}
+
+}  // namespace
+
 RunData run_data_from_json(json report, const std::string& path, const std::string& source) {
   if (!report.is_object()) throw InputError(path + ": not a memledger report (not a JSON object)");
   const std::string schema = text(report, "schema");
@@ -512,6 +567,7 @@ RunData run_data_from_json(json report, const std::string& path, const std::stri
       p.host_traced = !(traced.is_boolean() && !traced.get<bool>());
       // Reports from before the allocator was named took held bytes from mallinfo2.
       p.host_held_known = p.allocator.empty() || !text(allocator, "held_source").empty();
+      fill_thinned_steps(pj, p, path + ": damaged report: " + where + ".step_rows");
       p.peak = number(member(pj, "peak"), "bytes");
       p.peak_kind = text(member(pj, "peak"), "kind");
       if (p.pid == root_pid) run.root = i;
@@ -563,7 +619,7 @@ RunData load_run_data(const std::string& path, const LoadOptions& options) {
     analysis.max_exit_sites = kLoadExitSites;
     analysis.symbolizer = options.symbolizer;
     try {
-      return run_data_from_json(render_json(load_run(path, analysis)), path, "traces");
+      return run_data_from_json(render_json(load_run(path, analysis), 0), path, "traces");
     } catch (const TraceError& e) {
       throw InputError(e.what());
     }

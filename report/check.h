@@ -40,6 +40,11 @@ struct ProcessData {
   std::vector<double> held_host;            // per step
   std::vector<double> held_device;          // per step
   std::vector<double> device_share;         // per step: the report's device fragmentation share (-1: none)
+  // The step (0-based) of each of the report's step rows, when the report
+  // thinned them (step_rows.positions); empty when it holds one per step.
+  // The series above have a value per step all the same (filled in
+  // between rows).
+  std::vector<size_t> rows;
   double peak = 0;                          // the report's peak live total
   std::string peak_kind;
   // The report's `allocator`: the host heap bypassed memledger (traced

@@ -171,8 +171,21 @@ std::optional<LeakSuspect> judge_site(const SiteAcc& acc, size_t n_steps, size_t
     }
   }
   s.live_at_end = acc.live;
-  s.series = std::move(d.live);
   return s;
+}
+
+// A suspect found while judging, with the index of its site: its series is
+// made once it is known to be among the steepest.
+struct Candidate {
+  LeakSuspect suspect;
+  size_t site = 0;
+};
+
+void keep_steepest(std::vector<Candidate>& candidates, size_t keep) {
+  std::stable_sort(candidates.begin(), candidates.end(), [](const Candidate& a, const Candidate& b) {
+    return a.suspect.bytes_per_step > b.suspect.bytes_per_step;
+  });
+  if (candidates.size() > keep) candidates.resize(keep);
 }
 
 }  // namespace
@@ -194,13 +207,22 @@ Growth find_growth(const std::vector<SiteAcc>& sites, size_t n_steps, const Grow
     return out;
   }
   const size_t first = static_cast<size_t>(warmup) + 1;
-  for (const SiteAcc& acc : sites) {
-    if (acc.changes.empty()) continue;
-    if (std::optional<LeakSuspect> s = judge_site(acc, n_steps, first, options)) out.suspects.push_back(std::move(*s));
+  // Only the steepest suspects are kept while judging, and only they get a
+  // series (one value per step): a long run with many growing sites holds
+  // at most twice max_suspects candidates and max_suspects series.
+  std::vector<Candidate> candidates;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    if (sites[i].changes.empty()) continue;
+    if (std::optional<LeakSuspect> s = judge_site(sites[i], n_steps, first, options)) {
+      candidates.push_back(Candidate{std::move(*s), i});
+      if (candidates.size() >= 2 * options.max_suspects + 16) keep_steepest(candidates, options.max_suspects);
+    }
   }
-  std::sort(out.suspects.begin(), out.suspects.end(),
-            [](const LeakSuspect& a, const LeakSuspect& b) { return a.bytes_per_step > b.bytes_per_step; });
-  if (out.suspects.size() > options.max_suspects) out.suspects.resize(options.max_suspects);
+  keep_steepest(candidates, options.max_suspects);
+  for (Candidate& c : candidates) {
+    c.suspect.series = dense_series(sites[c.site], n_steps).live;
+    out.suspects.push_back(std::move(c.suspect));
+  }
   return out;
 }
 

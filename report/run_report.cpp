@@ -207,9 +207,74 @@ json cupti_json(const CuptiView& c) {
           {"cupti_only", {{"count", c.cupti_only}, {"bytes", c.cupti_only_bytes}, {"allocations", list(c.cupti_only_list, false)}}}};
 }
 
-json process_json(const ProcessReport& p) {
+// A suspect's series (a value per step), and its variants', at the steps of
+// the rows kept.
+void thin_series(json& suspect, const std::vector<size_t>& rows) {
+  json& series = suspect["series"];
+  json kept = json::array();
+  for (const size_t row : rows) kept.push_back(row < series.size() ? series[row] : json(0));
+  series = std::move(kept);
+  if (suspect.contains("variants")) {
+    for (json& variant : suspect["variants"]) thin_series(variant, rows);
+  }
+}
+
+// How many steps the process has and how many of their rows the report
+// holds; `positions` (1-based step numbers of the rows) when they differ.
+json step_rows_json(size_t n_steps, const std::vector<size_t>& rows, size_t limit) {
+  json out = {{"steps", n_steps}, {"rows", rows.size()}, {"limit", limit}, {"thinned", rows.size() < n_steps}};
+  if (rows.size() < n_steps) {
+    json positions = json::array();
+    for (const size_t row : rows) positions.push_back(row + 1);
+    out["positions"] = positions;
+  }
+  return out;
+}
+
+std::string thinned_note(size_t n_steps, size_t rows, size_t limit) {
+  return std::to_string(n_steps) + " steps: the JSON report holds " + std::to_string(rows) +
+         " of their rows (at most " + std::to_string(limit) +
+         ": evenly spaced steps, the first, the last and each peak; step_rows.positions names them), and the "
+         "suspects' series at the same steps. The figures, suspects and charts are computed over every step";
+}
+
+// The positions (0-based) of the steps whose rows the JSON report holds:
+// every step up to `limit` (0: no limit); past it, evenly spaced steps
+// together with the first, the last and those where the live bytes of each
+// kind, of all kinds, and the held bytes peaked, so that every peak a reader
+// or `memledger check` looks for is among the rows. At most `limit` rows.
+std::vector<size_t> step_rows(const std::vector<StepStats>& steps, size_t limit) {
+  const size_t n = steps.size();
+  std::vector<size_t> rows;
+  if (limit == 0 || n <= limit) {
+    for (size_t k = 0; k < n; ++k) rows.push_back(k);
+    return rows;
+  }
+  auto peak_of = [&](auto value) {
+    size_t best = 0;
+    for (size_t k = 1; k < n; ++k) best = value(steps[k]) > value(steps[best]) ? k : best;
+    return best;
+  };
+  rows = {0, n - 1, peak_of([](const StepStats& s) { return s.live[0] + s.live[1] + s.live[2] + s.live[3]; }),
+          peak_of([](const StepStats& s) { return s.held_host; }),
+          peak_of([](const StepStats& s) { return s.held_device; }),
+          peak_of([](const StepStats& s) { return static_cast<int64_t>(s.held_host) + s.held_device; })};
+  for (int kind = 0; kind < format::kKindCount; ++kind) {
+    rows.push_back(peak_of([kind](const StepStats& s) { return s.live[kind]; }));
+  }
+  const size_t even = std::max<size_t>(2, limit > rows.size() ? limit - rows.size() : 2);
+  for (size_t i = 0; i < even; ++i) rows.push_back(i * (n - 1) / (even - 1));
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end()), rows.end());
+  return rows;
+}
+
+json process_json(const ProcessReport& p, size_t max_step_rows) {
+  const std::vector<size_t> rows = step_rows(p.steps, max_step_rows);
+  const bool thinned = rows.size() < p.steps.size();
   json steps = json::array();
-  for (const StepStats& s : p.steps) {
+  for (const size_t row : rows) {
+    const StepStats& s = p.steps[row];
     json live = json::object();
     for (int k = 0; k < format::kKindCount; ++k) {
       if (k == 0 || s.live[k] != 0) live[format::kind_name(static_cast<format::Kind>(k))] = s.live[k];
@@ -245,7 +310,13 @@ json process_json(const ProcessReport& p) {
     steps.push_back(std::move(step));
   }
   json suspects = json::array();
-  for (const LeakSuspect& s : p.leak_suspects) suspects.push_back(suspect_json(s));
+  for (const LeakSuspect& s : p.leak_suspects) {
+    json row = suspect_json(s);
+    if (thinned) thin_series(row, rows);
+    suspects.push_back(std::move(row));
+  }
+  json notes = p.notes;
+  if (thinned) notes.push_back(thinned_note(p.steps.size(), rows.size(), max_step_rows));
   const Verdict& v = p.verdict;
   json verdict = {{"kind", v.kind},
                   {"summary", v.summary},
@@ -300,6 +371,7 @@ json process_json(const ProcessReport& p) {
       {"warmup_steps", p.warmup_steps},
       {"duration_ns", p.duration_ns},
       {"steps", steps},
+      {"step_rows", step_rows_json(p.steps.size(), rows, max_step_rows)},
       {"leak_suspects", suspects},
       {"exit_leaks",
        {{"bytes", p.exit_leak_bytes},
@@ -334,7 +406,7 @@ json process_json(const ProcessReport& p) {
         {"frames_read", p.frames_read},
         {"frames_damaged", p.frames_damaged},
         {"truncated", p.truncated}}},
-      {"notes", p.notes},
+      {"notes", notes},
       {"cupti", cupti_json(p.cupti)},
   };
 }
@@ -711,9 +783,9 @@ std::string render_text(const RunReport& run, bool full_stacks) {
   return escape_terminal(out.str());
 }
 
-nlohmann::json render_json(const RunReport& run) {
+nlohmann::json render_json(const RunReport& run, size_t max_step_rows) {
   json processes = json::array();
-  for (const ProcessReport& p : run.processes) processes.push_back(process_json(p));
+  for (const ProcessReport& p : run.processes) processes.push_back(process_json(p, max_step_rows));
   json top = {{"schema", "memledger-report"}, {"schema_version", kReportSchemaVersion}, {"run_dir", run.run_dir}};
   top["run_command"] = run.command;
   top["problems"] = run.problems;

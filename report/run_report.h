@@ -33,10 +33,17 @@ struct RunOutcome {
 // when given, is taken over run.json.
 RunReport load_run(const std::string& path, const AnalysisOptions& options, const RunOutcome* outcome = nullptr);
 
+// The JSON report holds at most this many step rows per process: a longer
+// run's rows are thinned (render_json's step_rows), so that the report's
+// size does not grow with the run's length.
+inline constexpr size_t kMaxStepRows = 1000;
+
 // `full_stacks`: every frame of a stack; else runs of library frames are
 // folded into one line each (stack_fold.h).
 std::string render_text(const RunReport& run, bool full_stacks = false);
-nlohmann::json render_json(const RunReport& run);
+// max_step_rows: 0 keeps every step's row (what `memledger check` reads from
+// traces, judging every step).
+nlohmann::json render_json(const RunReport& run, size_t max_step_rows = kMaxStepRows);
 
 // A site by the frame that is the user's code: "FUNCTION at FILE:LINE".
 std::string site_name(const Site& site);
