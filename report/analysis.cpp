@@ -4,6 +4,7 @@
 // its own; this file runs them in order and assembles the ProcessReport.
 #include "analysis.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -38,10 +39,26 @@ std::string human_bytes(double bytes) {
   return buf;
 }
 
-std::string peak_phase(const Peak& peak, size_t steps) {
-  if (steps == 0 || peak.step == 0) return {};
-  if (peak.step > steps) return "after the last step";
-  return "in step " + std::to_string(peak.step);
+uint64_t first_step_start_ns(const std::vector<StepStats>& steps) {
+  if (steps.size() < 2) return 0;
+  std::vector<uint64_t> durations;
+  for (size_t k = 1; k < steps.size(); ++k) {
+    durations.push_back(steps[k].end_ns > steps[k - 1].end_ns ? steps[k].end_ns - steps[k - 1].end_ns : 0);
+  }
+  std::nth_element(durations.begin(), durations.begin() + static_cast<long>(durations.size() / 2), durations.end());
+  const uint64_t typical = durations[durations.size() / 2];
+  return steps.front().end_ns > typical ? steps.front().end_ns - typical : 0;
+}
+
+std::string phase_of(uint64_t step, uint64_t ts_ns, const std::vector<StepStats>& steps) {
+  if (steps.empty() || step == 0) return {};
+  if (step > steps.size()) return "after the last step";
+  if (step == 1 && ts_ns < first_step_start_ns(steps)) return "before the first step";
+  return "in step " + std::to_string(step);
+}
+
+std::string peak_phase(const Peak& peak, const std::vector<StepStats>& steps) {
+  return phase_of(peak.step, peak.ts_ns, steps);
 }
 
 namespace {
@@ -233,9 +250,11 @@ void take_leaks(ProcessReport& r, ExitLeaks& leaks, LiveSets& live) {
   r.exit_leaks = std::move(leaks.leaks);
   r.exit_leak_bytes = leaks.leak_bytes;
   r.exit_leak_count = leaks.leak_count;
+  r.exit_leak_bytes_error = leaks.leak_bytes_error;
   r.startup = std::move(leaks.startup);
   r.startup_bytes = leaks.startup_bytes;
   r.startup_count = leaks.startup_count;
+  r.startup_bytes_error = leaks.startup_bytes_error;
   r.leak_counts_estimated = leaks.counts_estimated;
   r.live_at_peak = std::move(live.at_peak);
   r.live_at_end = std::move(live.at_end);
@@ -273,7 +292,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites * kStacksPerRow, sampled ? r.sample_interval : 0);
   LiveSets live = live_sets(replay, options.max_profile_sites);
   const HiddenAllocator hidden = find_hidden_allocator(trace.modules, replay.steps, replay.pool_allocs, !trace.vmm.empty());
-  const StopVerdict stop = judge_stop(trace, exit_info, replay.ooms);
+  const StopVerdict stop = judge_stop(trace, exit_info, replay.ooms, replay.steps);
   const uint64_t stackless = replay.stackless;
 
   take_integrity(r, trace);

@@ -93,6 +93,10 @@ struct SiteTotal {
   Site site;
   int64_t bytes = 0;
   uint64_t count = 0;
+  // Sampled host mode (exit leaks, start-up allocations): the bytes are an
+  // estimate, with one standard deviation of the Poisson sampling model.
+  bool estimated = false;
+  double bytes_error = 0;
   // As LeakSuspect's: the stacks merged into this row by its user line, and
   // each of them (largest first) when more than one; `site` is the largest.
   size_t stacks_merged = 1;
@@ -180,10 +184,12 @@ struct ProcessReport {
   std::vector<SiteTotal> exit_leaks;
   int64_t exit_leak_bytes = 0;
   uint64_t exit_leak_count = 0;
+  double exit_leak_bytes_error = 0;  // sampled mode: one standard deviation
   std::vector<SiteTotal> startup;
   int64_t startup_bytes = 0;
   uint64_t startup_count = 0;
-  bool leak_counts_estimated = false;  // sampled mode: the counts above are estimates
+  double startup_bytes_error = 0;
+  bool leak_counts_estimated = false;  // sampled mode: the counts and bytes above are estimates
   Peak peak;
   Verdict verdict;
   uint64_t duration_ns = 0;
@@ -240,8 +246,19 @@ bool is_library_python_file(const std::string& file);
 
 std::string human_bytes(double bytes);
 
-// When the peak happened, for the reader: "in step N", "after the last
-// step" (the peak came once the steps were over), or empty without steps.
-std::string peak_phase(const Peak& peak, size_t steps);
+// When the first step began: its end less the median duration of the
+// steps after it (what the first step did beyond a typical step, such as
+// compiling or autotuning, counts as before it). 0 when it cannot be told
+// (fewer than 2 steps).
+uint64_t first_step_start_ns(const std::vector<StepStats>& steps);
+
+// The phase of a moment in step `step` (1-based; past the last step: after
+// it) at `ts_ns`, for the reader: "before the first step" (start-up:
+// imports, building the model), "in step N", "after the last step", or
+// empty without steps.
+std::string phase_of(uint64_t step, uint64_t ts_ns, const std::vector<StepStats>& steps);
+
+// When the peak happened (phase_of).
+std::string peak_phase(const Peak& peak, const std::vector<StepStats>& steps);
 
 }  // namespace memledger::report

@@ -6,27 +6,41 @@
 
 #include <absl/container/flat_hash_map.h>
 
+#include "sampling.h"
+
 namespace memledger::report {
 namespace {
 
-using BySite = absl::flat_hash_map<uint32_t, std::pair<int64_t, double>>;  // site -> bytes, count
+// What a site holds: bytes, allocations, and in sampled mode the variance
+// of the bytes' estimate.
+struct Held {
+  int64_t bytes = 0;
+  double count = 0;
+  double bytes_variance = 0;
+};
+using BySite = absl::flat_hash_map<uint32_t, Held>;
 
 bool larger(const SiteTotal& a, const SiteTotal& b) {
   return a.bytes != b.bytes ? a.bytes > b.bytes : a.site.stack < b.site.stack;
 }
 
 void collect(const BySite& by_site, const std::vector<SiteAcc>& sites, size_t max_sites, std::vector<SiteTotal>& out,
-             int64_t& bytes, uint64_t& count) {
+             int64_t& bytes, uint64_t& count, double& bytes_error) {
+  double variance = 0;
   for (const auto& [s, v] : by_site) {
     SiteTotal t;
     t.site.stack = sites[s].stack;
     t.site.kind = sites[s].kind;
-    t.bytes = v.first;
-    t.count = static_cast<uint64_t>(std::llround(v.second));
-    bytes += v.first;
+    t.bytes = v.bytes;
+    t.count = static_cast<uint64_t>(std::llround(v.count));
+    t.estimated = v.bytes_variance > 0;
+    t.bytes_error = std::sqrt(v.bytes_variance);
+    bytes += v.bytes;
     count += t.count;
+    variance += v.bytes_variance;
     out.push_back(std::move(t));
   }
+  bytes_error = std::sqrt(variance);
   std::sort(out.begin(), out.end(), larger);
   if (out.size() > max_sites) out.resize(max_sites);
 }
@@ -51,15 +65,17 @@ ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t
   const bool has_steps = !replay.steps.empty();
   ExitLeaks out;
   for (const auto& [addr, a] : replay.live) {
-    auto& bucket = (has_steps && a.step_born == 1) ? startup_by_site[a.site] : exit_by_site[a.site];
-    bucket.first += static_cast<int64_t>(a.weight);
+    Held& bucket = (has_steps && a.step_born == 1) ? startup_by_site[a.site] : exit_by_site[a.site];
+    bucket.bytes += static_cast<int64_t>(a.weight);
     // A sampled allocation smaller than the interval stands for many.
     const bool by_chance = sample_interval != 0 && (a.flags & kAllocByChance);
-    bucket.second += by_chance ? allocations_per_sample(a.weight, sample_interval) : 1.0;
+    bucket.count += by_chance ? allocations_per_sample(a.weight, sample_interval) : 1.0;
+    if (by_chance) bucket.bytes_variance += sampled_weight(a.weight, sample_interval).bytes_variance;
     out.counts_estimated = out.counts_estimated || by_chance;
   }
-  collect(exit_by_site, replay.sites, max_sites, out.leaks, out.leak_bytes, out.leak_count);
-  collect(startup_by_site, replay.sites, max_sites, out.startup, out.startup_bytes, out.startup_count);
+  collect(exit_by_site, replay.sites, max_sites, out.leaks, out.leak_bytes, out.leak_count, out.leak_bytes_error);
+  collect(startup_by_site, replay.sites, max_sites, out.startup, out.startup_bytes, out.startup_count,
+          out.startup_bytes_error);
   return out;
 }
 

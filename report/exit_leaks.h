@@ -26,9 +26,11 @@ struct ExitLeaks {
   std::vector<SiteTotal> leaks;  // largest first, at most max_sites
   int64_t leak_bytes = 0;        // of every site, listed or not
   uint64_t leak_count = 0;
+  double leak_bytes_error = 0;   // sampled mode: one standard deviation of leak_bytes
   std::vector<SiteTotal> startup;
   int64_t startup_bytes = 0;
   uint64_t startup_count = 0;
+  double startup_bytes_error = 0;
   bool counts_estimated = false;  // some counts stand for sampled allocations
 };
 

@@ -604,7 +604,8 @@ void site_table(const std::vector<SiteTotal>& sites, std::ostringstream& o) {
     o << "<tr><td>" << esc(site_name(t.site))
       << variants_html(t, [](const SiteTotal& v) { return bytes(double(v.bytes)) + " in " + std::to_string(v.count); })
       << "</td><td>" << esc(kind_title(t.site.kind & 3)) << "</td><td class=\"n\">"
-      << esc(bytes(double(t.bytes))) << "</td><td class=\"n\">" << t.count << "</td><td>" << stack_html(t.site.frames)
+      << esc(leak_bytes_text(double(t.bytes), t.estimated, t.bytes_error)) << "</td><td class=\"n\">" << t.count
+      << "</td><td>" << stack_html(t.site.frames)
       << "</td></tr>\n";
   }
   o << "</tbody></table>\n";
@@ -613,7 +614,7 @@ void site_table(const std::vector<SiteTotal>& sites, std::ostringstream& o) {
 std::string process_figures(const ProcessReport& p) {
   return "<div class=\"figures\">" + figure(std::to_string(p.steps.size()), "steps (source: " + p.step_source + ")") +
          figure(bytes(double(p.peak.bytes)), std::string(p.allocator.traced ? "peak live" : "peak live (host heap not traced)") +
-                                                 (p.peak.step ? ", " + peak_phase(p.peak, p.steps.size()) : "")) +
+                                                 (p.peak.step ? ", " + peak_phase(p.peak, p.steps) : "")) +
          (p.total_growth.judged ? figure(bytes(p.total_growth.per_step) + "/step", "growth per step, all live bytes (what check gates on)")
                                 : std::string()) +
          figure(p.leak_suspects.empty() ? "no growth" : suspect_rate_text(p.leak_suspects.front()),
@@ -621,7 +622,7 @@ std::string process_figures(const ProcessReport& p) {
                     ? "growth suspects: none"
                     : std::to_string(p.leak_suspects.size()) + " growth suspect" + (p.leak_suspects.size() == 1 ? "" : "s") +
                           ", top: " + site_name(p.leak_suspects.front().site)) +
-         figure(bytes(double(p.exit_leak_bytes)), "exit leaks, " + std::string(p.leak_counts_estimated ? "about " : "") +
+         figure(leak_bytes_text(double(p.exit_leak_bytes), p.leak_counts_estimated, p.exit_leak_bytes_error), "exit leaks, " + std::string(p.leak_counts_estimated ? "about " : "") +
                                                        std::to_string(p.exit_leak_count) + " allocations") +
          figure(num(double(p.duration_ns) / 1e9, 2) + " s", "duration, " + std::to_string(p.events) + " events") +
          figure(p.host_mode, p.host_mode == "sampled" ? "host mode, mean interval " + bytes(double(p.sample_interval)) : "host mode") +
@@ -654,7 +655,7 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
 
   for (const OomEvent& oom : p.ooms) {
     o << "<h3>CUDA out of memory: post-mortem</h3><div class=\"card verdict bad\"><p><b>"
-      << esc(bytes(double(oom.requested))) << " requested on device " << oom.device << " in step " << oom.step
+      << esc(bytes(double(oom.requested))) << " requested on device " << oom.device << " " << esc(phase_of(oom.step, oom.ts_ns, p.steps))
       << "</b> (error " << oom.error << ")</p><div class=\"figures\">"
       << figure(bytes(double(oom.device_live)), "live on the device")
       << figure(oom.device_total ? bytes(double(oom.device_free)) + " of " + bytes(double(oom.device_total)) : "not sampled",
@@ -706,13 +707,15 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
   }
 
   o << "<h3>Exit leaks</h3><p class=\"note\">Live at exit and allocated after the first step: "
-    << esc(bytes(double(p.exit_leak_bytes))) << " in " << (p.leak_counts_estimated ? "about " : "") << p.exit_leak_count
+    << esc(leak_bytes_text(double(p.exit_leak_bytes), p.leak_counts_estimated, p.exit_leak_bytes_error)) << " in "
+    << (p.leak_counts_estimated ? "about " : "") << p.exit_leak_count
     << " allocations" << (p.leak_counts_estimated ? " (estimated from the sampled ones)" : "")
  << ".</p>\n";
   if (!p.exit_leaks.empty()) site_table(p.exit_leaks, o);
   if (!p.startup.empty()) {
     o << "<details><summary>One-off start-up allocations (before the first step, still live): "
-      << esc(bytes(double(p.startup_bytes))) << " in " << (p.leak_counts_estimated ? "about " : "") << p.startup_count
+      << esc(leak_bytes_text(double(p.startup_bytes), p.leak_counts_estimated, p.startup_bytes_error)) << " in "
+      << (p.leak_counts_estimated ? "about " : "") << p.startup_count
       << " allocations</summary>\n";
     site_table(p.startup, o);
     o << "</details>\n";
@@ -720,8 +723,7 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
 
   o << "<h3>Where the memory is</h3>\n";
   o << flame_graph(p.live_at_peak,
-                   "Live bytes at the peak" + (p.peak.step > p.steps.size() ? " (after the last step)"
-                                              : p.peak.step ? " (step " + std::to_string(p.peak.step) + ")" : std::string()),
+                   "Live bytes at the peak" + (p.peak.step ? " (" + peak_phase(p.peak, p.steps) + ")" : std::string()),
                    "Nothing was live at the peak.");
   if (p.host_mode == "sampled" && !p.live_at_peak.empty()) {
     double sum = 0;

@@ -120,7 +120,7 @@ std::string build_pprof(const RunReport& run) {
   if (cmd.empty()) cmd = root.command;
   profile.add_comment(b.str("memledger: live memory by allocation site of " + cmd));
   profile.add_comment(b.str("peak_*: at the peak of process " + std::to_string(root.pid) + " (" +
-                            human_bytes(double(root.peak.bytes)) + " in step " + std::to_string(root.peak.step) +
+                            human_bytes(double(root.peak.bytes)) + " " + peak_phase(root.peak, root.steps) +
                             "); exit_*: at the end"));
   if (root.host_mode == "sampled") {
     profile.add_comment(b.str("host allocations sampled: per-site values are unbiased estimates"));

@@ -127,6 +127,8 @@ json site_total_json(const SiteTotal& t) {
               {"site", site_name(t.site)},
               {"bytes", t.bytes},
               {"count", t.count},
+              {"estimated", t.estimated},
+              {"bytes_error", t.bytes_error},
               {"stack", frames_json(t.site.frames)}};
   merged_json(t, site_total_json, out);
   return out;
@@ -341,6 +343,7 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
                     {"device", o.device},
                     {"kind", format::kind_name(static_cast<format::Kind>(o.kind))},
                     {"step", o.step},
+                    {"phase", phase_of(o.step, o.ts_ns, p.steps)},
                     {"ts_ns", o.ts_ns},
                     {"device_live", o.device_live},
                     {"device_free", o.device_free},
@@ -375,11 +378,13 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
       {"leak_suspects", suspects},
       {"exit_leaks",
        {{"bytes", p.exit_leak_bytes},
+        {"bytes_error", p.exit_leak_bytes_error},
         {"count", p.exit_leak_count},
         {"count_estimated", p.leak_counts_estimated},
         {"sites", site_totals_json(p.exit_leaks)}}},
       {"startup_allocations",
        {{"bytes", p.startup_bytes},
+        {"bytes_error", p.startup_bytes_error},
         {"count", p.startup_count},
         {"count_estimated", p.leak_counts_estimated},
         {"sites", site_totals_json(p.startup)}}},
@@ -393,7 +398,7 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
       {"peak",
        {{"bytes", p.peak.bytes},
         {"step", p.peak.step},
-        {"phase", peak_phase(p.peak, p.steps.size())},
+        {"phase", peak_phase(p.peak, p.steps)},
         {"ts_ns", p.peak.ts_ns},
         {"kind", format::kind_name(static_cast<format::Kind>(p.peak.kind))}}},
       {"verdict", verdict},
@@ -534,6 +539,11 @@ std::string suspect_count_text(const LeakSuspect& s) {
   return number_with_error(s.allocations_per_step, s.allocations_per_step_error) + " allocations/step estimated";
 }
 
+std::string leak_bytes_text(double bytes, bool estimated, double error) {
+  if (!estimated) return human_bytes(bytes);
+  return bytes_with_error(bytes, error) + " estimated";
+}
+
 std::string total_growth_text(const ProcessReport& p) {
   const TotalGrowth& g = p.total_growth;
   char fit[96];
@@ -605,7 +615,7 @@ void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
   if (!p.steps.empty()) out << ", warm-up " << p.warmup_steps;
   out << "\n";
   out << (p.allocator.traced ? "peak live: " : "peak live (host heap not traced): ") << human_bytes(double(p.peak.bytes));
-  const std::string phase = peak_phase(p.peak, p.steps.size());
+  const std::string phase = peak_phase(p.peak, p.steps);
   if (!phase.empty()) out << " " << phase;
   out << "\n";
   if (p.total_growth.judged) out << "growth per step: " << total_growth_text(p) << "\n";
@@ -614,7 +624,7 @@ void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
 // Each out-of-memory failure, with the device's live set at that moment.
 void text_ooms(const ProcessReport& p, std::ostringstream& out) {
   for (const OomEvent& o : p.ooms) {
-    out << "\nCUDA out of memory in step " << o.step << ": " << human_bytes(double(o.requested)) << " requested on device "
+    out << "\nCUDA out of memory " << phase_of(o.step, o.ts_ns, p.steps) << ": " << human_bytes(double(o.requested)) << " requested on device "
         << o.device << " (error " << o.error << "); live on the device: " << human_bytes(double(o.device_live));
     if (o.device_total) out << "; free " << human_bytes(double(o.device_free)) << " of " << human_bytes(double(o.device_total)) << " at the last step end";
     out << "; held by pools but unused: " << human_bytes(double(o.held_unused)) << "\n";
@@ -705,23 +715,22 @@ void text_suspects(const ProcessReport& p, bool full_stacks, std::ostringstream&
 
 // Exit leaks, and the start-up allocations kept apart from them.
 void text_exit_leaks(const ProcessReport& p, std::ostringstream& out) {
-  // Sampled mode: a count is the estimated number of allocations, not of samples.
-  const char* about = p.leak_counts_estimated ? "about " : "";
-  out << "\nexit leaks (live at exit, allocated after the first step): " << human_bytes(double(p.exit_leak_bytes))
-      << " in " << about << p.exit_leak_count << " allocations"
-      << (p.leak_counts_estimated ? " (estimated from the sampled ones)" : "") << "\n";
-  for (const SiteTotal& t : p.exit_leaks) {
-    out << "  " << human_bytes(double(t.bytes)) << " in " << about << t.count << " at " << site_name(t.site)
-        << merged_text(t.stacks_merged, false) << "\n";
-  }
+  // Sampled mode: bytes and counts are estimates (a count of allocations, not of samples).
+  const bool estimated = p.leak_counts_estimated;
+  const char* about = estimated ? "about " : "";
+  auto row = [&](const SiteTotal& t) {
+    out << "  " << leak_bytes_text(double(t.bytes), t.estimated, t.bytes_error) << " in " << about << t.count << " at "
+        << site_name(t.site) << merged_text(t.stacks_merged, false) << "\n";
+  };
+  out << "\nexit leaks (live at exit, allocated after the first step): "
+      << leak_bytes_text(double(p.exit_leak_bytes), estimated, p.exit_leak_bytes_error) << " in " << about
+      << p.exit_leak_count << " allocations" << (estimated ? " (estimated from the sampled ones)" : "") << "\n";
+  for (const SiteTotal& t : p.exit_leaks) row(t);
   if (!p.steps.empty()) {
     out << "one-off start-up allocations (before the first step, still live): "
-        << human_bytes(double(p.startup_bytes)) << " in " << about << p.startup_count << " allocations\n";
-    for (size_t k = 0; k < p.startup.size() && k < 5; ++k) {
-      const SiteTotal& t = p.startup[k];
-      out << "  " << human_bytes(double(t.bytes)) << " in " << about << t.count << " at " << site_name(t.site)
-          << merged_text(t.stacks_merged, false) << "\n";
-    }
+        << leak_bytes_text(double(p.startup_bytes), estimated, p.startup_bytes_error) << " in " << about
+        << p.startup_count << " allocations\n";
+    for (size_t k = 0; k < p.startup.size() && k < 5; ++k) row(p.startup[k]);
   }
 }
 

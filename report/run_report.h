@@ -54,6 +54,9 @@ std::string frame_text(const Frame& f);
 // sampled mode "64 ± 12 KiB/step estimated" (one standard deviation).
 std::string suspect_rate_text(const LeakSuspect& s);
 std::string suspect_count_text(const LeakSuspect& s);
+// Bytes as the exit-leak lists print them: "1.4 MiB", or in sampled mode
+// "1.4 ± 0.2 MiB estimated".
+std::string leak_bytes_text(double bytes, bool estimated, double error);
 
 // The growth of all live bytes per step (what `check` gates on) with the
 // window fitted, next to the top suspect's rate.

@@ -73,10 +73,14 @@ LeakSuspect merge_suspects(std::vector<LeakSuspect> members, int warmup_steps) {
 SiteTotal merge_totals(std::vector<SiteTotal> members) {
   std::stable_sort(members.begin(), members.end(), [](const SiteTotal& a, const SiteTotal& b) { return a.bytes > b.bytes; });
   SiteTotal row = members.front();
+  double variance = row.bytes_error * row.bytes_error;
   for (size_t i = 1; i < members.size(); ++i) {
     row.bytes += members[i].bytes;
     row.count += members[i].count;
+    row.estimated = row.estimated || members[i].estimated;
+    variance += members[i].bytes_error * members[i].bytes_error;
   }
+  row.bytes_error = std::sqrt(variance);
   row.stacks_merged = members.size();
   if (members.size() > kMaxVariants) members.resize(kMaxVariants);
   row.variants = std::move(members);

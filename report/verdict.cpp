@@ -35,10 +35,10 @@ void killed(Verdict& v, const std::string& how) {
   }
 }
 
-void cuda_oom(Verdict& v, const OomEvent& oom) {
+void cuda_oom(Verdict& v, const OomEvent& oom, const std::vector<StepStats>& steps) {
   v.kind = "cuda_oom";
   v.summary = "CUDA out of memory: " + human_bytes(double(oom.requested)) + " requested on device " +
-              std::to_string(oom.device) + " in step " + std::to_string(oom.step) + "; " +
+              std::to_string(oom.device) + (steps.empty() ? " in step " + std::to_string(oom.step) : " " + phase_of(oom.step, oom.ts_ns, steps)) + "; " +
               human_bytes(double(oom.device_live)) + " live";
   if (oom.device_total) {
     v.summary += ", " + human_bytes(double(oom.device_free)) + " free of " + human_bytes(double(oom.device_total)) +
@@ -98,7 +98,8 @@ void without_signal(Verdict& v, const Trace& trace, const ExitInfo& exit_info) {
 
 }  // namespace
 
-StopVerdict judge_stop(const Trace& trace, const ExitInfo& exit_info, const std::vector<OomEvent>& ooms) {
+StopVerdict judge_stop(const Trace& trace, const ExitInfo& exit_info, const std::vector<OomEvent>& ooms,
+                       const std::vector<StepStats>& steps) {
   StopVerdict out;
   Verdict& v = out.verdict;
   if (!trace.samples.empty()) {
@@ -117,7 +118,7 @@ StopVerdict judge_stop(const Trace& trace, const ExitInfo& exit_info, const std:
   const bool ended_badly = (exit_info.known && (exit_info.signaled || exit_info.code != 0)) ||
                            (!exit_info.known && ((trace.has_exit && trace.exit_status != 0) || sig != nullptr));
   if (!ooms.empty() && ended_badly && (signo == 0 || signo == SIGABRT || signo == SIGKILL)) {
-    cuda_oom(v, ooms.back());
+    cuda_oom(v, ooms.back(), steps);
     v.exit_code = exit_info.known ? exit_info.code : trace.exit_status;
     v.signo = signo;
     if (signo) v.signal_name = signal_name(signo);

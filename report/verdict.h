@@ -25,6 +25,8 @@ struct StopVerdict {
   uint32_t crash_stack = 0;  // interned stack of the crash signal
 };
 
-StopVerdict judge_stop(const Trace& trace, const ExitInfo& exit_info, const std::vector<OomEvent>& ooms);
+// `steps`: to name the phase of an out-of-memory failure.
+StopVerdict judge_stop(const Trace& trace, const ExitInfo& exit_info, const std::vector<OomEvent>& ooms,
+                       const std::vector<StepStats>& steps = {});
 
 }  // namespace memledger::report

@@ -154,7 +154,7 @@ class HtmlInChromium(mltest.TestCase):
         for chart in page["charts"]:
             self.assertGreaterEqual(chart["width"], 900, chart)
             self.assertGreaterEqual(chart["height"], 200, chart)
-        self.assertEqual([f["title"] for f in page["flames"]], ["Live bytes at the peak (step %d)" % STEPS,
+        self.assertEqual([f["title"] for f in page["flames"]], ["Live bytes at the peak (in step %d)" % STEPS,
                                                                  "Live bytes at the end"])
         for flame in page["flames"]:
             self.assertGreaterEqual(flame["width"], 900, flame)

@@ -149,7 +149,7 @@ TEST_CASE("the HTML page has the charts, tables and flame graphs", "[html]") {
   CHECK(html.find("Fragmentation per step") != std::string::npos);
   CHECK(html.find("Host RSS against the limit") != std::string::npos);
   CHECK(html.find("step (source: marker)") != std::string::npos);
-  CHECK(html.find("Live bytes at the peak (step 10)") != std::string::npos);
+  CHECK(html.find("Live bytes at the peak (in step 10)") != std::string::npos);
   CHECK(html.find("Live bytes at the end") != std::string::npos);
   CHECK(html.find("plant_leak at train.cpp:44") != std::string::npos);
   CHECK(html.find("4.0 KiB") != std::string::npos);

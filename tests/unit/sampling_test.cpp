@@ -92,12 +92,26 @@ TEST_CASE("sampling: a sampled 64 KiB/step leak is estimated without bias, with 
   CHECK(within_two_sigma > judged * 85 / 100);
 }
 
-TEST_CASE("peak phase: in a step, or after the last one", "[sampling]") {
+TEST_CASE("peak phase: before the first step, in a step, or after the last one", "[sampling]") {
+  // Steps of 10 ms each, the first ending 2 s in: it began at 1.99 s.
+  std::vector<StepStats> steps(40);
+  for (size_t k = 0; k < steps.size(); ++k) steps[k].end_ns = 2'000'000'000 + k * 10'000'000;
+  CHECK(first_step_start_ns(steps) == 1'990'000'000);
   Peak peak;
   peak.step = 41;
-  CHECK(peak_phase(peak, 40) == "after the last step");
-  CHECK(peak_phase(peak, 41) == "in step 41");
-  CHECK(peak_phase(peak, 0).empty());
+  CHECK(peak_phase(peak, steps) == "after the last step");
+  peak.step = 40;
+  CHECK(peak_phase(peak, steps) == "in step 40");
+  peak.step = 1;
+  peak.ts_ns = 500'000'000;  // importing, building the model
+  CHECK(peak_phase(peak, steps) == "before the first step");
+  peak.ts_ns = 1'995'000'000;
+  CHECK(peak_phase(peak, steps) == "in step 1");
+  CHECK(peak_phase(peak, {}).empty());
+  // One step: when it began cannot be told.
+  steps.resize(1);
+  peak.ts_ns = 0;
+  CHECK(peak_phase(peak, steps) == "in step 1");
 }
 
 TEST_CASE("total growth per step: the figure check gates on", "[growth]") {
