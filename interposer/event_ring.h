@@ -23,23 +23,25 @@ enum class EventType : uint8_t {
   kUnmap = 7,
   kDeviceSample = 8,  // aux = device, addr = free bytes, size = total bytes
   kPoolSample = 9,    // aux = device, addr = pool, size = reserved, weight = used
+  kHostTotals = 10,   // the exact host counters (as a kStep's addr and weight), sampled mode
   // Records of the CUPTI module (cupti_host.h), as the writer encodes them:
-  kCuptiStatus = 10,  // kind = status, size = API version, aux = text string id, stack = holder string id
-  kCuptiMemory = 11,  // addr, size = bytes, weight = pc, aux = device, tid = stream, stack = correlation,
+  kCuptiStatus = 11,  // kind = status, size = API version, aux = text string id, stack = holder string id
+  kCuptiMemory = 12,  // addr, size = bytes, weight = pc, aux = device, tid = stream, stack = correlation,
                       // kind, flags = release | async << 1 | pool type << 2
-  kCuptiPool = 12,    // addr, size, weight = utilized, aux = device, kind = operation, flags = pool type,
+  kCuptiPool = 13,    // addr, size, weight = utilized, aux = device, kind = operation, flags = pool type,
                       // stack / tid = low / high half of the release threshold
-  kCuptiDropped = 13, // size = records lost
+  kCuptiDropped = 14, // size = records lost
 };
 
 // One hook call, as plain data. The writer turns it into a trace record.
 struct Event {
   uint64_t seq;     // global order (see Recorder::next_seq)
   uint64_t ts;      // CLOCK_MONOTONIC ns
-  uint64_t addr;
+  uint64_t addr;    // kStep: exact live host bytes at the marker (int64_t)
   uint64_t size;    // kStep: step index
   uint64_t weight;  // kAlloc: estimated bytes this sampled allocation stands for,
-                    // or the error code of a failed allocation
+                    // or the error code of a failed allocation; kStep: host
+                    // allocations (high 32 bits) and frees (low), mod 2^32
   uint32_t stack;   // interned stack id, 0 = none
   uint32_t aux;     // kAlloc and device events: device; kStep: label string id
   EventType type;

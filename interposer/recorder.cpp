@@ -515,6 +515,18 @@ bool Recorder::forget_sampled(uintptr_t addr) {
   return erased;
 }
 
+void Recorder::read_host_totals(Event& e) const {
+  int64_t live = 0;
+  uint64_t allocs = 0, frees = 0;
+  for (ThreadRing* ring = rings(); ring != nullptr; ring = ring->next) {
+    live += ring->host_live.load(std::memory_order_relaxed);
+    allocs += ring->host_allocs.load(std::memory_order_relaxed);
+    frees += ring->host_frees.load(std::memory_order_relaxed);
+  }
+  e.addr = static_cast<uint64_t>(live);
+  e.weight = (allocs << 32) | (frees & 0xffffffffu);
+}
+
 void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usable) {
   ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
   add_totals(ring ? ring : shared_ring_, ring == nullptr, static_cast<int64_t>(usable), 1, 0);
@@ -542,6 +554,14 @@ void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usab
   }
   e.stack = capture_stack();
   push(t, e);
+  if (config_.host_mode == HostMode::kSampled) {
+    // The exact totals beside each recorded allocation: the report corrects
+    // its estimate at step ends that no marker carries (automatic steps).
+    Event totals{};
+    totals.type = EventType::kHostTotals;
+    read_host_totals(totals);
+    push(t, totals);
+  }
 }
 
 void Recorder::on_host_free(ThreadState& t, void* ptr, size_t usable) {
@@ -660,6 +680,9 @@ void Recorder::on_step(const char* label, format::StepSource source) {
   e.size = step_index_.fetch_add(1, std::memory_order_relaxed) + 1;
   e.source = static_cast<uint8_t>(source);
   e.aux = intern_string(label);
+  // The exact host totals at this moment: in sampled mode the step's end
+  // values, which the writer's next sample would give only as late as it runs.
+  read_host_totals(e);
   push(guard.thread(), e);
   if (source != format::StepSource::kInterval) trace_writer().wake();
 }

@@ -111,6 +111,9 @@ class Recorder {
   // memledger.
   uint32_t capture_stack(size_t skip_extra = 0, bool with_python = true);
   uint32_t intern_string(const char* text);
+  // The exact host counters of all threads into `e` (kStep, kHostTotals):
+  // addr = live bytes, weight = allocations << 32 | frees (mod 2^32 each).
+  void read_host_totals(Event& e) const;
 
   // A thread about to take glibc's loader lock (dl_iterate_phdr: libunwind's
   // unwinding, the writer's module scan) enters a loader section; false when

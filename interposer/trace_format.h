@@ -37,8 +37,9 @@ namespace memledger::format {
 inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
 // Version 2 added Python frames inside stacks and the kPythonCode and
 // kPython records, the CUPTI records (kCuptiStatus .. kCuptiDropped) and
-// the nvtx and kernel step sources. Readers accept every version up to their own.
-inline constexpr uint32_t kVersion = 2;
+// the nvtx and kernel step sources. Version 3 added the exact host totals
+// to kStep. Readers accept every version up to their own.
+inline constexpr uint32_t kVersion = 3;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
 inline constexpr uint32_t kFrameCompressed = 1u << 0;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // sanity bound for readers
@@ -132,7 +133,11 @@ enum class Tag : uint8_t {
   kModule = 4,
   // id, text
   kString = 5,
-  // seq (zz-delta), ts_ns (zz-delta), tid, index, source (StepSource), label string id (0 = none)
+  // seq (zz-delta), ts_ns (zz-delta), tid, index, source (StepSource), label string id (0 = none),
+  // then (version 3) host_live (zz), host_allocs mod 2^32, host_frees mod 2^32: the exact
+  // counters of kSample, read by the marking thread at the marker (a sampled-mode step
+  // then ends with its exact totals, however late the writer runs). The counts are
+  // kept to 32 bits: a step's count is the difference of two, modulo 2^32.
   kStep = 6,
   // ts_ns, rss, heap_held, heap_in_use, cgroup_limit (0 = none), cgroup_usage,
   // host_live (exact live host bytes, malloc_usable_size), host_allocs, host_frees
@@ -197,6 +202,11 @@ enum class Tag : uint8_t {
   kCuptiPool = 26,
   // count (activity records CUPTI reported lost)
   kCuptiDropped = 27,
+  // Sampled host mode (version 3): the exact host counters, as kStep's,
+  // read just after each recorded host allocation. They say how far the
+  // estimate from the sampled allocations is off, several times a step.
+  // seq (zz-delta), ts_ns (zz-delta), host_live (zz), host_allocs mod 2^32, host_frees mod 2^32
+  kHostTotals = 28,
 };
 
 // kCuptiStatus values (cupti_host.h has the same numbers).

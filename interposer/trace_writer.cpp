@@ -884,6 +884,13 @@ void TraceWriter::cycle(bool final) {
         enc.u(e.size);
         enc.u(e.weight);
         break;
+      case EventType::kHostTotals:
+        enc.tag(format::Tag::kHostTotals);
+        enc.seq_ts(e.seq, ts);
+        enc.s(static_cast<int64_t>(e.addr));
+        enc.u(e.weight >> 32);
+        enc.u(e.weight & 0xffffffffu);
+        break;
       case EventType::kDeviceSample:
         enc.tag(format::Tag::kDeviceSample);
         enc.seq_ts(e.seq, ts);
@@ -943,15 +950,14 @@ void TraceWriter::cycle(bool final) {
         enc.u(e.size);
         enc.u(e.source);
         enc.u(e.aux);
+        enc.s(static_cast<int64_t>(e.addr));
+        enc.u(e.weight >> 32);
+        enc.u(e.weight & 0xffffffffu);
         st.step_seen = true;
         st.have_step = true;
         st.last_step = e.size;
-        // Live bytes at this step end, for the live status line only.
-        int64_t live = 0;
-        for (ThreadRing* ring = rec.rings(); ring != nullptr; ring = ring->next) {
-          live += ring->host_live.load(std::memory_order_relaxed);
-        }
-        st.step_live_history[st.step_history_count % 16] = live;
+        // Live bytes at this step end, for the live status line.
+        st.step_live_history[st.step_history_count % 16] = static_cast<int64_t>(e.addr);
         ++st.step_history_count;
         break;
       }

@@ -118,7 +118,9 @@ class Replay {
   std::vector<SiteTotal> device_live_by_site() const;
   void apply_samples();
   void note_samples(uint64_t ts);
+  void note_host_totals(uint64_t seq);
   void host_live_from_samples();
+  void exact_step_totals();
 
   const Trace& trace_;
   const bool sampled_;
@@ -144,6 +146,14 @@ class Replay {
   };
   std::vector<SampleAt> sample_at_;
   std::vector<int64_t> step_estimate_;
+  std::vector<uint64_t> step_seq_;  // each step event's seq (its exact totals' key)
+  // Sampled mode, version 3: the host totals read after each recorded
+  // allocation. The last one's offset from the estimate, and at each step
+  // end that offset when a reading came during the step (kNoOffset: none).
+  static constexpr int64_t kNoOffset = INT64_MIN;
+  size_t totals_at_ = 0;
+  int64_t totals_offset_ = kNoOffset;
+  std::vector<int64_t> step_offset_;
 };
 
 }  // namespace memledger::report

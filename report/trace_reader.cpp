@@ -118,7 +118,7 @@ Header parse_header(const std::string& path, const MappedFile& file) {
 
 class RecordDecoder {
  public:
-  explicit RecordDecoder(Trace& trace) : t_(trace) {}
+  RecordDecoder(Trace& trace, uint32_t version) : t_(trace), version_(version) {}
 
   // Decodes one frame payload. Returns false if the payload is malformed
   // (records decoded before the damage are kept).
@@ -140,6 +140,7 @@ class RecordDecoder {
         case fmt::Tag::kUnmap:
         case fmt::Tag::kDeviceSample:
         case fmt::Tag::kPoolSample:
+        case fmt::Tag::kHostTotals:
           ok = device_record(tag, c, d);
           break;
         case fmt::Tag::kCuptiStatus:
@@ -220,6 +221,14 @@ class RecordDecoder {
         e.addr = c.varint();
         e.flags = static_cast<uint8_t>(c.varint());
         e.size = c.varint();
+        if (version_ >= 3) {
+          TraceHostTotals totals;
+          totals.seq = e.seq;
+          totals.host_live = c.svarint();
+          totals.host_allocs = static_cast<uint32_t>(c.varint());
+          totals.host_frees = static_cast<uint32_t>(c.varint());
+          if (c.ok()) t_.host_totals.push_back(totals);
+        }
         if (!c.ok()) return false;
         note_ts(e.ts);
         t_.events.push_back(e);
@@ -231,7 +240,8 @@ class RecordDecoder {
     return true;
   }
 
-  // VMM mappings, device and pool samples, ordered among the events by their seq.
+  // VMM mappings, device and pool samples and host totals, ordered among the
+  // events by their seq.
   bool device_record(fmt::Tag tag, fmt::Cursor& c, Deltas& d) {
     switch (tag) {
       case fmt::Tag::kReserve:
@@ -269,6 +279,18 @@ class RecordDecoder {
         d.total = c.varint();
         if (!c.ok()) return false;
         t_.device_samples.push_back(d);
+        break;
+      }
+      case fmt::Tag::kHostTotals: {
+        TraceEvent tmp;
+        d.seq_ts(c, tmp);
+        TraceHostTotals totals;
+        totals.seq = tmp.seq;
+        totals.host_live = c.svarint();
+        totals.host_allocs = static_cast<uint32_t>(c.varint());
+        totals.host_frees = static_cast<uint32_t>(c.varint());
+        if (!c.ok()) return false;
+        t_.host_totals.push_back(totals);
         break;
       }
       case fmt::Tag::kPoolSample: {
@@ -517,6 +539,7 @@ class RecordDecoder {
     return std::string(s.substr(0, cap)) + "...";
   }
   Trace& t_;
+  uint32_t version_;  // the file's format version
 };
 
 // Finds the next plausible frame header at or after `pos`.
@@ -637,6 +660,7 @@ void sort_by_time(Trace& trace, bool side_records = true) {
   };
   sort_if_needed(trace.samples, by_ts);
   sort_if_needed(trace.signals, by_ts);
+  sort_if_needed(trace.host_totals, [](const auto& a, const auto& b) { return a.seq < b.seq; });
   if (!side_records) return;
   sort_if_needed(trace.vmm, by_seq);
   sort_if_needed(trace.device_samples, by_seq);
@@ -686,7 +710,7 @@ Trace read_trace(const std::string& path, bool load_events) {
   // A full-mode trace holds about one event per 5 stored bytes: reserve
   // address space up front rather than copying a growing vector.
   trace.events.reserve(file.size() / 4);
-  RecordDecoder decoder(trace);
+  RecordDecoder decoder(trace, trace.version);
   for_each_frame(path, file, h.frames_offset, trace,
                  [&](const uint8_t* body, size_t len, uint32_t) { return decoder.decode(body, len); });
   sort_by_time(trace);
@@ -713,6 +737,7 @@ void absorb_side_records(Trace& into, Trace& from) {
   };
   append(into.modules, from.modules);
   append(into.samples, from.samples);
+  append(into.host_totals, from.host_totals);
   append(into.vmm, from.vmm);
   append(into.device_samples, from.device_samples);
   append(into.pool_samples, from.pool_samples);
@@ -838,7 +863,7 @@ void stream_trace(Trace& trace, const EventBatchFn& on_events) {
       for_each_frame(trace.path, file, h.frames_offset, integrity, [&](const uint8_t* body, size_t len, uint32_t) {
         std::unique_ptr<Trace> chunk = queue.take_empty();
         if (!chunk) throw TraceError("cancelled");
-        RecordDecoder decoder(*chunk);
+        RecordDecoder decoder(*chunk, trace.version);
         const bool ok = decoder.decode(body, len);
         auto by_seq = [](const TraceEvent& a, const TraceEvent& b) { return a.seq < b.seq; };
         if (!std::is_sorted(chunk->events.begin(), chunk->events.end(), by_seq)) {
@@ -950,7 +975,7 @@ void dump_trace(const std::string& path, std::FILE* out) {
   for_each_frame(path, file, h.frames_offset, scratch, [&](const uint8_t* body, size_t len, uint32_t index) {
     std::fprintf(out, "frame %u: %zu bytes\n", index, len);
     Trace one;
-    RecordDecoder decoder(one);
+    RecordDecoder decoder(one, h.version);
     bool ok = decoder.decode(body, len);
     for (const ModuleInfo& m : one.modules) {
       std::fprintf(out, "module base=0x%" PRIx64 " path=%s build_id=%s segments=%zu\n", m.base, m.path.c_str(),
@@ -999,6 +1024,10 @@ void dump_trace(const std::string& path, std::FILE* out) {
                        e.size);
           break;
       }
+    }
+    for (const TraceHostTotals& t : one.host_totals) {
+      std::fprintf(out, "host_totals seq=%" PRIu64 " host_live=%" PRId64 " host_allocs=%u host_frees=%u (mod 2^32)\n",
+                   t.seq, t.host_live, t.host_allocs, t.host_frees);
     }
     for (const TraceVmmEvent& v : one.vmm) {
       static const char* const kNames[] = {"reserve", "unreserve", "map", "unmap"};

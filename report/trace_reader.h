@@ -111,6 +111,16 @@ struct TraceCuptiMemory {
   uint8_t flags = 0;  // bit 0 async, bits 1..2 CUPTI memory pool type
 };
 
+// The exact host counters (version 3), read by the marking thread at a
+// step marker, and in sampled mode just after each recorded host
+// allocation: live bytes, and allocations and frees modulo 2^32.
+struct TraceHostTotals {
+  uint64_t seq = 0;  // the step event's, or the kHostTotals record's
+  int64_t host_live = 0;
+  uint32_t host_allocs = 0;
+  uint32_t host_frees = 0;
+};
+
 struct TraceSignal {
   uint64_t ts = 0;
   uint32_t tid = 0;
@@ -136,6 +146,7 @@ struct Trace {
   std::string python_note;
   std::vector<TraceEvent> events;  // sorted by seq
   std::vector<TraceSample> samples;
+  std::vector<TraceHostTotals> host_totals;  // sorted by seq
   std::vector<TraceVmmEvent> vmm;
   std::vector<TraceDeviceSample> device_samples;
   std::vector<TracePoolSample> pool_samples;
