@@ -706,12 +706,13 @@ void Recorder::on_exec(const char* path) {
 
 void Recorder::before_fork() {
   // No thread may hold the loader lock at the fork: turn new loader
-  // sections away and wait (at most ~200 ms) for those in flight.
+  // sections away and wait (at most ~200 ms) for those in flight, and for
+  // stacks being interned to be published.
   g_forking.store(true, std::memory_order_seq_cst);
   for (int i = 0; i < 20000; ++i) {
     int64_t inside = 0;
     for (LoaderShard& shard : g_loader) inside += shard.inside.load(std::memory_order_seq_cst);
-    if (inside <= 0) break;
+    if (inside <= 0 && stacks_.quiet()) break;
     if (i < 100) {
       sched_yield();
     } else {
@@ -733,6 +734,7 @@ void Recorder::after_fork_parent() {
 void Recorder::after_fork_child() {
   // Only this thread came along: no loader section is in flight here.
   for (LoaderShard& shard : g_loader) shard.inside.store(0, std::memory_order_relaxed);
+  stacks_.reset_after_fork();
   g_forking.store(false, std::memory_order_seq_cst);
   g_shared_lock.reset();
   for (SampledShard& shard : g_sampled) shard.lock.reset();

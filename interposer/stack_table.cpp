@@ -3,6 +3,7 @@
 #include <cstring>
 #include <sched.h>
 #include <sys/mman.h>
+#include <time.h>
 
 namespace memledger::interposer {
 namespace {
@@ -45,6 +46,27 @@ bool StackTable::get(uint32_t id, const uintptr_t** frames, uint32_t* depth) con
   return true;
 }
 
+uint32_t StackTable::publish(Slot& slot, const uintptr_t* frames, uint32_t depth) {
+  uint32_t id = next_id_.fetch_add(1, std::memory_order_acq_rel);
+  if (id > kMaxStacks) {
+    slot.id.store(UINT32_MAX, std::memory_order_release);
+    return 0;
+  }
+  size_t bytes = 8 + sizeof(uintptr_t) * depth;
+  size_t off = arena_used_.fetch_add(bytes, std::memory_order_relaxed);
+  if (off + bytes > kArenaBytes) {
+    slot.id.store(UINT32_MAX, std::memory_order_release);
+    return 0;
+  }
+  uint8_t* p = arena_ + off;
+  uint64_t d = depth;
+  memcpy(p, &d, sizeof d);
+  memcpy(p + 8, frames, sizeof(uintptr_t) * depth);
+  offsets_[id].store(off + 1, std::memory_order_release);
+  slot.id.store(id, std::memory_order_release);
+  return id;
+}
+
 uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth) {
   if (slots_ == nullptr) return 0;
   if (depth > kMaxDepth) depth = kMaxDepth;
@@ -58,35 +80,30 @@ uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth) {
         if (seen != h) continue;  // another stack took the slot
       } else {
         // We own the slot: copy the frames, then publish the id.
-        uint32_t id = next_id_.fetch_add(1, std::memory_order_acq_rel);
-        if (id > kMaxStacks) {
-          slot.id.store(UINT32_MAX, std::memory_order_release);
-          return 0;
-        }
-        size_t bytes = 8 + sizeof(uintptr_t) * depth;
-        size_t off = arena_used_.fetch_add(bytes, std::memory_order_relaxed);
-        if (off + bytes > kArenaBytes) {
-          slot.id.store(UINT32_MAX, std::memory_order_release);
-          return 0;
-        }
-        uint8_t* p = arena_ + off;
-        uint64_t d = depth;
-        memcpy(p, &d, sizeof d);
-        memcpy(p + 8, frames, sizeof(uintptr_t) * depth);
-        offsets_[id].store(off + 1, std::memory_order_release);
-        slot.id.store(id, std::memory_order_release);
+        publishing_.fetch_add(1, std::memory_order_acq_rel);
+        const uint32_t id = publish(slot, frames, depth);
+        publishing_.fetch_sub(1, std::memory_order_acq_rel);
         return id;
       }
     }
     if (seen != h) continue;
-    // Same hash: wait (briefly) for the owner to publish, then compare frames.
+    // Same hash: wait for the owner to publish, then compare frames. An
+    // owner preempted on a loaded machine may take many time slices; one
+    // that never publishes was a thread lost in fork() (the fork handler
+    // waits for interns in flight, so only a thread that began after it):
+    // after a second, mark its slot abandoned so no one waits on it again.
     uint32_t id = 0;
-    for (int spin = 0; spin < 1000; ++spin) {
+    for (int spin = 0; spin < 1000 + 20000; ++spin) {
       id = slot.id.load(std::memory_order_acquire);
       if (id != 0) break;
-      sched_yield();
+      if (spin < 1000) {
+        sched_yield();
+      } else {
+        timespec pause = {0, 50000};
+        nanosleep(&pause, nullptr);
+      }
     }
-    // An owner that never publishes was a thread lost in fork(): skip its slot.
+    if (id == 0) slot.id.compare_exchange_strong(id, UINT32_MAX, std::memory_order_acq_rel);
     if (id == 0 || id == UINT32_MAX) continue;
     const uintptr_t* other;
     uint32_t other_depth;

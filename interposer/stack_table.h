@@ -26,6 +26,11 @@ class StackTable {
   uint32_t count() const { return next_id_.load(std::memory_order_acquire) - 1; }
   // The frames of a published stack; false while `id` is still being written.
   bool get(uint32_t id, const uintptr_t** frames, uint32_t* depth) const;
+  // Whether no thread is between claiming a slot and publishing its id
+  // (fork() waits for this, so that the child has no slot left unpublished).
+  bool quiet() const { return publishing_.load(std::memory_order_acquire) == 0; }
+  // In a fork child: only the forking thread came along.
+  void reset_after_fork() { publishing_.store(0, std::memory_order_relaxed); }
 
  private:
   struct Slot {
@@ -34,6 +39,7 @@ class StackTable {
     uint32_t pad;
   };
   static constexpr uint32_t kSlots = kMaxStacks * 2;
+  uint32_t publish(Slot& slot, const uintptr_t* frames, uint32_t depth);
   static constexpr size_t kArenaBytes = size_t{1} << 30;  // reserved, touched as used
 
   Slot* slots_ = nullptr;
@@ -41,6 +47,7 @@ class StackTable {
   uint8_t* arena_ = nullptr;
   std::atomic<size_t> arena_used_{0};
   std::atomic<uint32_t> next_id_{1};
+  std::atomic<int> publishing_{0};
 };
 
 }  // namespace memledger::interposer

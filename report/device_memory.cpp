@@ -115,7 +115,7 @@ std::vector<LeakSuspect> find_not_hooked_growth(const std::vector<StepStats>& st
       acc.stack = device + 1;
       acc.kind = static_cast<uint8_t>(memledger::format::Kind::kDevice);
       if (acc.changes.empty() || acc.changes.back().live != bytes) {
-        acc.changes.push_back(SeriesPoint{static_cast<uint32_t>(st.index), bytes, 0});
+        acc.changes.push_back(SeriesPoint{static_cast<uint32_t>(st.index), bytes, 0, 0});
       }
       acc.live = bytes;
     }
