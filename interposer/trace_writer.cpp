@@ -220,6 +220,12 @@ class Encoder {
   }
   void u(uint64_t v) { out_.commit(format::put_varint(out_.reserve(10), v)); }
   void s(int64_t v) { u(format::zigzag(v)); }
+  // The exact host counters of a kStep or kHostTotals event (Recorder::read_host_totals).
+  void host_totals(const Event& e) {
+    s(static_cast<int64_t>(e.addr));
+    u(e.weight >> 32);
+    u(e.weight & 0xffffffffu);
+  }
   void str(const char* data, size_t size) {
     u(size);
     memcpy(out_.reserve(size), data, size);
@@ -887,9 +893,7 @@ void TraceWriter::cycle(bool final) {
       case EventType::kHostTotals:
         enc.tag(format::Tag::kHostTotals);
         enc.seq_ts(e.seq, ts);
-        enc.s(static_cast<int64_t>(e.addr));
-        enc.u(e.weight >> 32);
-        enc.u(e.weight & 0xffffffffu);
+        enc.host_totals(e);
         break;
       case EventType::kDeviceSample:
         enc.tag(format::Tag::kDeviceSample);
@@ -950,9 +954,7 @@ void TraceWriter::cycle(bool final) {
         enc.u(e.size);
         enc.u(e.source);
         enc.u(e.aux);
-        enc.s(static_cast<int64_t>(e.addr));
-        enc.u(e.weight >> 32);
-        enc.u(e.weight & 0xffffffffu);
+        enc.host_totals(e);
         st.step_seen = true;
         st.have_step = true;
         st.last_step = e.size;

@@ -221,14 +221,7 @@ class RecordDecoder {
         e.addr = c.varint();
         e.flags = static_cast<uint8_t>(c.varint());
         e.size = c.varint();
-        if (version_ >= 3) {
-          TraceHostTotals totals;
-          totals.seq = e.seq;
-          totals.host_live = c.svarint();
-          totals.host_allocs = static_cast<uint32_t>(c.varint());
-          totals.host_frees = static_cast<uint32_t>(c.varint());
-          if (c.ok()) t_.host_totals.push_back(totals);
-        }
+        if (version_ >= 3) host_totals(c, e.seq);
         if (!c.ok()) return false;
         note_ts(e.ts);
         t_.events.push_back(e);
@@ -237,6 +230,19 @@ class RecordDecoder {
       default:
         return false;
     }
+    return true;
+  }
+
+  // The exact host counters that end a kStep (version 3) or make a
+  // kHostTotals record; kept when they decode whole.
+  bool host_totals(fmt::Cursor& c, uint64_t seq) {
+    TraceHostTotals totals;
+    totals.seq = seq;
+    totals.host_live = c.svarint();
+    totals.host_allocs = static_cast<uint32_t>(c.varint());
+    totals.host_frees = static_cast<uint32_t>(c.varint());
+    if (!c.ok()) return false;
+    t_.host_totals.push_back(totals);
     return true;
   }
 
@@ -284,13 +290,7 @@ class RecordDecoder {
       case fmt::Tag::kHostTotals: {
         TraceEvent tmp;
         d.seq_ts(c, tmp);
-        TraceHostTotals totals;
-        totals.seq = tmp.seq;
-        totals.host_live = c.svarint();
-        totals.host_allocs = static_cast<uint32_t>(c.varint());
-        totals.host_frees = static_cast<uint32_t>(c.varint());
-        if (!c.ok()) return false;
-        t_.host_totals.push_back(totals);
+        if (!host_totals(c, tmp.seq)) return false;
         break;
       }
       case fmt::Tag::kPoolSample: {
