@@ -125,21 +125,37 @@ class DamagedTraces(mltest.TestCase):
         self.assertEqual(r["leak_suspects"], intact["leak_suspects"])
         self.assertFalse(any("late" in note for note in r["notes"]), r["notes"])
 
-    def events_in_frames(self, count):
-        r = self.report(self.write("prefix.mlt", self.frames_in_order(range(count))))
-        return r["stats"]["events"]
-
     def test_frame_far_out_of_order_is_named(self):
-        n = len(self.frames)
-        self.assertGreater(n, 10, "want more frames than the reorder window (8)")
-        # The first frame after the first that holds events (on a loaded
-        # machine the writer may flush frames of samples or stacks only,
-        # which have no place in the order).
-        k = next((i for i in range(1, n - 9) if self.events_in_frames(i + 1) > self.events_in_frames(i)), None)
-        self.assertIsNotNone(k, "no frame with events early enough to move")
-        order = [i for i in range(n) if i != k] + [k]
-        r = self.report(self.write("late.mlt", self.frames_in_order(order)))
-        self.assertEqual(r["stats"]["frames_read"], n)
+        # A frame moved behind more than the reorder window (8) of frames
+        # that hold events. How a run splits into frames depends on the
+        # writer's timing (on a loaded machine a frame may hold samples or
+        # stacks only, or several steps), so this test traces a longer run of
+        # its own and reads each frame's records from `memledger dump`.
+        run_dir = os.path.join(self.tmpdir(), "long")
+        proc = self.traced(run_dir, [mltest.program("tiny_steps"), 40, 5],
+                           options=("--host", "full", "--stack-depth", "2"))
+        self.assertExit(proc, 0)
+        path = os.path.join(run_dir, next(f for f in os.listdir(run_dir) if f.startswith("trace.")))
+        with open(path, "rb") as f:
+            data = f.read()
+        header_end, frames = mltest.split_frames(data)
+        dump = self.memledger("dump", path, timeout=30)
+        self.assertExit(dump, 0)
+        with_allocs = set()
+        frame = None
+        for line in dump.stdout.splitlines():
+            if line.startswith("frame "):
+                frame = int(line.split()[1].rstrip(":"))
+            elif line.startswith("alloc "):
+                with_allocs.add(frame)
+        window = 8
+        k = next((i for i in sorted(with_allocs) if i >= 1 and len([j for j in with_allocs if j > i]) > window), None)
+        self.assertIsNotNone(k, "want a frame of allocations followed by more than %d such frames: %s of %d"
+                             % (window, sorted(with_allocs), len(frames)))
+        order = [i for i in range(len(frames)) if i != k] + [k]
+        moved = data[:header_end] + b"".join(data[frames[i].offset:frames[i].end] for i in order)
+        r = self.report(self.write("late.mlt", moved))
+        self.assertEqual(r["stats"]["frames_read"], len(frames))
         self.assertTrue(any("frames late and were replayed out of order" in note for note in r["notes"]), r["notes"])
 
     def test_corrupted_payload(self):
