@@ -51,6 +51,11 @@ struct PythonFrames::Layout {
   // Resolved at detection.
   void* (*this_thread_state)();
   int (*is_finalizing)();
+  // The main interpreter's thread states (public lock-free reads), for
+  // threads that never ran Python; null where not exported.
+  void* (*main_interpreter)();
+  void* (*thread_head)(void*);
+  void* (*thread_next)(void*);
   const void* code_type;
   const void* unicode_type;
   const void* bytes_type;
@@ -66,15 +71,15 @@ constexpr uint8_t kFrameOwnedByCStack = 3;  // 3.12+: a C shim frame, not Python
 // x86-64 layouts from each version's headers (see Layout).
 constexpr Layout kLayouts[] = {
     {9, Chain::kFrameObjects, 24, 0, 24, 32, 104, 0, false, 104, 112, 120, 40, 0, 48, 72,
-     format::LineTableFormat::kLnotab, nullptr, nullptr, nullptr, nullptr, nullptr},
+     format::LineTableFormat::kLnotab, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
     {10, Chain::kFrameObjects, 24, 0, 24, 32, 96, 0, true, 104, 112, 120, 40, 0, 48, 72,
-     format::LineTableFormat::kLinetable, nullptr, nullptr, nullptr, nullptr, nullptr},
+     format::LineTableFormat::kLinetable, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
     {11, Chain::kCFrame, 56, 8, 48, 32, 56, 69, false, 112, 128, 136, 72, 184, 48, 72,
-     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr},
+     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
     {12, Chain::kCFrame, 56, 0, 8, 0, 56, 70, false, 112, 128, 136, 68, 192, 40, 56,
-     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr},
+     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
     {13, Chain::kCurrentFrame, 72, 0, 8, 0, 56, 70, false, 112, 128, 136, 68, 200, 40, 56,
-     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr},
+     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
 // 3.13's _Py_DebugOffsets (Include/internal/pycore_runtime.h), at offset 0
@@ -296,6 +301,9 @@ bool PythonFrames::detect() {
   layout.this_thread_state = reinterpret_cast<void* (*)()>(get_state);
   void* finalizing = find_symbol(handle, minor >= 13 ? "Py_IsFinalizing" : "_Py_IsFinalizing");
   layout.is_finalizing = reinterpret_cast<int (*)()>(finalizing);
+  layout.main_interpreter = reinterpret_cast<void* (*)()>(find_symbol(handle, "PyInterpreterState_Main"));
+  layout.thread_head = reinterpret_cast<void* (*)(void*)>(find_symbol(handle, "PyInterpreterState_ThreadHead"));
+  layout.thread_next = reinterpret_cast<void* (*)(void*)>(find_symbol(handle, "PyThreadState_Next"));
   layout.code_type = find_symbol(handle, "PyCode_Type");
   layout.unicode_type = find_symbol(handle, "PyUnicode_Type");
   layout.bytes_type = find_symbol(handle, "PyBytes_Type");
@@ -362,12 +370,43 @@ uint32_t PythonFrames::capture(uintptr_t* out, uint32_t max) {
   return n;
 }
 
+namespace {
+
+// The thread state of the interpreter's main thread: the oldest in the main
+// interpreter's list (states are added at its head; after fork() the forking
+// thread's is the only one left). Null if the functions are not exported.
+const uint8_t* main_thread_state(const Layout& l) {
+  if (l.main_interpreter == nullptr || l.thread_head == nullptr || l.thread_next == nullptr) return nullptr;
+  void* interp = l.main_interpreter();
+  if (!plausible(static_cast<const uint8_t*>(interp))) return nullptr;
+  void* last = nullptr;
+  void* t = l.thread_head(interp);
+  for (int n = 0; n < 4096 && plausible(static_cast<const uint8_t*>(t)); ++n) {
+    last = t;
+    t = l.thread_next(t);
+  }
+  return static_cast<const uint8_t*>(last);
+}
+
+}  // namespace
+
 uint32_t PythonFrames::walk(const Layout& l, uintptr_t* out, uint32_t max) {
   // During finalization other threads' states are being freed.
   if (l.is_finalizing != nullptr && l.is_finalizing()) return 0;
   // This thread's state, attached or not: NULL for threads that never ran
-  // Python (autograd, data loader internals, the program before start-up).
+  // Python (autograd, XLA and TensorFlow workers, data loader internals,
+  // the program before start-up). Those get the frames of the main thread,
+  // marked as attributed: the work they do was most likely asked for by the
+  // Python call the main thread is in. The main thread may be running while
+  // it is read: a torn read costs this stack wrong or missing frames (shown
+  // as attributed, never as the thread's own), and a read of freed memory
+  // is caught by the fault guard.
   const auto* tstate = static_cast<const uint8_t*>(l.this_thread_state());
+  uint64_t attributed = 0;
+  if (tstate == nullptr && attribute_) {
+    tstate = main_thread_state(l);
+    attributed = format::kPythonAttributedBit;
+  }
   if (!plausible(tstate)) return 0;
   const uint8_t* frame = load_ptr(tstate, l.tstate_frame);
   if (l.chain == Chain::kCFrame) {
@@ -390,7 +429,7 @@ uint32_t PythonFrames::walk(const Layout& l, uintptr_t* out, uint32_t max) {
     const uint32_t id = intern(code);
     if (id == 0) continue;
     const uint32_t off = offset >= 0 && offset < INT32_MAX ? static_cast<uint32_t>(offset) : format::kPythonOffsetUnknown;
-    out[n++] = static_cast<uintptr_t>(format::python_frame_word(id, off));
+    out[n++] = static_cast<uintptr_t>(format::python_frame_word(id, off) | attributed);
   }
   return n;
 }

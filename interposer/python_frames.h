@@ -58,10 +58,14 @@ class PythonFrames {
   bool detect();
   // MEMLEDGER_PYTHON_FRAMES=0: never look for an interpreter.
   void turn_off() { off_ = true; }
+  // MEMLEDGER_PYTHON_ATTRIBUTE=0: threads that never ran Python get no
+  // attributed frames (see capture()).
+  void no_attribution() { attribute_ = false; }
 
   // Hot path: writes the calling thread's Python frames, innermost first,
   // as tagged stack words (format::python_frame_word) into `out`; returns
-  // how many. No allocation, no lock, no call into the interpreter beyond
+  // how many. A thread that never ran Python gets the main thread's frames,
+  // marked with format::kPythonAttributedBit. No allocation, no lock, no call into the interpreter beyond
   // the two reads named above.
   uint32_t capture(uintptr_t* out, uint32_t max);
 
@@ -97,6 +101,7 @@ class PythonFrames {
   static constexpr size_t kArenaBytes = size_t{256} << 20;
 
   bool off_ = false;
+  bool attribute_ = true;
   std::atomic<const Layout*> layout_{nullptr};
   std::atomic<Status> status_{Status::kNone};
   std::atomic<uint32_t> generation_{0};

@@ -271,6 +271,8 @@ void Recorder::start() {
   if (python != nullptr && strcmp(python, "0") == 0) {
     python_frames().turn_off();
   } else if (config_.stack_depth != 0) {
+    const char* attribute = getenv("MEMLEDGER_PYTHON_ATTRIBUTE");
+    if (attribute != nullptr && strcmp(attribute, "0") == 0) python_frames().no_attribution();
     python_frames().detect();
   }
 

@@ -38,8 +38,9 @@ inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
 // Version 2 added Python frames inside stacks and the kPythonCode and
 // kPython records, the CUPTI records (kCuptiStatus .. kCuptiDropped) and
 // the nvtx and kernel step sources. Version 3 added the exact host totals
-// to kStep. Readers accept every version up to their own.
-inline constexpr uint32_t kVersion = 3;
+// to kStep. Version 4 added attributed Python frames (kPythonAttributedBit).
+// Readers accept every version up to their own.
+inline constexpr uint32_t kVersion = 4;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
 inline constexpr uint32_t kFrameCompressed = 1u << 0;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // sanity bound for readers
@@ -226,12 +227,21 @@ enum class CuptiStatus : uint8_t {
 // instruction). A stack lists its Python frames first, innermost first, then
 // its native frames, innermost first.
 inline constexpr uint64_t kPythonFrameBit = uint64_t{1} << 63;
+// Version 4: a Python frame word with bit 62 set as well is attributed, not
+// the allocating thread's own. That thread had never run Python (a
+// framework's worker: XLA, TensorFlow's executors, PyTorch's autograd
+// engine), and its stack starts with the frames of the interpreter's main
+// thread at that moment, the thread that dispatched the work.
+inline constexpr uint64_t kPythonAttributedBit = uint64_t{1} << 62;
 inline constexpr uint32_t kPythonOffsetUnknown = UINT32_MAX;
 inline constexpr uint64_t python_frame_word(uint32_t code_id, uint32_t offset) {
-  return kPythonFrameBit | (static_cast<uint64_t>(code_id & 0x7fffffffu) << 32) | offset;
+  return kPythonFrameBit | (static_cast<uint64_t>(code_id & 0x3fffffffu) << 32) | offset;
 }
 inline constexpr bool is_python_frame(uint64_t word) { return (word & kPythonFrameBit) != 0; }
-inline constexpr uint32_t python_code_id(uint64_t word) { return static_cast<uint32_t>(word >> 32) & 0x7fffffffu; }
+inline constexpr bool is_attributed_python_frame(uint64_t word) {
+  return (word & (kPythonFrameBit | kPythonAttributedBit)) == (kPythonFrameBit | kPythonAttributedBit);
+}
+inline constexpr uint32_t python_code_id(uint64_t word) { return static_cast<uint32_t>(word >> 32) & 0x3fffffffu; }
 inline constexpr uint32_t python_offset(uint64_t word) { return static_cast<uint32_t>(word); }
 
 // How a kPythonCode record's line table maps byte offsets to lines; each is

@@ -16,6 +16,7 @@
 #include "growth.h"
 #include "notes.h"
 #include "replay.h"
+#include "attributed.h"
 #include "site_groups.h"
 #include "step_inference.h"
 #include "verdict.h"
@@ -283,6 +284,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   ProcessReport r = describe_process(trace);
   const bool sampled = r.host_mode == "sampled";
   EventPass pass = replay_with_steps(trace, feed, rewind, sampled);
+  merge_attributed_variants(trace, pass.replay);
   const ReplayOutput& replay = pass.replay;
   // More stacks than rows are kept until the rows are made of them (one row
   // per user line, site_groups.h).

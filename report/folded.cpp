@@ -65,7 +65,7 @@ std::string frame_label(const Frame& f) {
   if (is_python_frame(f)) {
     std::string out = f.function + " (" + std::filesystem::path(f.file).filename().string();
     if (f.line > 0) out += ":" + std::to_string(f.line);
-    return out + ")";
+    return out + (f.attributed ? ", attributed)" : ")");
   }
   return f.function;
 }

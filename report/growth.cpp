@@ -123,11 +123,14 @@ std::optional<SteadyGrowth> steady_growth(const std::vector<double>& y, const Si
   size_t rises = 0;
   for (size_t i = 1; i < y.size(); ++i) rises += y[i] > y[i - 1];
   if (rises < 3) return std::nullopt;
-  // A cache that fills up and stops is not a leak: the last third must still grow.
+  // A cache that fills up and stops is not a leak: the last third must still
+  // grow. Its slope is the median of its pairwise slopes: a temporary caught
+  // live at one step end of the tail (a buffer of the next step made early)
+  // must not hide a leak, nor one jump make a plateau look like growth.
   const size_t tail = std::max<size_t>(2, y.size() / 3);
-  std::vector<double> last(y.end() - static_cast<long>(tail), y.end());
-  const LinearFit tail_fit = fit_line(last);
-  if (last.back() <= last.front() || tail_fit.slope < 0.25 * fit.slope) return std::nullopt;
+  const std::vector<double> last(y.end() - static_cast<long>(tail), y.end());
+  const double tail_slope = theil_sen_slope(last);
+  if (tail_slope <= 0 || tail_slope < 0.25 * fit.slope) return std::nullopt;
   // Most pairs of steps must show growth: a series that stays level
   // between a few jumps (the last step ending as teardown begins, a
   // worker's burst caught live twice) has a Theil-Sen slope of zero.

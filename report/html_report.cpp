@@ -280,6 +280,10 @@ std::string frame_html(const Frame& f) {
     o << " <span class=\"loc\">" << esc(f.module) << ' ' << addr << "</span>";
   }
   if (f.inlined) o << " <span class=\"tag\">inlined</span>";
+  if (f.attributed) {
+    o << " <span class=\"tag\" title=\"allocated on a thread that never ran Python, while the main thread was "
+         "here\">attributed</span>";
+  }
   o << "</li>";
   return o.str();
 }

@@ -87,7 +87,7 @@ class ProfileBuilder {
 
  private:
   static std::string frame_name(const Frame& f) {
-    if (!f.function.empty()) return f.function;
+    if (!f.function.empty()) return f.attributed ? f.function + " (attributed)" : f.function;
     return f.module.empty() ? "??" : "?? (" + f.module + ")";
   }
 

@@ -71,6 +71,7 @@ std::string frame_text(const Frame& f) {
     out += "  (" + f.module + " " + buf + ")";
   }
   if (f.inlined) out += "  [inlined]";
+  if (f.attributed) out += "  [attributed]";
   return out;
 }
 
@@ -84,6 +85,8 @@ std::string site_name(const Site& site) {
   } else if (!f.module.empty()) {
     out += " in " + fs::path(f.module).filename().string();
   }
+  // Allocated on a framework's thread while the main thread was at this line.
+  if (f.attributed) out += " (attributed from the main thread)";
   return out;
 }
 
@@ -106,6 +109,7 @@ json frames_json(const std::vector<Frame>& frames) {
                    {"module", f.module},
                    {"address", addr},
                    {"inlined", f.inlined},
+                   {"attributed", f.attributed},
                    {"language", f.python ? "python" : "native"}});
   }
   return out;

@@ -12,6 +12,11 @@ std::string user_line_key(const Site& site) {
   if (site.frames.empty()) return key + "#" + std::to_string(site.stack);
   const Frame& f = site.frames[user_frame_index(site.frames)];
   key += f.function + '\n';
+  // Work a thread with no Python did while the main thread was in a
+  // function stays apart from the function's own allocations, and is one
+  // row per function: the line the main thread was at when the other thread
+  // allocated is a matter of timing.
+  if (f.attributed) return key + "(attributed)\n" + f.file;
   if (!f.file.empty()) return key + f.file + ':' + std::to_string(f.line);
   return key + f.module;
 }

@@ -931,6 +931,7 @@ Symbolizer::~Symbolizer() = default;
 Frame Symbolizer::Impl::ComputePython(uint64_t word) {
   Frame frame;
   frame.python = true;
+  frame.attributed = format::is_attributed_python_frame(word);
   frame.module = python_module;
   const uint32_t id = format::python_code_id(word);
   const PythonCode* code = nullptr;

@@ -26,6 +26,7 @@ struct Frame {
   std::string module;    // module path ("" if the address is in no known module)
   bool inlined = false;  // true for a frame that was inlined into the next one
   bool python = false;   // a Python frame: function is the qualified name, file:line the source line
+  bool attributed = false;  // a Python frame of the main thread, lent to a thread that never ran Python
 };
 
 // A Python code object as recorded at run time (trace_format.h, kPythonCode).

@@ -998,7 +998,8 @@ void dump_trace(const std::string& path, std::FILE* out) {
       std::fprintf(out, "stack id=%u depth=%zu", id, frames.size());
       for (uint64_t ip : frames) {
         if (fmt::is_python_frame(ip)) {
-          std::fprintf(out, " py:%u+%u", fmt::python_code_id(ip), fmt::python_offset(ip));
+          std::fprintf(out, fmt::is_attributed_python_frame(ip) ? " py-attributed:%u+%u" : " py:%u+%u",
+                       fmt::python_code_id(ip), fmt::python_offset(ip));
         } else {
           std::fprintf(out, " 0x%" PRIx64, ip);
         }

@@ -1,11 +1,14 @@
 """A small JAX training loop (jit, grad, CPU) with a planted leak of the kind
 people hit, for memledger's integration tests.
 
-    jax_client.py [--steps N] [--leak cache|none] [--markers step|none]
+    jax_client.py [--steps N] [--leak cache|outputs|none] [--markers step|none]
 
 --leak cache: every batch is normalised on the host, put on the device
     (jax.device_put) and cached in a dict keyed by the batch's id "to reuse
     it", but ids never repeat: one 256 KiB array more per step.
+--leak outputs: every step's hidden activations (the output of a jitted
+    function, 128 KiB) are kept in a list "for later". XLA makes output
+    buffers on its own threads, which never run Python.
 --leak none: the clean control (the same cache, keyed by a slot that
     repeats every 4 steps: it fills up and stays).
 --markers step: ends each step with memledger.step(); none: no marker (the
@@ -43,6 +46,11 @@ def loss_fn(params, x, y):
 
 
 @jax.jit
+def hidden_layer(params, x):
+    return jax.nn.relu(x @ params["w1"] + params["b1"])
+
+
+@jax.jit
 def train_step(params, x, y):
     loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
     return jax.tree_util.tree_map(lambda p, g: p - 0.05 * g, params, grads), loss
@@ -51,7 +59,7 @@ def train_step(params, x, y):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--leak", choices=("cache", "none"), default="cache")
+    parser.add_argument("--leak", choices=("cache", "outputs", "none"), default="cache")
     parser.add_argument("--markers", choices=("step", "none"), default="step")
     args = parser.parse_args()
 
@@ -65,6 +73,7 @@ def main():
         "b2": jnp.zeros(CLASSES),
     }
     normalized_cache = {}
+    activations = []
     loss = None
     for step in range(args.steps):
         raw = rng.standard_normal((BATCH, FEATURES), dtype=np.float32)
@@ -72,13 +81,15 @@ def main():
         batch_id = step if args.leak == "cache" else step % 4
         if batch_id not in normalized_cache:
             normalized_cache[batch_id] = jax.device_put(normalize(raw), may_alias=False)  # LEAK_SITE(cache): ids never repeat
+        if args.leak == "outputs":
+            activations.append(hidden_layer(params, normalized_cache[batch_id]))  # LEAK_SITE(outputs)
         params, loss = train_step(params, normalized_cache[batch_id], labels)
-        loss.block_until_ready()
+        loss.block_until_ready()  # WAIT_FOR_STEP
         if memledger is not None and args.markers == "step":
             memledger.step()
     print("LEAK_FILE=%s" % os.path.basename(__file__))
     print("LEAK_LINE=%d" % planted.leak_line(__file__, args.leak))
-    print("LEAK_BYTES=%d" % (BATCH * FEATURES * 4))
+    print("LEAK_BYTES=%d" % (BATCH * (HIDDEN if args.leak == "outputs" else FEATURES) * 4))
     print("STEPS=%d" % args.steps)
     print("DONE loss=%.4f cached=%d" % (float(loss), len(normalized_cache)), flush=True)
 

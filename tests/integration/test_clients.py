@@ -8,7 +8,9 @@ the clean control of each client has no suspect at all.
              accumulated as a tensor instead of loss.item().
     Keras:   a model.fit callback that keeps a tensor every batch; a tf.data
              generator that keeps every batch tensor it creates.
-    JAX:     a Python-side cache of arrays that only grows.
+    JAX:     a Python-side cache of arrays that only grows; every step's
+             jitted outputs kept in a list (made on XLA's threads: the
+             suspect's Python frames are the main thread's, attributed).
 """
 
 import os
@@ -81,6 +83,25 @@ class Clients(clients.ClientTestCase):
         # belong to a native-only site, and the planted line's site shows
         # 0.8-0.95 of the leak per step, varying from run to run.
         self.check_leak("jax", "cache", "step", low=0.6)
+
+    def assertAttributedToTheLoop(self, suspect, run):
+        # XLA makes output buffers on its own threads, which never ran
+        # Python: the suspect's Python frames are the main thread's at that
+        # moment, marked as attributed. With asynchronous dispatch the main
+        # thread may be at the dispatching line or already waiting for the
+        # step: the line named is one of the loop's.
+        python = [f for f in suspect["stack"] if f["language"] == "python"]
+        self.assertTrue(python and all(f["attributed"] for f in python), suspect["stack"][:4])
+        self.assertTrue(suspect["site"].endswith("(attributed from the main thread)"), suspect["site"])
+        first = run.leak_site[1]
+        with open(os.path.join(clients.CLIENTS_DIR, "jax_client.py")) as f:
+            last = next(n for n, text in enumerate(f, 1) if "# WAIT_FOR_STEP" in text)
+        self.assertEqual((python[0]["function"], os.path.basename(python[0]["file"])), ("main", "jax_client.py"))
+        self.assertIn(python[0]["line"], range(first, last + 1), suspect["site"])
+
+    def test_jax_outputs_kept(self):
+        run = self.client("jax", "outputs", "step")
+        self.assertAttributedToTheLoop(self.assertTopSuspectIsTheLeak(run), run)
 
     def test_jax_clean_control(self):
         self.check_clean("jax", "step")

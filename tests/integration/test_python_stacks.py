@@ -21,7 +21,8 @@ import mltest
 #   100_000 B from Python code holding the GIL,
 #   300_000 B from Python code through ctypes, which releases the GIL,
 #   500_000 B from a thread that never runs Python (pthread_create with
-#   malloc itself as the start routine).
+#   malloc itself as the start routine): its stack starts with the main
+#   thread's Python frames, marked as attributed.
 LEAKS = textwrap.dedent('''
     import ctypes, sys
 
@@ -48,9 +49,9 @@ LEAKS = textwrap.dedent('''
 
     def grow_in_native_thread():
         thread = ctypes.c_ulong()
-        assert libc.pthread_create(ctypes.byref(thread), None, MALLOC, 500_000) == 0
+        assert libc.pthread_create(ctypes.byref(thread), None, MALLOC, 500_000) == 0  # NATIVE_START
         result = ctypes.c_void_p()
-        assert libc.pthread_join(thread.value, ctypes.byref(result)) == 0
+        assert libc.pthread_join(thread.value, ctypes.byref(result)) == 0  # NATIVE_JOIN
         native.append(result.value)
 
 
@@ -59,7 +60,7 @@ LEAKS = textwrap.dedent('''
             for _ in range(steps):
                 grow()  # CALL_GROW
                 grow_without_gil()
-                grow_in_native_thread()
+                grow_in_native_thread()  # CALL_NATIVE
                 step(None)
 
 
@@ -256,10 +257,11 @@ class PythonStacks(mltest.TestCase):
         self.assertIn("3.11", versions, "Debian's /usr/bin/python3 (3.11) is required: %s" % self.interpreters)
         print("\ninterpreters:", ", ".join("%s (%s)" % i for i in self.interpreters), file=sys.stderr)
 
-    def check_leaks(self, python, version, mode):
+    def check_leaks(self, python, version, mode, attribute=True):
         run_dir = os.path.join(self.tmpdir(), "leaks")
         options = ("--host", mode) + (("--sample-interval", "65536") if mode == "sampled" else ())
-        proc = self.traced(run_dir, [python, self.leaks, str(self.STEPS)], options=options)
+        env = None if attribute else dict(mltest.clean_env(), MEMLEDGER_PYTHON_ATTRIBUTE="0")
+        proc = self.traced(run_dir, [python, self.leaks, str(self.STEPS)], options=options, env=env)
         self.assertExit(proc, 0)
         self.assertEqual(proc.stdout, "done %d %d\n" % (self.STEPS, 2 * self.STEPS))
         self.assertEqual(mltest.memledger_lines(proc.stderr), [])
@@ -290,11 +292,27 @@ class PythonStacks(mltest.TestCase):
         self.assertEqual(nogil["site"], "grow_without_gil at leaks.py:%d" % marker_line(LEAKS, "LEAK_NOGIL"))
         self.assertEqual(python_frames(nogil["stack"])[0]["file"], self.leaks)
 
-        # A thread that never ran Python keeps its native stack, no Python frame.
+        # A thread that never ran Python: its native stack, after the main
+        # thread's Python frames at that moment (inside grow_in_native_thread,
+        # between starting the thread and joining it), marked as attributed.
         thread = suspect_of(r, 500_000)
-        self.assertEqual(python_frames(thread["stack"]), [])
-        self.assertTrue(thread["stack"])
+        py = python_frames(thread["stack"])
         self.assertEqual(thread["allocations_per_step"], 1)
+        if not attribute:
+            self.assertEqual(py, [])
+            self.assertTrue(thread["stack"])
+            return run_dir
+        self.assertTrue(py, thread["stack"])
+        self.assertTrue(all(f["attributed"] for f in py), py)
+        self.assertEqual(thread["stack"][:len(py)], py, "Python frames come first")
+        self.assertTrue(thread["stack"][len(py):], "the thread's own native frames are kept")
+        self.assertEqual(py[0]["function"], "grow_in_native_thread")
+        self.assertIn(py[0]["line"], range(marker_line(LEAKS, "NATIVE_START"), marker_line(LEAKS, "NATIVE_JOIN") + 1))
+        self.assertEqual((py[1]["function"], py[1]["line"]), (run_name, marker_line(LEAKS, "CALL_NATIVE")))
+        self.assertTrue(thread["site"].startswith("grow_in_native_thread at leaks.py:"), thread["site"])
+        self.assertTrue(thread["site"].endswith("(attributed from the main thread)"), thread["site"])
+        # The thread's own allocations are not: the GIL-holding leak's frames.
+        self.assertFalse(any(f["attributed"] for f in python_frames(gil["stack"])))
         return run_dir
 
     def test_leaks_full(self):
@@ -306,6 +324,12 @@ class PythonStacks(mltest.TestCase):
         for python, version in self.interpreters:
             with self.subTest(python=python, version=version):
                 self.check_leaks(python, version, "sampled")
+
+    def test_attribution_off(self):
+        # MEMLEDGER_PYTHON_ATTRIBUTE=0: a thread that never ran Python keeps
+        # its native stack only.
+        python, version = self.interpreters[0]
+        self.check_leaks(python, version, "full", attribute=False)
 
     def test_text_report_and_dump(self):
         run_dir = self.check_leaks("/usr/bin/python3", "3.11", "full")
