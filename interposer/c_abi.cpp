@@ -16,6 +16,8 @@ MEMLEDGER_EXPORT void memledger_step(const char* label) {
   recorder().on_step(label, memledger::format::StepSource::kMarker);
 }
 
+MEMLEDGER_EXPORT void memledger_note(const char* key, const char* value) { recorder().on_info(key, value); }
+
 MEMLEDGER_EXPORT int memledger_active(void) { return recorder().active() ? 1 : 0; }
 
 MEMLEDGER_EXPORT void memledger_flush(void) { recorder().flush_and_wait(2000); }

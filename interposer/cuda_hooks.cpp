@@ -20,6 +20,7 @@
 #include <cstring>
 
 #include "cuda_abi.h"
+#include "cuda_stack.h"
 #include "cupti_bridge.h"
 #include "recorder.h"
 #include "spin_lock.h"
@@ -116,7 +117,8 @@ namespace fmt = memledger::format;
   X(cudaMallocPitch)                     \
   X(cudaMalloc3D)                        \
   X(cudaGetDriverEntryPoint)             \
-  X(cudaGetDriverEntryPointByVersion)
+  X(cudaGetDriverEntryPointByVersion)    \
+  X(cudaGetDeviceCount)
 
 namespace {
 
@@ -142,6 +144,19 @@ std::atomic<void*> real_cuDeviceGetGraphMemAttribute{nullptr};
 std::atomic<void*> real_cudaGetDevice{nullptr};
 
 std::atomic<bool> g_cuda_used{false};
+std::atomic<bool> g_stack_noted{false};
+
+// The CUDA stack is noted after the program's first CUDA call returned
+// (cuda_stack.h), and again after any call that failed for the driver's
+// version; later, at step ends.
+void note_first_call(const char* call, int result) {
+  // A load first: the allocation hooks of every thread pass here.
+  const bool first = !g_stack_noted.load(std::memory_order_relaxed) &&
+                     !g_stack_noted.exchange(true, std::memory_order_relaxed);
+  if (first || result == 35 || result == 222 || result == 803 || result == 804) {
+    memledger::interposer::note_cuda_stack(call, result);
+  }
+}
 
 struct HookEntry {
   const char* name;
@@ -204,6 +219,7 @@ cudaError_t cudaMallocPitch(void**, size_t*, size_t, size_t);
 cudaError_t cudaMalloc3D(PitchedPtr*, Extent);
 cudaError_t cudaGetDriverEntryPoint(const char*, void**, unsigned long long, int*);
 cudaError_t cudaGetDriverEntryPointByVersion(const char*, void**, unsigned int, unsigned long long, int*);
+cudaError_t cudaGetDeviceCount(int*);
 }
 
 namespace {
@@ -642,6 +658,7 @@ void sample_device_memory(ThreadState& t) {
 // bytes of every pool.
 void sample_devices() {
   if (!g_cuda_used.load(std::memory_order_relaxed)) return;
+  memledger::interposer::note_cuda_stack(nullptr, 0);
   HookGuard guard;
   if (!guard.entered()) return;
   ThreadState& t = guard.thread();
@@ -727,6 +744,7 @@ void driver_alloc(DriverScope& s, Kind kind, int device, uint64_t addr, uint64_t
   if (!s.record()) return;
   note_device(device);
   recorder().on_device_alloc(s.thread(), kind, device, addr, size, flags, r);
+  note_first_call("a driver allocation", r);
 }
 
 // A free-type call: numbered before the real call (so that an allocation
@@ -745,6 +763,7 @@ void runtime_alloc(RuntimeScope& s, Kind kind, int device, uint64_t addr, uint64
   if (!s.record()) return;
   note_device(device);
   s.with_guard([&](ThreadState& t) { recorder().on_device_alloc(t, kind, device, addr, size, flags, r); });
+  note_first_call("a runtime allocation", r);
 }
 
 template <typename Call>
@@ -778,6 +797,7 @@ MEMLEDGER_EXPORT CUresult cuInit(unsigned int flags) {
   if (real == nullptr) return 3;
   CUresult r = real(flags);
   if (r == CUDA_SUCCESS) memledger::interposer::cupti_on_cuda_init();
+  note_first_call("cuInit", r);
   return r;
 }
 
@@ -1292,6 +1312,16 @@ MEMLEDGER_EXPORT cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol
     HookGuard guard;
     *fn = wrap_driver_pointer(symbol, *fn, static_cast<int>(version), flags);
   }
+  return r;
+}
+
+// Often the program's first CUDA call (torch.cuda.is_available(), a
+// runtime program's first check): where a runtime refuses an older driver.
+MEMLEDGER_EXPORT cudaError_t cudaGetDeviceCount(int* count) {
+  auto real = REAL_RUNTIME(cudaGetDeviceCount);
+  if (real == nullptr) return 35;
+  const cudaError_t r = real(count);
+  note_first_call("cudaGetDeviceCount", r);
   return r;
 }
 

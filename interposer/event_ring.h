@@ -31,6 +31,7 @@ enum class EventType : uint8_t {
   kCuptiPool = 13,    // addr, size, weight = utilized, aux = device, kind = operation, flags = pool type,
                       // stack / tid = low / high half of the release threshold
   kCuptiDropped = 14, // size = records lost
+  kInfo = 15,         // aux = key string id, stack = value string id (format::Tag::kInfo)
 };
 
 // One hook call, as plain data. The writer turns it into a trace record.

@@ -12,6 +12,10 @@ extern "C" {
 
 /* Marks the end of one training step (label may be NULL). */
 void memledger_step(const char *label);
+/* Records one fact about the software stack, e.g. ("framework.torch.cuda",
+ * "12.1"): shown in the report's environment block. The Python module
+ * writes the frameworks' builds with it; keys are listed in trace_format.h. */
+void memledger_note(const char *key, const char *value);
 /* 1 when this process is being traced, else 0. */
 int memledger_active(void);
 /* Writes everything recorded so far to the trace (waits up to 2 s). */

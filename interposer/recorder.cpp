@@ -689,6 +689,17 @@ void Recorder::on_step(const char* label, format::StepSource source) {
   if (source != format::StepSource::kInterval) trace_writer().wake();
 }
 
+void Recorder::on_info(const char* key, const char* value) {
+  if (!active() || key == nullptr || *key == '\0') return;
+  HookGuard guard;
+  Event e{};
+  e.type = EventType::kInfo;
+  e.ts = monotonic_ns();
+  e.aux = intern_string(key);
+  e.stack = intern_string(value);
+  push(guard.thread(), e);
+}
+
 void Recorder::flush_and_wait(int timeout_ms) {
   if (!active()) return;
   trace_writer().flush_and_wait(timeout_ms);

@@ -80,6 +80,8 @@ class Recorder {
                        uint64_t seq = 0);
 
   void on_step(const char* label, format::StepSource source);
+  // A fact about the software stack (format::Tag::kInfo): key and value.
+  void on_info(const char* key, const char* value);
   // This process's live and held bytes now (memledger.h, memledger_live).
   void read_live(struct memledger_live& out) const;
   // Records an event built by the CUPTI module's bridge (cupti_bridge.cpp).

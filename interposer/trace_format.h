@@ -39,8 +39,9 @@ inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
 // kPython records, the CUPTI records (kCuptiStatus .. kCuptiDropped) and
 // the nvtx and kernel step sources. Version 3 added the exact host totals
 // to kStep. Version 4 added attributed Python frames (kPythonAttributedBit).
+// Version 5 added kInfo (the CUDA stack and the frameworks' builds).
 // Readers accept every version up to their own.
-inline constexpr uint32_t kVersion = 4;
+inline constexpr uint32_t kVersion = 5;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
 inline constexpr uint32_t kFrameCompressed = 1u << 0;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // sanity bound for readers
@@ -208,7 +209,22 @@ enum class Tag : uint8_t {
   // estimate from the sampled allocations is off, several times a step.
   // seq (zz-delta), ts_ns (zz-delta), host_live (zz), host_allocs mod 2^32, host_frees mod 2^32
   kHostTotals = 28,
+  // A fact about the process's software stack (version 5), as key and value
+  // (see kInfoKeys); a key may come again, the last value counts.
+  // ts_ns, key string id, value string id
+  kInfo = 29,
 };
+
+// kInfo keys. The preload library writes the first four, the Python module
+// (tools/python) the framework ones through memledger_note():
+//   cuda.driver         cuDriverGetVersion's value ("12020")
+//   cuda.device.N       "TOTAL_BYTES NAME" of GPU ordinal N
+//   cuda.library        "PATH\tVERSION": a loaded CUDA-family library and what
+//                       its own version call returned ("" when it has none)
+//   cuda.init_error     "CALL ERROR": the first CUDA call of the process
+//                       failed with a driver-version error
+//   framework.NAME.FIELD  e.g. framework.torch.cuda = "12.1" or "None"
+//   python.exception    "TYPE: MESSAGE" of the exception that ended Python
 
 // kCuptiStatus values (cupti_host.h has the same numbers).
 enum class CuptiStatus : uint8_t {

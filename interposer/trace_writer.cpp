@@ -947,6 +947,12 @@ void TraceWriter::cycle(bool final) {
         enc.tag(format::Tag::kCuptiDropped);
         enc.u(e.size);
         break;
+      case EventType::kInfo:
+        enc.tag(format::Tag::kInfo);
+        enc.u(ts);
+        enc.u(e.aux);
+        enc.u(e.stack);
+        break;
       case EventType::kStep: {
         enc.tag(format::Tag::kStep);
         enc.seq_ts(e.seq, ts);

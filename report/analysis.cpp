@@ -14,6 +14,7 @@
 #include "device_memory.h"
 #include "exit_leaks.h"
 #include "growth.h"
+#include "environment.h"
 #include "notes.h"
 #include "replay.h"
 #include "attributed.h"
@@ -316,6 +317,8 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   r.notes = collect_notes(NotesInput{trace, sampled, r.sample_interval, r.events, stackless, r.unknown_frees,
                                      r.failed_allocations, r.ooms.size(), growth.note, hidden.note, r.cupti,
                                      namer.warnings(), pass.steps.note, &r.allocator});
+  r.environment = read_environment(trace);
+  judge_environment(r.environment, r.verdict, r.notes);
   return r;
 }
 

@@ -133,6 +133,31 @@ struct Verdict {
   uint64_t cgroup_usage = 0;
 };
 
+// The CUDA stack and frameworks of the process (environment.h).
+struct CudaLibrary {
+  std::string name;     // the family: libcudart, libcudnn, ...
+  std::string path;     // as loaded
+  std::string version;  // from the library's own call ("12.8", "9.1.0"); "" when it has none
+  std::string build_id;  // from the module map, when the version is unknown
+  int major = -1;       // from the version, else from the file name (libcudart.so.12); -1 unknown
+};
+
+struct Environment {
+  std::string driver;                // the CUDA version the driver supports ("12.2"; "" unknown)
+  std::vector<std::string> devices;  // "0: NAME, 80.0 GiB"
+  std::vector<CudaLibrary> libraries;
+  // Framework name -> (field, value) pairs as the Python module found them.
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> frameworks;
+  std::string init_error;        // "cudaGetDeviceCount 35": a CUDA call refused for the driver's version
+  std::string python_exception;  // "torch.OutOfMemoryError: CUDA out of memory. ..."
+  std::vector<std::string> findings;
+
+  bool empty() const {
+    return driver.empty() && devices.empty() && libraries.empty() && frameworks.empty() && init_error.empty() &&
+           python_exception.empty();
+  }
+};
+
 struct Peak {
   int64_t bytes = 0;
   uint64_t step = 0;   // the step in which the peak happened (1-based; 0 = no steps)
@@ -212,6 +237,7 @@ struct ProcessReport {
   std::vector<SiteTotal> live_at_end;
   uint64_t profile_sites_dropped = 0;  // smallest sites left out past max_profile_sites
   CuptiView cupti;  // CUPTI's view of device memory beside the hooks' (or why there is none)
+  Environment environment;
 };
 
 // Analyses a trace whose events are in memory (read_trace(path)).

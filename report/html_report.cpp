@@ -9,6 +9,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "environment.h"
 #include "folded.h"
 #include "job_report.h"
 #include "trace_format.h"
@@ -654,6 +655,11 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
   }
   if (!p.verdict.crash_stack.empty()) {
     o << "<h3>Crash stack</h3><div class=\"card\">" << stack_html(p.verdict.crash_stack) << "</div>\n";
+  }
+  if (!p.environment.empty()) {
+    o << "<h3>Environment</h3><div class=\"card\"><ul>";
+    for (const std::string& line : environment_lines(p.environment)) o << "<li>" << esc(line) << "</li>";
+    o << "</ul></div>\n";
   }
   if (headline) o << process_figures(p);
 

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <sstream>
 
+#include "environment.h"
 #include "file_io.h"
 #include "job_report.h"
 #include "sampling.h"
@@ -275,6 +276,24 @@ std::vector<size_t> step_rows(const std::vector<StepStats>& steps, size_t limit)
   return rows;
 }
 
+// The CUDA stack and frameworks (environment.h).
+json environment_json(const Environment& e) {
+  json libraries = json::array();
+  for (const CudaLibrary& l : e.libraries) {
+    libraries.push_back({{"name", l.name}, {"path", l.path}, {"version", l.version}, {"build_id", l.build_id},
+                         {"major", l.major}});
+  }
+  json frameworks = json::object();
+  for (const auto& [name, fields] : e.frameworks) {
+    json f = json::object();
+    for (const auto& [field, value] : fields) f[field] = value;
+    frameworks[name] = std::move(f);
+  }
+  return {{"driver_cuda", e.driver},     {"devices", e.devices},       {"libraries", libraries},
+          {"frameworks", frameworks},     {"init_error", e.init_error}, {"python_exception", e.python_exception},
+          {"findings", e.findings},       {"lines", environment_lines(e)}};
+}
+
 json process_json(const ProcessReport& p, size_t max_step_rows) {
   const std::vector<size_t> rows = step_rows(p.steps, max_step_rows);
   const bool thinned = rows.size() < p.steps.size();
@@ -417,6 +436,7 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
         {"truncated", p.truncated}}},
       {"notes", notes},
       {"cupti", cupti_json(p.cupti)},
+      {"environment", environment_json(p.environment)},
   };
 }
 
@@ -608,6 +628,10 @@ void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
   if (!p.verdict.crash_stack.empty()) {
     out << "crash stack:\n";
     for (const Frame& f : p.verdict.crash_stack) out << "    " << frame_text(f) << "\n";
+  }
+  if (!p.environment.empty()) {
+    out << "environment:\n";
+    for (const std::string& line : environment_lines(p.environment)) out << "  " << line << "\n";
   }
   out << "host mode: " << p.host_mode;
   if (p.host_mode == "sampled") out << " (mean interval " << human_bytes(double(p.sample_interval)) << ")";

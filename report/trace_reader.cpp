@@ -509,6 +509,15 @@ class RecordDecoder {
         if (!c.ok()) return false;
         break;
       }
+      case fmt::Tag::kInfo: {
+        TraceInfo info;
+        info.ts = c.varint();
+        info.key = static_cast<uint32_t>(c.varint());
+        info.value = static_cast<uint32_t>(c.varint());
+        if (!c.ok()) return false;
+        if (t_.info.size() < kMaxInfoRecords) t_.info.push_back(info);
+        break;
+      }
       case fmt::Tag::kEnd: {
         uint64_t ts = c.varint();
         if (!c.ok()) return false;
@@ -744,6 +753,8 @@ void absorb_side_records(Trace& into, Trace& from) {
   append(into.signals, from.signals);
   append(into.execs, from.execs);
   append(into.cupti_status, from.cupti_status);
+  if (into.info.size() < kMaxInfoRecords) append(into.info, from.info);
+  from.info.clear();
   {
     const size_t room = kMaxCuptiRecords - std::min(kMaxCuptiRecords, into.cupti_memory.size());
     const size_t kept = std::min(room, from.cupti_memory.size());
@@ -1067,6 +1078,9 @@ void dump_trace(const std::string& path, std::FILE* out) {
     if (one.cupti_releases) std::fprintf(out, "cupti_releases count=%" PRIu64 "\n", one.cupti_releases);
     if (one.cupti_pool_records) std::fprintf(out, "cupti_pool_records count=%" PRIu64 "\n", one.cupti_pool_records);
     if (one.cupti_dropped) std::fprintf(out, "cupti_dropped count=%" PRIu64 "\n", one.cupti_dropped);
+    for (const TraceInfo& i : one.info) {
+      std::fprintf(out, "info ts=%" PRIu64 " key=%u value=%u\n", i.ts, i.key, i.value);
+    }
     for (const std::string& e : one.execs) std::fprintf(out, "exec path=%s\n", e.c_str());
     if (one.dropped) std::fprintf(out, "dropped count=%" PRIu64 "\n", one.dropped);
     if (one.has_exit) std::fprintf(out, "exit status=%d\n", one.exit_status);

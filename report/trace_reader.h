@@ -130,6 +130,13 @@ struct TraceSignal {
   uint32_t stack = 0;
 };
 
+// A fact about the software stack (kInfo): string ids of key and value.
+struct TraceInfo {
+  uint64_t ts = 0;
+  uint32_t key = 0;
+  uint32_t value = 0;
+};
+
 struct Trace {
   std::string path;
   uint32_t version = 0;
@@ -151,6 +158,7 @@ struct Trace {
   std::vector<TraceDeviceSample> device_samples;
   std::vector<TracePoolSample> pool_samples;
   std::vector<TraceSignal> signals;
+  std::vector<TraceInfo> info;  // in file order (kInfo)
   // CUPTI (cupti_tracer/): status records, memory allocation records (at
   // most kMaxCuptiRecords kept; the rest counted), pool records, drops.
   std::vector<TraceCuptiStatus> cupti_status;
@@ -185,6 +193,8 @@ struct Trace {
 };
 
 inline constexpr size_t kMaxCuptiRecords = size_t{4} << 20;
+// kInfo records kept (a program calling memledger_note in a loop).
+inline constexpr size_t kMaxInfoRecords = 4096;
 
 // Bounds on what a trace can make the reader hold, whatever it claims. A
 // string is at most a path's length (PATH_MAX; a Python line table may be

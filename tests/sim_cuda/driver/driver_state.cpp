@@ -40,6 +40,7 @@ const Config& config() {
     c.memory_bytes = static_cast<size_t>(env_number("SIMCUDA_MEMORY_MB", 1024, 2, 1 << 20)) * kMiB;
     c.driver_version = static_cast<int>(env_number("SIMCUDA_DRIVER_VERSION", c.driver_version, 1000, 99990));
     c.context_bytes = static_cast<size_t>(env_number("SIMCUDA_CONTEXT_MB", 0, 0, 1 << 20)) * kMiB;
+    c.crash_in_alloc = env_number("SIMCUDA_CRASH_IN_ALLOC", 0, 0, 1) != 0;
     return c;
   }();
   return instance;

@@ -24,6 +24,7 @@ struct Config {
   size_t memory_bytes = 1024 * kMiB;  // SIMCUDA_MEMORY_MB, per device
   int driver_version = 13000;     // SIMCUDA_DRIVER_VERSION
   size_t context_bytes = 0;       // SIMCUDA_CONTEXT_MB: device memory each live context holds
+  bool crash_in_alloc = false;    // SIMCUDA_CRASH_IN_ALLOC=1: cuMemAlloc faults (a driver bug)
 };
 const Config& config();
 

@@ -13,6 +13,14 @@ using namespace memledger::simcuda;
 
 namespace {
 
+// SIMCUDA_CRASH_IN_ALLOC: a store to an unmapped page from inside the
+// driver, as a driver bug (or a driver that does not fit its runtime)
+// faults, so that tools see a SIGSEGV whose stack starts in libcuda.
+__attribute__((noinline)) void fault_inside_driver() {
+  static volatile uintptr_t unmapped = 16;
+  *reinterpret_cast<volatile int*>(unmapped) = 1;
+}
+
 constexpr size_t kPitchAlignment = 512;
 constexpr size_t kHostPage = 4096;
 
@@ -137,6 +145,7 @@ CUresult host_register(Call& call, void* p, size_t bytes, unsigned int flags) {
 }  // namespace
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  if (config().crash_in_alloc) fault_inside_driver();
   Call call(Sym::cuMemAlloc_v2);
   if (CUresult r = call.initialized()) return r;
   if (dptr == nullptr) return CUDA_ERROR_INVALID_VALUE;

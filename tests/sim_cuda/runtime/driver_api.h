@@ -58,7 +58,13 @@ namespace memledger::simcuda::runtime {
 
 // The toolkit the runtime was built with: its cudaRuntimeGetVersion, the
 // oldest driver it accepts, and what cudaGetDriverEntryPoint asks for.
+// runtime/cuda12/ builds the same source as a CUDA 12.8 runtime
+// (libcudart.so.12), for programs that load two runtime majors.
+#ifdef SIMCUDART_RUNTIME_VERSION
+inline constexpr int kRuntimeVersion = SIMCUDART_RUNTIME_VERSION;
+#else
 inline constexpr int kRuntimeVersion = CUDA_VERSION;
+#endif
 
 struct DriverApi {
   void* library = nullptr;

@@ -23,6 +23,14 @@ The report lists each step's label (`steps[i].label` in its JSON).
 Keras: `memledger.keras.StepCallback()`; PyTorch Lightning:
 `memledger.lightning.StepCallback()`.
 
+When the process is traced, importing this module also records the builds
+of the frameworks already imported (PyTorch's torch.version.cuda and cuDNN,
+TensorFlow's tf.sysconfig.get_build_info(), JAX's and jaxlib's versions and
+its CUDA plugin) at every step() and at exit, for the report's environment
+block, and the exception that ends the program (sys.excepthook): a
+torch.OutOfMemoryError, ResourceExhaustedError or RESOURCE_EXHAUSTED is
+named in the report's out-of-memory verdict. Nothing is imported for it.
+
 `memledger.live()` gives this process's live and held bytes by kind now,
 as the tracer counts them (cheap enough for every step):
 
@@ -31,8 +39,10 @@ as the tracer counts them (cheap enough for every step):
         print(now.live["device"], now.device_live, now.held["host"])
 """
 
+import atexit
 import contextlib
 import ctypes
+import sys
 import threading
 
 __all__ = ["active", "step", "phase", "current_phase", "flush", "run_dir", "live", "Live", "KINDS"]
@@ -92,9 +102,103 @@ def _resolve_live():
     return fn
 
 
+def _resolve_note():
+    """memledger_note, or None when the preload library is absent."""
+    try:
+        fn = ctypes.CDLL(None).memledger_note
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    fn.restype = None
+    return fn
+
+
 _abi = _resolve()
 _live_fn = _resolve_live()
+_note_fn = _resolve_note()
 _phases = threading.local()
+_noted = {}  # (framework, field) -> value recorded
+
+
+def _note(key, value):
+    if _note_fn is not None:
+        _note_fn(key.encode("utf-8", "replace"), str(value).encode("utf-8", "replace"))
+
+
+def _torch_build(torch):
+    fields = {"version": getattr(torch, "__version__", None)}
+    version = getattr(torch, "version", None)
+    fields["cuda"] = getattr(version, "cuda", None)
+    backends = getattr(torch, "backends", None)
+    cudnn = getattr(backends, "cudnn", None)
+    if cudnn is not None:
+        fields["cudnn"] = cudnn.version()  # None on a build without cuDNN; loads nothing
+    return fields
+
+
+def _tensorflow_build(tf):
+    fields = {"version": getattr(tf, "__version__", None)}
+    info = tf.sysconfig.get_build_info()
+    fields["cuda"] = info.get("cuda_version", "None" if not info.get("is_cuda_build") else None)
+    fields["cudnn"] = info.get("cudnn_version", "None" if not info.get("is_cuda_build") else None)
+    return fields
+
+
+def _jax_build(jax):
+    fields = {"version": getattr(jax, "__version__", None)}
+    jaxlib = sys.modules.get("jaxlib")
+    fields["jaxlib"] = getattr(jaxlib, "__version__", None) or getattr(sys.modules.get("jaxlib.version"),
+                                                                      "__version__", None)
+    # The CUDA plugin (jax_cuda12_plugin, jax_plugins.xla_cuda12), when loaded.
+    plugins = sorted(name for name in list(sys.modules)
+                     if name.startswith(("jax_cuda", "jax_plugins.xla_cuda")) and "." not in name[12:])
+    fields["cuda"] = plugins[0].rsplit("cuda", 1)[1].split("_")[0] if plugins else "None"
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    backends = getattr(bridge, "_backends", None)  # read, never initialised here
+    if backends:
+        fields["backends"] = ",".join(sorted(backends))
+    return fields
+
+
+_FRAMEWORKS = (("torch", _torch_build), ("tensorflow", _tensorflow_build), ("jax", _jax_build))
+
+
+def _note_frameworks():
+    """Records the builds of the frameworks the program imported (never
+    importing one), each field once."""
+    if _note_fn is None:
+        return
+    for name, build in _FRAMEWORKS:
+        module = sys.modules.get(name)
+        if module is None or (name, "version") in _noted:
+            continue
+        try:
+            fields = build(module)
+        except Exception:  # a framework half imported, or one that changed its API
+            continue
+        for field, value in fields.items():
+            if value is None and field not in ("cuda", "cudnn"):
+                continue
+            _noted[(name, field)] = value
+            _note("framework.%s.%s" % (name, field), value)
+
+
+def _excepthook(kind, value, tb, _previous=sys.excepthook):
+    try:
+        if _note_fn is not None:
+            _note_frameworks()
+            name = getattr(kind, "__module__", "") + "." + getattr(kind, "__qualname__", str(kind))
+            text = str(value).strip().splitlines()
+            _note("python.exception", name.lstrip(".") + ": " + " ".join(text[:3])[:400])
+            flush()
+    except Exception:
+        pass
+    _previous(kind, value, tb)
+
+
+if _note_fn is not None and _abi is not None and _abi[1]() != 0:
+    sys.excepthook = _excepthook
+    atexit.register(_note_frameworks)
 
 
 class Live:
@@ -167,6 +271,7 @@ def step(label=None):
     phase's name alone when no label is given."""
     if _abi is None:
         return
+    _note_frameworks()
     name = current_phase()
     if label is not None:
         label = str(label)

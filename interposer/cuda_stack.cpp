@@ -1,0 +1,251 @@
+#include "cuda_stack.h"
+
+#include <dlfcn.h>
+#include <link.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+
+#include "libc_symbols.h"
+#include "recorder.h"
+#include "spin_lock.h"
+
+namespace memledger::interposer {
+
+namespace {
+
+// A CUDA-family library, matched by the start of its file name, and how to
+// ask it its version.
+enum class Family { kDriver, kRuntime, kCublas, kCublasLt, kCudnn, kNccl, kCufft, kCusparse, kNvrtc, kCupti };
+
+struct FamilyName {
+  const char* prefix;  // followed by ".so" or "-" (pip wheels' hashed names: libcudart-1b201d85.so.11.0)
+  Family family;
+};
+
+constexpr FamilyName kFamilies[] = {
+    {"libcuda", Family::kDriver},   {"libcudart", Family::kRuntime}, {"libcublasLt", Family::kCublasLt},
+    {"libcublas", Family::kCublas}, {"libcudnn", Family::kCudnn},    {"libnccl", Family::kNccl},
+    {"libcufft", Family::kCufft},   {"libcusparse", Family::kCusparse}, {"libnvrtc", Family::kNvrtc},
+    {"libcupti", Family::kCupti},
+};
+
+constexpr int kMaxLibraries = 48;
+constexpr size_t kPathMax = 512;
+
+struct Found {
+  char path[kPathMax];
+  Family family;
+};
+
+struct Scan {
+  Found found[kMaxLibraries];
+  int count = 0;
+};
+
+// What was recorded already (hashes of library paths), and the GPUs.
+struct State {
+  SpinLock lock;
+  uint64_t libraries[kMaxLibraries];
+  int library_count = 0;
+  bool driver_noted = false;
+  bool devices_noted = false;
+  bool init_error_noted = false;
+};
+State g_state;
+
+uint64_t hash(const char* s) {
+  uint64_t h = 1469598103934665603ull;
+  for (; *s; ++s) h = (h ^ static_cast<unsigned char>(*s)) * 1099511628211ull;
+  return h;
+}
+
+bool family_of(const char* path, Family* out) {
+  const char* slash = std::strrchr(path, '/');
+  const char* base = slash ? slash + 1 : path;
+  for (const FamilyName& f : kFamilies) {
+    const size_t n = std::strlen(f.prefix);
+    if (std::strncmp(base, f.prefix, n) == 0 && (std::strncmp(base + n, ".so", 3) == 0 || base[n] == '-')) {
+      *out = f.family;
+      return true;
+    }
+  }
+  return false;
+}
+
+int collect(dl_phdr_info* info, size_t, void* data) {
+  auto* scan = static_cast<Scan*>(data);
+  Family family;
+  if (info->dlpi_name == nullptr || info->dlpi_name[0] == '\0' || !family_of(info->dlpi_name, &family)) return 0;
+  if (scan->count >= kMaxLibraries || std::strlen(info->dlpi_name) >= kPathMax) return 0;
+  Found& f = scan->found[scan->count++];
+  std::strcpy(f.path, info->dlpi_name);
+  f.family = family;
+  return 0;
+}
+
+void* symbol(void* handle, const char* name) {
+  using Fn = void* (*)(void*, const char*);
+  auto fn = reinterpret_cast<Fn>(libc_dlsym_address());
+  return fn != nullptr ? fn(handle, name) : nullptr;
+}
+
+// "M.m" from the CUDA encoding 1000 * major + 10 * minor (12080: 12.8).
+void cuda_text(int v, char* out, size_t size) { std::snprintf(out, size, "%d.%d", v / 1000, v % 1000 / 10); }
+
+// `major_step`: the encoding's weight of the major (10000 or 1000), minor 100.
+void dotted(long v, long major_step, char* out, size_t size) {
+  std::snprintf(out, size, "%ld.%ld.%ld", v / major_step, v % major_step / 100, v % 100);
+}
+
+// Three libraryPropertyType queries (MAJOR_VERSION 0, MINOR 1, PATCH 2).
+void by_property(void* fn, char* out, size_t size) {
+  auto get = reinterpret_cast<int (*)(int, int*)>(fn);
+  int v[3] = {};
+  for (int i = 0; i < 3; ++i) {
+    if (get(i, &v[i]) != 0) return;
+  }
+  std::snprintf(out, size, "%d.%d.%d", v[0], v[1], v[2]);
+}
+
+// The library's own version call; `out` stays empty where it has none.
+void library_version(void* h, Family family, char* out, size_t size) {
+  out[0] = '\0';
+  switch (family) {
+    case Family::kDriver:
+    case Family::kRuntime: {
+      auto fn = reinterpret_cast<int (*)(int*)>(
+          symbol(h, family == Family::kDriver ? "cuDriverGetVersion" : "cudaRuntimeGetVersion"));
+      int v = 0;
+      if (fn != nullptr && fn(&v) == 0 && v > 0) cuda_text(v, out, size);
+      break;
+    }
+    case Family::kCublas:
+      if (void* fn = symbol(h, "cublasGetProperty")) by_property(fn, out, size);
+      break;
+    case Family::kCusparse:
+      if (void* fn = symbol(h, "cusparseGetProperty")) by_property(fn, out, size);
+      break;
+    case Family::kCublasLt:
+      if (auto fn = reinterpret_cast<size_t (*)()>(symbol(h, "cublasLtGetVersion"))) {
+        dotted(static_cast<long>(fn()), 10000, out, size);
+      }
+      break;
+    case Family::kCudnn:
+      // cuDNN 9 encodes 10000 * major, cuDNN 8 and older 1000 * major.
+      if (auto fn = reinterpret_cast<size_t (*)()>(symbol(h, "cudnnGetVersion"))) {
+        const long v = static_cast<long>(fn());
+        dotted(v, v >= 90000 ? 10000 : 1000, out, size);
+      }
+      break;
+    case Family::kNccl: {
+      // NCCL 2.9 and later encode 10000 * major, earlier 1000 * major.
+      auto fn = reinterpret_cast<int (*)(int*)>(symbol(h, "ncclGetVersion"));
+      int v = 0;
+      if (fn != nullptr && fn(&v) == 0 && v > 0) dotted(v, v >= 10000 ? 10000 : 1000, out, size);
+      break;
+    }
+    case Family::kCufft: {
+      auto fn = reinterpret_cast<int (*)(int*)>(symbol(h, "cufftGetVersion"));
+      int v = 0;
+      if (fn != nullptr && fn(&v) == 0 && v > 0) dotted(v, 1000, out, size);
+      break;
+    }
+    case Family::kNvrtc: {
+      auto fn = reinterpret_cast<int (*)(int*, int*)>(symbol(h, "nvrtcVersion"));
+      int major = 0, minor = 0;
+      if (fn != nullptr && fn(&major, &minor) == 0) std::snprintf(out, size, "%d.%d", major, minor);
+      break;
+    }
+    case Family::kCupti: {
+      auto fn = reinterpret_cast<int (*)(uint32_t*)>(symbol(h, "cuptiGetVersion"));
+      uint32_t v = 0;
+      if (fn != nullptr && fn(&v) == 0) std::snprintf(out, size, "API %u", v);
+      break;
+    }
+  }
+}
+
+// The GPUs, once the driver answers (the program initialised it: an
+// uninitialised driver returns CUDA_ERROR_NOT_INITIALIZED, and nothing
+// here calls cuInit).
+void note_devices(void* driver) {
+  auto count_fn = reinterpret_cast<int (*)(int*)>(symbol(driver, "cuDeviceGetCount"));
+  auto name_fn = reinterpret_cast<int (*)(char*, int, int)>(symbol(driver, "cuDeviceGetName"));
+  auto mem_fn = reinterpret_cast<int (*)(size_t*, int)>(symbol(driver, "cuDeviceTotalMem_v2"));
+  int count = 0;
+  if (count_fn == nullptr || count_fn(&count) != 0) return;
+  g_state.devices_noted = true;
+  for (int d = 0; d < count && d < 64; ++d) {
+    char name[128] = "";
+    size_t total = 0;
+    if (name_fn != nullptr && name_fn(name, sizeof name, d) != 0) name[0] = '\0';
+    if (mem_fn != nullptr && mem_fn(&total, d) != 0) total = 0;
+    char key[32], value[192];
+    std::snprintf(key, sizeof key, "cuda.device.%d", d);
+    std::snprintf(value, sizeof value, "%zu %s", total, name);
+    recorder().on_info(key, value);
+  }
+}
+
+bool already_noted(uint64_t h) {
+  for (int i = 0; i < g_state.library_count; ++i) {
+    if (g_state.libraries[i] == h) return true;
+  }
+  return false;
+}
+
+void note_library(const Found& f) {
+  const uint64_t h = hash(f.path);
+  const bool seen = already_noted(h);
+  if (seen && !(f.family == Family::kDriver && !g_state.devices_noted)) return;
+  void* handle = dlopen(f.path, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return;
+  if (!seen && g_state.library_count < kMaxLibraries) {
+    char version[64];
+    library_version(handle, f.family, version, sizeof version);
+    char value[kPathMax + 80];
+    std::snprintf(value, sizeof value, "%s\t%s", f.path, version);
+    recorder().on_info("cuda.library", value);
+    if (f.family == Family::kDriver && version[0] != '\0' && !g_state.driver_noted) {
+      g_state.driver_noted = true;
+      recorder().on_info("cuda.driver", version);
+    }
+    g_state.libraries[g_state.library_count++] = h;
+  }
+  if (f.family == Family::kDriver && !g_state.devices_noted) note_devices(handle);
+  dlclose(handle);
+}
+
+// cudaErrorInsufficientDriver / CUDA_ERROR_INSUFFICIENT_DRIVER (35), an
+// unsupported PTX version (222), a driver mismatch (803) or forward
+// compatibility refused on this device (804): the same numbers in the
+// driver and the runtime API.
+bool is_version_error(int error) { return error == 35 || error == 222 || error == 803 || error == 804; }
+
+}  // namespace
+
+void note_cuda_stack(const char* call, int error) {
+  if (!recorder().active()) return;
+  // Never block the program: another thread noting the stack does it for us.
+  if (!g_state.lock.try_lock()) return;
+  HookGuard guard;
+  if (call != nullptr && is_version_error(error) && !g_state.init_error_noted) {
+    g_state.init_error_noted = true;
+    char value[96];
+    std::snprintf(value, sizeof value, "%s %d", call, error);
+    recorder().on_info("cuda.init_error", value);
+  }
+  static Scan scan;  // under the lock; too large for a program thread's stack
+  scan.count = 0;
+  if (recorder().enter_loader_section()) {
+    dl_iterate_phdr(collect, &scan);
+    recorder().leave_loader_section();
+  }
+  for (int i = 0; i < scan.count; ++i) note_library(scan.found[i]);
+  g_state.lock.unlock();
+}
+
+}  // namespace memledger::interposer

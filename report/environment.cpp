@@ -1,0 +1,324 @@
+#include "environment.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <map>
+#include <set>
+
+namespace memledger::report {
+
+namespace {
+
+std::string string_of(const Trace& trace, uint32_t id) {
+  auto it = trace.strings.find(id);
+  return it == trace.strings.end() ? std::string() : it->second;
+}
+
+std::string base_name(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// libcudart.so.12 -> libcudart; libcudart-1b201d85.so.11.0 -> libcudart.
+std::string family_of(const std::string& path) {
+  const std::string base = base_name(path);
+  const size_t end = base.find_first_of(".-");
+  return end == std::string::npos ? base : base.substr(0, end);
+}
+
+// The leading number of "12.8" (-1: none).
+int leading_number(const std::string& text) {
+  if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0]))) return -1;
+  return std::atoi(text.c_str());
+}
+
+// (major, minor) of "12.8", for comparisons; (-1, -1) when unknown.
+std::pair<int, int> major_minor(const std::string& text) {
+  const int major = leading_number(text);
+  const size_t dot = text.find('.');
+  const int minor = dot == std::string::npos ? 0 : std::max(leading_number(text.substr(dot + 1)), 0);
+  return {major, major < 0 ? -1 : minor};
+}
+
+// The major of a library file name's version suffix: libcudart.so.12 -> 12.
+int soname_major(const std::string& path) {
+  const std::string base = base_name(path);
+  const size_t so = base.find(".so.");
+  return so == std::string::npos ? -1 : leading_number(base.substr(so + 4));
+}
+
+CudaLibrary library_of(const Trace& trace, const std::string& value) {
+  CudaLibrary lib;
+  const size_t tab = value.find('\t');
+  lib.path = value.substr(0, tab);
+  if (tab != std::string::npos) lib.version = value.substr(tab + 1);
+  lib.name = family_of(lib.path);
+  // cuDriverGetVersion gives the CUDA version the driver supports, not the
+  // library's own: the file name's major is the driver's release.
+  lib.major = lib.name == "libcuda" || lib.version.rfind("API ", 0) == 0 ? -1 : leading_number(lib.version);
+  if (lib.major < 0 && lib.name != "libcuda") lib.major = soname_major(lib.path);
+  for (const ModuleInfo& m : trace.modules) {
+    if (m.path == lib.path) lib.build_id = m.build_id;
+  }
+  return lib;
+}
+
+void add_framework_field(Environment& env, const std::string& key, const std::string& value) {
+  // framework.NAME.FIELD
+  const std::string rest = key.substr(10);
+  const size_t dot = rest.find('.');
+  if (dot == std::string::npos) return;
+  const std::string name = rest.substr(0, dot), field = rest.substr(dot + 1);
+  auto it = std::find_if(env.frameworks.begin(), env.frameworks.end(), [&](const auto& f) { return f.first == name; });
+  if (it == env.frameworks.end()) {
+    env.frameworks.push_back({name, {}});
+    it = env.frameworks.end() - 1;
+  }
+  for (auto& [f, v] : it->second) {
+    if (f == field) {
+      v = value;
+      return;
+    }
+  }
+  it->second.push_back({field, value});
+}
+
+std::string framework_field(const Environment& env, const std::string& name, const std::string& field) {
+  for (const auto& [n, fields] : env.frameworks) {
+    if (n != name) continue;
+    for (const auto& [f, v] : fields) {
+      if (f == field) return v;
+    }
+  }
+  return "";
+}
+
+std::string error_name(const std::string& call, int code) {
+  const bool runtime = call.rfind("cuda", 0) == 0 || call.find("runtime") != std::string::npos;
+  switch (code) {
+    case 35: return runtime ? "cudaErrorInsufficientDriver" : "CUDA_ERROR_INSUFFICIENT_DRIVER";
+    case 222: return runtime ? "cudaErrorUnsupportedPtxVersion" : "CUDA_ERROR_UNSUPPORTED_PTX_VERSION";
+    case 803: return runtime ? "cudaErrorSystemDriverMismatch" : "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH";
+    case 804: return runtime ? "cudaErrorCompatNotSupportedOnDevice" : "CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE";
+  }
+  return "error " + std::to_string(code);
+}
+
+const CudaLibrary* newest_runtime(const Environment& env) {
+  const CudaLibrary* best = nullptr;
+  for (const CudaLibrary& l : env.libraries) {
+    if (l.name == "libcudart" && !l.version.empty() &&
+        (best == nullptr || major_minor(l.version) > major_minor(best->version))) {
+      best = &l;
+    }
+  }
+  return best;
+}
+
+// A runtime the driver does not support: refused at initialisation, or a
+// newer major than the driver's.
+std::string driver_finding(const Environment& env) {
+  const CudaLibrary* rt = newest_runtime(env);
+  const std::string runtime = rt ? "the CUDA runtime " + rt->version + " (" + base_name(rt->path) + ")" : "the CUDA runtime";
+  const std::string driver = env.driver.empty() ? "an older CUDA" : "CUDA " + env.driver;
+  const std::string fix = "; install an NVIDIA driver that supports CUDA " + (rt ? rt->version : std::string("that version")) +
+                          " or newer, or use a runtime and framework built for " + driver;
+  if (!env.init_error.empty()) {
+    const size_t space = env.init_error.rfind(' ');
+    const std::string call = env.init_error.substr(0, space);
+    const int code = std::atoi(env.init_error.substr(space + 1).c_str());
+    return runtime + " needs a newer driver: " + call + " failed with " + error_name(call, code) + " (" +
+           std::to_string(code) + ") and the driver supports " + driver + " only" + fix;
+  }
+  if (rt != nullptr && !env.driver.empty() && major_minor(rt->version).first > major_minor(env.driver).first) {
+    return runtime + " is newer than the driver supports (" + driver + ")" + fix;
+  }
+  return "";
+}
+
+// Two majors of one library in one process.
+std::vector<std::string> two_majors(const Environment& env) {
+  std::vector<std::string> out;
+  std::map<std::string, std::map<int, const CudaLibrary*>> by_name;
+  for (const CudaLibrary& l : env.libraries) {
+    if (l.major >= 0) by_name[l.name].emplace(l.major, &l);
+  }
+  for (const auto& [name, majors] : by_name) {
+    if (majors.size() < 2) continue;
+    std::string list;
+    for (const auto& [major, l] : majors) {
+      list += (list.empty() ? "" : " and ") + (l->version.empty() ? std::to_string(major) : l->version) + " (" +
+              l->path + ")";
+    }
+    out.push_back("two major versions of " + name + " are loaded in one process: " + list +
+                  "; each part of the program calls the one it was built for, so memory, streams and handles do not "
+                  "pass between them: install one CUDA major (remove the other's packages, e.g. pip's nvidia-*-cu" +
+                  std::to_string(majors.begin()->first) + " wheels, or fix LD_LIBRARY_PATH)");
+  }
+  return out;
+}
+
+// A framework built for one CUDA major running on another's runtime, or on
+// a driver older than its build.
+std::vector<std::string> framework_findings(const Environment& env) {
+  static const std::pair<const char*, const char*> kNames[] = {
+      {"torch", "PyTorch"}, {"tensorflow", "TensorFlow"}, {"jax", "JAX"}};
+  std::vector<std::string> out;
+  const CudaLibrary* rt = newest_runtime(env);
+  for (const auto& [name, shown] : kNames) {
+    const std::string built = framework_field(env, name, "cuda");
+    const auto [major, minor] = major_minor(built);
+    if (major < 0) continue;
+    const std::string label = std::string(shown) + " was built for CUDA " + built;
+    if (rt != nullptr && major_minor(rt->version).first != major) {
+      out.push_back(label + " but the process runs the CUDA runtime " + rt->version + " (" + rt->path +
+                    "); install the " + shown + " build for CUDA " + std::to_string(major_minor(rt->version).first) +
+                    " or put the CUDA " + std::to_string(major) + " runtime first on the library path");
+    }
+    if (!env.driver.empty() && major_minor(env.driver).first < major) {
+      out.push_back(label + " but the driver supports CUDA " + env.driver + " only; install a newer NVIDIA driver or the " +
+                    shown + " build for CUDA " + env.driver);
+    }
+  }
+  return out;
+}
+
+// The first frame of the crash stack in a known library: a CUDA one?
+std::string crash_finding(const Environment& env, const Verdict& v) {
+  if (v.kind != "crash") return "";
+  for (const Frame& f : v.crash_stack) {
+    // The signal's own frames (the handler, libc's restorer) and a libc
+    // function a library called (memcpy) are not where the crash lies.
+    const std::string name = family_of(f.module);
+    if (f.module.empty() || name == "libmemledger" || name == "libc" || name == "linux-vdso" || name == "[vdso]") {
+      continue;
+    }
+    const char* what = name == "libcuda"       ? "the CUDA driver"
+                       : name == "libcudnn"    ? "cuDNN"
+                       : name == "libcublas" || name == "libcublasLt" ? "cuBLAS"
+                                                  : nullptr;
+    if (what == nullptr) return "";
+    std::string text = std::string("crashed inside ") + what + " (" + base_name(f.module);
+    for (const CudaLibrary& l : env.libraries) {
+      if (l.path == f.module && !l.version.empty() && name != "libcuda") text += " " + l.version;
+    }
+    text += ")";
+    if (!env.driver.empty()) text += "; driver for CUDA " + env.driver;
+    if (const CudaLibrary* rt = newest_runtime(env)) text += "; runtime " + rt->version;
+    return text + "; see the versions in the environment block: a driver, runtime and library that do not fit "
+                  "together crash there, so make them agree (or report it to NVIDIA with these versions)";
+  }
+  return "";
+}
+
+bool is_oom_exception(const std::string& e) {
+  std::string lower = e;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  return e.find("OutOfMemoryError") != std::string::npos || e.find("ResourceExhausted") != std::string::npos ||
+         e.find("RESOURCE_EXHAUSTED") != std::string::npos || lower.find("out of memory") != std::string::npos;
+}
+
+bool ended_badly(const Verdict& v) {
+  return (v.kind == "exit" && v.exit_code != 0) || v.kind == "crash" || v.kind == "signal";
+}
+
+// The framework's own out-of-memory error, in the verdict.
+void name_framework_oom(const Environment& env, Verdict& v) {
+  if (env.python_exception.empty() || !is_oom_exception(env.python_exception)) return;
+  std::string shown = env.python_exception.substr(0, 300);
+  if (v.kind == "cuda_oom") {
+    v.summary += "; the program raised " + shown;
+  } else if (ended_badly(v)) {
+    const bool device = std::any_of(env.libraries.begin(), env.libraries.end(),
+                                    [](const CudaLibrary& l) { return l.name == "libcuda"; });
+    v.kind = device ? "cuda_oom" : "framework_oom";
+    v.summary = std::string(device ? "GPU out of memory" : "out of memory") + " in the framework: the program raised " +
+                shown + "; no allocation that reached the CUDA API failed (the framework's allocator refused it) (" +
+                v.summary + ")";
+  }
+}
+
+}  // namespace
+
+Environment read_environment(const Trace& trace) {
+  Environment env;
+  std::set<std::string> paths;
+  for (const TraceInfo& i : trace.info) {
+    const std::string key = string_of(trace, i.key), value = string_of(trace, i.value);
+    if (key == "cuda.driver") {
+      env.driver = value;
+    } else if (key.rfind("cuda.device.", 0) == 0) {
+      const size_t space = value.find(' ');
+      const double total = std::atof(value.substr(0, space).c_str());
+      const std::string name = space == std::string::npos ? "" : value.substr(space + 1);
+      env.devices.push_back(key.substr(12) + ": " + (name.empty() ? "GPU" : name) + ", " + human_bytes(total));
+    } else if (key == "cuda.library") {
+      CudaLibrary lib = library_of(trace, value);
+      if (paths.insert(lib.path).second) env.libraries.push_back(std::move(lib));
+    } else if (key == "cuda.init_error") {
+      env.init_error = value;
+    } else if (key.rfind("framework.", 0) == 0) {
+      add_framework_field(env, key, value);
+    } else if (key == "python.exception") {
+      env.python_exception = value;
+    }
+  }
+  return env;
+}
+
+void judge_environment(Environment& env, Verdict& verdict, std::vector<std::string>& notes) {
+  env.findings.clear();
+  // In order of how surely each explains a death.
+  const std::string crash = crash_finding(env, verdict);
+  if (!crash.empty()) env.findings.push_back(crash);
+  if (std::string d = driver_finding(env); !d.empty()) env.findings.push_back(d);
+  for (std::string& f : two_majors(env)) env.findings.push_back(std::move(f));
+  for (std::string& f : framework_findings(env)) env.findings.push_back(std::move(f));
+  name_framework_oom(env, verdict);
+  bool in_verdict = false;
+  if (!env.findings.empty() && ended_badly(verdict)) {
+    in_verdict = true;
+    if (verdict.kind == "crash") {
+      verdict.summary += ": " + env.findings.front();
+    } else {
+      verdict.kind = "cuda_mismatch";
+      verdict.summary = env.findings.front() + " (" + verdict.summary + ")";
+    }
+  }
+  for (size_t i = in_verdict ? 1 : 0; i < env.findings.size(); ++i) notes.push_back(env.findings[i]);
+}
+
+std::vector<std::string> environment_lines(const Environment& env) {
+  std::vector<std::string> out;
+  if (!env.driver.empty() || !env.devices.empty()) {
+    std::string line = "CUDA driver: " + (env.driver.empty() ? std::string("version unknown") : "supports CUDA " + env.driver);
+    if (!env.devices.empty()) {
+      line += "; GPUs:";
+      for (size_t i = 0; i < env.devices.size(); ++i) line += (i ? "; " : " ") + env.devices[i];
+    }
+    out.push_back(line);
+  }
+  for (const CudaLibrary& l : env.libraries) {
+    std::string line = base_name(l.path) + " ";
+    if (!l.version.empty()) {
+      line += l.name == "libcuda" ? "(driver for CUDA " + l.version + ")" : l.version;
+    } else {
+      line += "(no version call; build id " + (l.build_id.empty() ? std::string("unknown") : l.build_id) + ")";
+    }
+    out.push_back(line + "  " + l.path);
+  }
+  for (const auto& [name, fields] : env.frameworks) {
+    std::string line = name;
+    for (const auto& [f, v] : fields) {
+      line += (f == "version" ? " " : ", " + f + " ") + v;
+      if (f == "cuda" && v == "None") line += " (a CPU-only build)";
+    }
+    out.push_back(line);
+  }
+  if (!env.init_error.empty()) out.push_back("first CUDA call refused: " + env.init_error);
+  if (!env.python_exception.empty()) out.push_back("Python ended with: " + env.python_exception.substr(0, 300));
+  return out;
+}
+
+}  // namespace memledger::report
