@@ -62,6 +62,15 @@ class Clients(clients.ClientTestCase):
     def test_torch_clean_control(self):
         self.check_clean("torch", "step")
 
+    def test_torch_build_in_the_environment(self):
+        # Debian's python3-torch is a CPU build: torch.version.cuda is None.
+        run = self.client("torch", "none", "step")
+        torch = run.report["environment"]["frameworks"]["torch"]
+        self.assertRegex(torch["version"], r"^\d+\.\d+")
+        self.assertEqual((torch["cuda"], torch["cudnn"]), ("None", "None"))
+        self.assertIn("torch %s, cuda None (a CPU-only build), cudnn None" % torch["version"],
+                      run.report["environment"]["lines"])
+
     # TensorFlow / Keras: steps from memledger.keras.StepCallback
     def test_keras_callback_keeps_tensors(self):
         self.check_leak("tensorflow", "callback", "callback")
@@ -71,6 +80,14 @@ class Clients(clients.ClientTestCase):
 
     def test_keras_clean_control(self):
         self.check_clean("tensorflow", "callback")
+
+    def test_tensorflow_build_in_the_environment(self):
+        # tf.sysconfig.get_build_info() of tensorflow-cpu: not a CUDA build.
+        run = self.client("tensorflow", "none", "callback")
+        tf = run.report["environment"]["frameworks"]["tensorflow"]
+        self.assertRegex(tf["version"], r"^\d+\.\d+")
+        self.assertEqual((tf["cuda"], tf["cudnn"]), ("None", "None"))
+        self.assertEqual(run.report["environment"]["findings"], [])
 
     def test_keras_callback_labels_steps(self):
         run = self.client("tensorflow", "none", "callback")
@@ -105,6 +122,14 @@ class Clients(clients.ClientTestCase):
 
     def test_jax_clean_control(self):
         self.check_clean("jax", "step")
+
+    def test_jax_build_in_the_environment(self):
+        run = self.client("jax", "none", "step")
+        jax = run.report["environment"]["frameworks"]["jax"]
+        self.assertRegex(jax["version"], r"^\d+\.\d+")
+        self.assertRegex(jax["jaxlib"], r"^\d+\.\d+")
+        self.assertEqual(jax["cuda"], "None")  # no CUDA plugin loaded
+        self.assertEqual(jax["backends"], "cpu")
 
 
 if __name__ == "__main__":

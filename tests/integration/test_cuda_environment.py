@@ -1,0 +1,150 @@
+"""The CUDA stack in the report (environment block) and the findings made of
+it, on the simulated CUDA (tests/sim_cuda):
+
+    a driver older than the runtime    SIMCUDA_DRIVER_VERSION=12020 under the CUDA 13.0 runtime:
+                                       the first call fails with cudaErrorInsufficientDriver
+    two runtime majors in one process  runtime/cuda12's libcudart.so.12 beside libcudart.so.13
+    a crash inside the driver          SIMCUDA_CRASH_IN_ALLOC=1: cuMemAlloc faults in libcuda
+
+and a framework's own out-of-memory error (JAX's RESOURCE_EXHAUSTED on the
+CPU, a real one) named by the verdict through the Python module's
+exception hook.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+import clients
+from mltest import MEMLEDGER, TIMEOUT, TestCase, clean_env
+from test_cuda_hooks import DRIVER_DIR, SIM_DIR, sim_env, sim_program
+
+RUNTIME_13 = SIM_DIR / "runtime" / "libcudart.so.13"
+RUNTIME_12 = SIM_DIR / "runtime" / "cuda12" / "libcudart.so.12"
+
+
+@unittest.skipUnless((DRIVER_DIR / "libcuda.so.1").exists(), "the simulated CUDA is not built (no CUDA 13 headers)")
+class CudaEnvironment(TestCase):
+    def run_traced(self, argv, **env):
+        run_dir = tempfile.mkdtemp(prefix="memledger-env-")
+        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
+        proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", *argv],
+                              capture_output=True, text=True, timeout=TIMEOUT, env=sim_env(**env))
+        text = subprocess.run([MEMLEDGER, "report", run_dir], capture_output=True, text=True, timeout=TIMEOUT).stdout
+        return proc, self.load_report(run_dir), text
+
+    def library(self, report, name):
+        found = [lib for lib in report["environment"]["libraries"] if lib["name"] == name]
+        self.assertTrue(found, report["environment"])
+        return found
+
+    def test_driver_older_than_the_runtime(self):
+        # The issue's case: the report said only "exited with code 1".
+        proc, report, text = self.run_traced([sim_program("cuda_runtime_dynamic"), "3", "1048576", "normal"],
+                                             SIMCUDA_DRIVER_VERSION="12020")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertIn("cudaErrorInsufficientDriver", proc.stderr)
+        verdict = report["verdict"]
+        self.assertEqual(verdict["kind"], "cuda_mismatch", verdict["summary"])
+        summary = verdict["summary"]
+        for part in ("runtime 13.0", "CUDA 12.2", "cudaGetDeviceCount failed with cudaErrorInsufficientDriver (35)",
+                     "install an NVIDIA driver", "(exited with code 1)"):
+            self.assertIn(part, summary)
+        env = report["environment"]
+        self.assertEqual(env["driver_cuda"], "12.2")
+        self.assertEqual(env["init_error"], "cudaGetDeviceCount 35")
+        self.assertEqual([lib["version"] for lib in self.library(report, "libcudart")], ["13.0"])
+        self.assertIn("stop verdict: " + summary, text)
+        self.assertIn("environment:\n  CUDA driver: supports CUDA 12.2\n", text)
+
+    def test_environment_of_a_clean_run(self):
+        proc, report, text = self.run_traced([sim_program("cuda_runtime_dynamic"), "2", "1048576", "normal"])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        env = report["environment"]
+        self.assertEqual(env["driver_cuda"], "13.0")
+        self.assertEqual(env["devices"], ["0: SimCUDA GPU 0, 512.0 MiB", "1: SimCUDA GPU 1, 512.0 MiB"])
+        runtime = self.library(report, "libcudart")
+        self.assertEqual([(lib["version"], lib["major"], os.path.basename(lib["path"])) for lib in runtime],
+                         [("13.0", 13, "libcudart.so.13")])
+        self.assertEqual(env["findings"], [])
+        self.assertEqual(report["verdict"]["kind"], "exit")
+        self.assertIn("CUDA driver: supports CUDA 13.0; GPUs: 0: SimCUDA GPU 0, 512.0 MiB; 1: SimCUDA GPU 1, "
+                      "512.0 MiB", text)
+
+    def test_two_runtime_majors(self):
+        script = textwrap.dedent(f"""
+            import ctypes
+            new = ctypes.CDLL({str(RUNTIME_13)!r})
+            old = ctypes.CDLL({str(RUNTIME_12)!r})
+            count = ctypes.c_int()
+            assert new.cudaGetDeviceCount(ctypes.byref(count)) == 0
+            versions = []
+            for rt in (new, old):
+                v = ctypes.c_int()
+                assert rt.cudaRuntimeGetVersion(ctypes.byref(v)) == 0
+                versions.append(v.value)
+            print("VERSIONS", versions)
+        """)
+        proc, report, _ = self.run_traced([sys.executable, "-c", script])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("VERSIONS [13000, 12080]", proc.stdout)
+        runtimes = self.library(report, "libcudart")
+        self.assertEqual(sorted((lib["version"], lib["major"]) for lib in runtimes), [("12.8", 12), ("13.0", 13)])
+        finding = [n for n in report["notes"] if n.startswith("two major versions of libcudart")]
+        self.assertEqual(len(finding), 1, report["notes"])
+        self.assertIn("12.8 (%s)" % RUNTIME_12, finding[0])
+        self.assertIn("13.0 (%s)" % RUNTIME_13, finding[0])
+        self.assertIn("install one CUDA major", finding[0])
+        # The process did not die of it: the verdict stays the exit.
+        self.assertEqual(report["verdict"]["summary"], "clean exit (code 0)")
+
+    def test_crash_inside_the_driver(self):
+        proc, report, text = self.run_traced([sim_program("cuda_driver_linked"), "2", "1048576", "normal"],
+                                             SIMCUDA_CRASH_IN_ALLOC="1")
+        self.assertEqual(proc.returncode, 128 + 11, proc.stderr)
+        verdict = report["verdict"]
+        self.assertEqual(verdict["kind"], "crash")
+        self.assertIn("crashed with SIGSEGV at address 0x10: crashed inside the CUDA driver (libcuda.so.1); "
+                      "driver for CUDA 13.0; see the versions in the environment block", verdict["summary"])
+        self.assertIn("fault_inside_driver", " ".join(f.get("function", "") for f in verdict["crash_stack"]))
+
+    def test_crash_outside_cuda_names_no_library(self):
+        script = "import ctypes; ctypes.CDLL(%r).cudaGetDeviceCount(ctypes.byref(ctypes.c_int())); " \
+                 "ctypes.string_at(16)" % str(RUNTIME_13)
+        proc, report, _ = self.run_traced([sys.executable, "-c", script])
+        self.assertEqual(report["verdict"]["kind"], "crash", proc.stderr)
+        self.assertNotIn("crashed inside", report["verdict"]["summary"])
+        self.assertEqual(report["environment"]["driver_cuda"], "13.0")
+
+
+class FrameworkOutOfMemory(TestCase):
+    def test_jax_resource_exhausted_named_in_the_verdict(self):
+        clients.skip_unless(self, "jax")
+        script = textwrap.dedent("""
+            import jax.numpy as jnp
+            import memledger
+            memledger.step()
+            jnp.zeros((1 << 48,), dtype=jnp.uint8).block_until_ready()
+        """)
+        run_dir = tempfile.mkdtemp(prefix="memledger-jax-oom-")
+        self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
+        proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", clients.PYTHON_ML, "-c",
+                               script], capture_output=True, text=True, timeout=180, env=clean_env(**clients.QUIET))
+        self.assertEqual(proc.returncode, 1, proc.stderr[-2000:])
+        report = self.load_report(run_dir)
+        verdict = report["verdict"]
+        # No CUDA here: the framework's own allocator refused it.
+        self.assertEqual(verdict["kind"], "framework_oom", verdict["summary"])
+        self.assertIn("RESOURCE_EXHAUSTED: Out of memory allocating 281474976710656 bytes", verdict["summary"])
+        self.assertIn("(exited with code 1)", verdict["summary"])
+        jax = report["environment"]["frameworks"]["jax"]
+        self.assertRegex(jax["version"], r"^\d+\.\d+")
+        self.assertRegex(jax["jaxlib"], r"^\d+\.\d+")
+        self.assertEqual(jax["cuda"], "None")
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
