@@ -191,7 +191,9 @@ std::string crash_finding(const Environment& env, const Verdict& v) {
     // The signal's own frames (the handler, libc's restorer) and a libc
     // function a library called (memcpy) are not where the crash lies.
     const std::string name = family_of(f.module);
-    if (f.module.empty() || name == "libmemledger" || name == "libc" || name == "linux-vdso" || name == "[vdso]") {
+    const std::string base = base_name(f.module);
+    if (f.module.empty() || name == "libmemledger" || name == "libc" || base.rfind("linux-vdso", 0) == 0 ||
+        base == "[vdso]") {
       continue;
     }
     const char* what = name == "libcuda"       ? "the CUDA driver"
@@ -219,8 +221,17 @@ bool is_oom_exception(const std::string& e) {
          e.find("RESOURCE_EXHAUSTED") != std::string::npos || lower.find("out of memory") != std::string::npos;
 }
 
-bool ended_badly(const Verdict& v) {
-  return (v.kind == "exit" && v.exit_code != 0) || v.kind == "crash" || v.kind == "signal";
+// Died of its own accord: an exit code, or a crash signal (SIGABRT
+// included); a SIGTERM or SIGKILL came from outside.
+bool ended_badly(const Verdict& v) { return (v.kind == "exit" && v.exit_code != 0) || v.kind == "crash"; }
+
+bool mentions_cuda(const std::string& text) {
+  std::string lower = text;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (const char* word : {"cuda", "cudnn", "cublas", "nccl", "driver"}) {
+    if (lower.find(word) != std::string::npos) return true;
+  }
+  return false;
 }
 
 // The framework's own out-of-memory error, in the verdict.
@@ -269,22 +280,28 @@ Environment read_environment(const Trace& trace) {
 
 void judge_environment(Environment& env, Verdict& verdict, std::vector<std::string>& notes) {
   env.findings.clear();
-  // In order of how surely each explains a death.
+  // In order of how surely each explains a death: a crash inside a CUDA
+  // library and a refused runtime do; two majors or a framework built for
+  // another CUDA may, when the program stopped on a CUDA error (or said
+  // nothing about why).
   const std::string crash = crash_finding(env, verdict);
   if (!crash.empty()) env.findings.push_back(crash);
-  if (std::string d = driver_finding(env); !d.empty()) env.findings.push_back(d);
+  const std::string driver = driver_finding(env);
+  if (!driver.empty()) env.findings.push_back(driver);
+  const size_t sure = env.findings.size();
   for (std::string& f : two_majors(env)) env.findings.push_back(std::move(f));
   for (std::string& f : framework_findings(env)) env.findings.push_back(std::move(f));
   name_framework_oom(env, verdict);
+  const bool likely = env.findings.size() > sure && verdict.kind == "exit" &&
+                      (env.python_exception.empty() || mentions_cuda(env.python_exception));
   bool in_verdict = false;
-  if (!env.findings.empty() && ended_badly(verdict)) {
+  if (!crash.empty()) {
+    verdict.summary += ": " + crash;
     in_verdict = true;
-    if (verdict.kind == "crash") {
-      verdict.summary += ": " + env.findings.front();
-    } else {
-      verdict.kind = "cuda_mismatch";
-      verdict.summary = env.findings.front() + " (" + verdict.summary + ")";
-    }
+  } else if (ended_badly(verdict) && verdict.kind == "exit" && (sure > 0 || likely)) {
+    verdict.kind = "cuda_mismatch";
+    verdict.summary = env.findings.front() + " (" + verdict.summary + ")";
+    in_verdict = true;
   }
   for (size_t i = in_verdict ? 1 : 0; i < env.findings.size(); ++i) notes.push_back(env.findings[i]);
 }
