@@ -154,6 +154,7 @@ void note_first_call(const char* call, int result) {
   const bool first = !g_stack_noted.load(std::memory_order_relaxed) &&
                      !g_stack_noted.exchange(true, std::memory_order_relaxed);
   if (first || result == 35 || result == 222 || result == 803 || result == 804) {
+    g_cuda_used.store(true, std::memory_order_relaxed);  // step ends note the stack again (new libraries)
     memledger::interposer::note_cuda_stack(call, result);
   }
 }

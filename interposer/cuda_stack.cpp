@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <link.h>
+#include <pthread.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -224,6 +225,16 @@ void note_library(const Found& f) {
 // compatibility refused on this device (804): the same numbers in the
 // driver and the runtime API.
 bool is_version_error(int error) { return error == 35 || error == 222 || error == 803 || error == 804; }
+
+// A forked child writes a trace of its own: its facts are noted again (at
+// its next step end or failed call), and a lock held at the fork is free.
+__attribute__((constructor)) void forget_in_children() {
+  pthread_atfork(nullptr, nullptr, [] {
+    g_state.lock.reset();
+    g_state.library_count = 0;
+    g_state.driver_noted = g_state.devices_noted = g_state.init_error_noted = false;
+  });
+}
 
 }  // namespace
 

@@ -34,6 +34,7 @@ class CudaEnvironment(TestCase):
         proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", *argv],
                               capture_output=True, text=True, timeout=TIMEOUT, env=sim_env(**env))
         text = subprocess.run([MEMLEDGER, "report", run_dir], capture_output=True, text=True, timeout=TIMEOUT).stdout
+        self.run_dir = run_dir
         return proc, self.load_report(run_dir), text
 
     def library(self, report, name):
@@ -59,6 +60,9 @@ class CudaEnvironment(TestCase):
         self.assertEqual([lib["version"] for lib in self.library(report, "libcudart")], ["13.0"])
         self.assertIn("stop verdict: " + summary, text)
         self.assertIn("environment:\n  CUDA driver: supports CUDA 12.2\n", text)
+        with open(os.path.join(self.run_dir, "report.html")) as f:
+            html = f.read()
+        self.assertIn("<h3>Environment</h3><div class=\"card\"><ul><li>CUDA driver: supports CUDA 12.2</li>", html)
 
     def test_environment_of_a_clean_run(self):
         proc, report, text = self.run_traced([sim_program("cuda_runtime_dynamic"), "2", "1048576", "normal"])
@@ -100,6 +104,27 @@ class CudaEnvironment(TestCase):
         self.assertIn("install one CUDA major", finding[0])
         # The process did not die of it: the verdict stays the exit.
         self.assertEqual(report["verdict"]["summary"], "clean exit (code 0)")
+
+    def test_forked_child_notes_its_own_stack(self):
+        # The child's trace is its own: the facts noted before the fork are
+        # not in it, so it notes them again at its first step end.
+        script = textwrap.dedent(f"""
+            import ctypes, os
+            rt = ctypes.CDLL({str(RUNTIME_13)!r})
+            assert rt.cudaGetDeviceCount(ctypes.byref(ctypes.c_int())) == 0
+            pid = os.fork()
+            if pid == 0:
+                ctypes.CDLL(None).memledger_step(b"child")
+                os._exit(0)
+            os.waitpid(pid, 0)
+        """)
+        proc, report, _ = self.run_traced([sys.executable, "-c", script])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(len(report["processes"]), 2)
+        for p in report["processes"]:
+            self.assertEqual(p["environment"]["driver_cuda"], "13.0", p["pid"])
+            self.assertEqual([lib["version"] for lib in p["environment"]["libraries"] if lib["name"] == "libcudart"],
+                             ["13.0"], p["pid"])
 
     def test_crash_inside_the_driver(self):
         proc, report, text = self.run_traced([sim_program("cuda_driver_linked"), "2", "1048576", "normal"],
