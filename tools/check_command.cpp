@@ -3,6 +3,7 @@
 #include <getopt.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -24,6 +25,41 @@ using report::PolicyError;
 
 const char* const kCheckUsage = MEMLEDGER_CHECK_USAGE;
 
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best;
+  size_t best_distance = std::max<size_t>(1, word.size() / 3) + 1;
+  for (const std::string& candidate : candidates) {
+    // Levenshtein distance, one row at a time.
+    std::vector<size_t> row(candidate.size() + 1);
+    for (size_t j = 0; j <= candidate.size(); ++j) row[j] = j;
+    for (size_t i = 1; i <= word.size(); ++i) {
+      size_t diagonal = row[0];
+      row[0] = i;
+      for (size_t j = 1; j <= candidate.size(); ++j) {
+        const size_t above = row[j];
+        row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (word[i - 1] == candidate[j - 1] ? 0 : 1)});
+        diagonal = above;
+      }
+    }
+    if (row[candidate.size()] < best_distance) {
+      best_distance = row[candidate.size()];
+      best = candidate;
+    }
+  }
+  return best;
+}
+
+std::string unknown_option(const char* given, const struct option* options) {
+  std::vector<std::string> names;
+  for (const struct option* o = options; o->name; ++o) names.push_back(std::string("--") + o->name);
+  std::string word = given;
+  if (size_t eq = word.find('='); eq != std::string::npos) word.resize(eq);
+  std::string message = std::string("unknown option ") + given;
+  const std::string near = nearest(word, names);
+  if (!near.empty()) message += "; did you mean " + near + "?";
+  return message;
+}
+
 namespace {
 
 constexpr int kExitBroken = 1;
@@ -34,8 +70,9 @@ int fail(const char* command, const std::string& message) {
   return kExitUsage;
 }
 
+// One line: the whole help would bury the message that matters.
 int usage(const char* command, const std::string& message) {
-  std::fprintf(stderr, "memledger: %s: %s\n%s", command, message.c_str(), kCheckUsage);
+  std::fprintf(stderr, "memledger: %s: %s (memledger %s --help)\n", command, message.c_str(), command);
   return kExitUsage;
 }
 
@@ -186,7 +223,7 @@ int check_main(int argc, char** argv) {
         case 'q': quiet = true; break;
         case 'h': std::fputs(kCheckUsage, stdout); return 0;
         case ':': return usage("check", std::string("option ") + missing_value_option(argc, argv) + " needs a value");
-        default: return usage("check", std::string("unknown option ") + argv[optind - 1]);
+        default: return usage("check", unknown_option(argv[optind - 1], long_options));
       }
     }
   } catch (const PolicyError& e) {
@@ -309,7 +346,7 @@ int cmd_diff(int argc, char** argv) {
       case kDebugDir: load.symbolizer.debug_dirs.emplace_back(optarg); break;
       case 'h': std::fputs(kCheckUsage, stdout); return 0;
       case ':': return usage("diff", std::string("option ") + missing_value_option(argc, argv) + " needs a value");
-      default: return usage("diff", std::string("unknown option ") + argv[optind - 1]);
+      default: return usage("diff", unknown_option(argv[optind - 1], long_options));
     }
   }
   if (argc - optind != 2) {

@@ -2,6 +2,10 @@
 // runs side by side): the command-line side of report/check.h.
 #pragma once
 
+#include <getopt.h>
+#include <string>
+#include <vector>
+
 // The "check options" and "diff options" part of `memledger --help` (a
 // macro so that tools/memledger.cpp can join it to its own usage text).
 #define MEMLEDGER_CHECK_USAGE \
@@ -41,5 +45,12 @@ int cmd_check(int argc, char** argv);
 int cmd_diff(int argc, char** argv);
 
 extern const char* const kCheckUsage;  // MEMLEDGER_CHECK_USAGE
+
+// The candidate closest to a misspelled word (edit distance at most a third
+// of its length, at least 1), or "" when none is close enough to suggest.
+std::string nearest(const std::string& word, const std::vector<std::string>& candidates);
+
+// "unknown option --outptu; did you mean --output?" (getopt's table).
+std::string unknown_option(const char* given, const struct option* options);
 
 }  // namespace memledger::tools

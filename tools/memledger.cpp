@@ -48,6 +48,40 @@ constexpr const char* kVersion = "0.1.0";
 constexpr int kExitUsage = 2;
 constexpr int kExitInput = 1;
 
+// The usage of one command, for `memledger COMMAND --help`.
+#define MEMLEDGER_RUN_USAGE \
+    "run options:\n" \
+    "  -o, --output DIR          run folder (default: ./memledger-<program>-<date>-<time>)\n" \
+    "      --host MODE           host heap tracking: sampled (default), full, off\n" \
+    "      --sample-interval N   mean bytes between host samples in sampled mode (default 131072)\n" \
+    "      --step-interval SEC   also end a step every SEC seconds (time-based steps)\n" \
+    "      --stack-depth N       native frames kept per stack (default 64, at most 128; 0: no stacks)\n" \
+    "      --leak-mode           make every tensor allocation visible to the driver: sets\n" \
+    "                            PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,\n" \
+    "                            TF_GPU_ALLOCATOR=cuda_malloc_async, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async\n" \
+    "                            (platform for a JAX that does not accept it)\n" \
+    "      --cupti MODE          CUPTI cross-check of device memory: auto (default: when CUPTI\n" \
+    "                            and a GPU are there), on (say why when it cannot be used), off\n" \
+    "      --cupti-path PATH     libcupti to use (a file or a folder), instead of searching\n" \
+    "      --steps nvtx:REGEX    also end a step when an NVTX range whose name matches closes\n" \
+    "      --steps kernel:REGEX  also end a step when a matching kernel is launched (CUPTI)\n" \
+    "      --no-report           do not build the report at the end\n" \
+    "      --overwrite           replace the run already in the -o folder (its traces and reports)\n" \
+    "  -q, --quiet               no live status line and no summary\n"
+
+#define MEMLEDGER_REPORT_USAGE \
+    "report options:\n" \
+    "      --format FORMAT       text (default), json, html (one self-contained page),\n" \
+    "                            pprof (gzip'd profile.proto: go tool pprof, speedscope),\n" \
+    "                            folded (flame graph tools; also 'collapsed'),\n" \
+    "                            chrome (trace event JSON for Perfetto's UI)\n" \
+    "      --at peak|end         folded: the live set at the peak (default) or at the end\n" \
+    "  -o, --output FILE         write the report to FILE instead of standard output\n" \
+    "      --warmup-steps N      steps ignored before judging growth (default: a tenth, 1 to 10)\n" \
+    "      --debug-dir DIR       also look for binaries and debug info in DIR (repeatable)\n" \
+    "      --full-stacks         text: every frame (by default runs of library frames are folded)\n"
+
+
 const char* const kUsage =
     "usage: memledger <command> [options]\n"
     "\n"
@@ -60,43 +94,22 @@ const char* const kUsage =
     "  diff A B [options]                 two runs side by side: series, figures, sites that changed\n"
     "  dump TRACE                         every record of a trace file, as text\n"
     "  window TRACE --from-seq N          what one stretch of a process did to its memory (JSON)\n"
-    "\n"
-    "run options:\n"
-    "  -o, --output DIR          run folder (default: ./memledger-<program>-<date>-<time>)\n"
-    "      --host MODE           host heap tracking: sampled (default), full, off\n"
-    "      --sample-interval N   mean bytes between host samples in sampled mode (default 131072)\n"
-    "      --step-interval SEC   also end a step every SEC seconds (time-based steps)\n"
-    "      --stack-depth N       native frames kept per stack (default 64, at most 128; 0: no stacks)\n"
-    "      --leak-mode           make every tensor allocation visible to the driver: sets\n"
-    "                            PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF=backend:cudaMallocAsync,\n"
-    "                            TF_GPU_ALLOCATOR=cuda_malloc_async, XLA_PYTHON_CLIENT_ALLOCATOR=cuda_async\n"
-    "                            (platform for a JAX that does not accept it)\n"
-    "      --cupti MODE          CUPTI cross-check of device memory: auto (default: when CUPTI\n"
-    "                            and a GPU are there), on (say why when it cannot be used), off\n"
-    "      --cupti-path PATH     libcupti to use (a file or a folder), instead of searching\n"
-    "      --steps nvtx:REGEX    also end a step when an NVTX range whose name matches closes\n"
-    "      --steps kernel:REGEX  also end a step when a matching kernel is launched (CUPTI)\n"
-    "      --no-report           do not build the report at the end\n"
-    "      --overwrite           replace the run already in the -o folder (its traces and reports)\n"
-    "  -q, --quiet               no live status line and no summary\n"
-    "\n"
-    "report options:\n"
-    "      --format FORMAT       text (default), json, html (one self-contained page),\n"
-    "                            pprof (gzip'd profile.proto: go tool pprof, speedscope),\n"
-    "                            folded (flame graph tools; also 'collapsed'),\n"
-    "                            chrome (trace event JSON for Perfetto's UI)\n"
-    "      --at peak|end         folded: the live set at the peak (default) or at the end\n"
-    "  -o, --output FILE         write the report to FILE instead of standard output\n"
-    "      --warmup-steps N      steps ignored before judging growth (default: a tenth, 1 to 10)\n"
-    "      --debug-dir DIR       also look for binaries and debug info in DIR (repeatable)\n"
-    "      --full-stacks         text: every frame (by default runs of library frames are folded)\n"
-    "\n" MEMLEDGER_CHECK_USAGE
-    "\n" MEMLEDGER_WINDOW_USAGE
+    "\n" MEMLEDGER_RUN_USAGE "\n" MEMLEDGER_REPORT_USAGE "\n" MEMLEDGER_CHECK_USAGE "\n" MEMLEDGER_WINDOW_USAGE
     "\n"
     "  memledger --help | --version\n";
 
-int usage_error(const std::string& message) {
-  std::fprintf(stderr, "memledger: %s\n%s", message.c_str(), kUsage);
+
+const char* const kRunHelp = "usage: memledger run [options] [--] CMD [ARGS...]\n\n" MEMLEDGER_RUN_USAGE;
+const char* const kReportHelp = "usage: memledger report RUN_DIR|TRACE [options]\n\n" MEMLEDGER_REPORT_USAGE;
+const char* const kDumpHelp = "usage: memledger dump TRACE\n\nevery record of a trace file, as text\n";
+
+// One line: the whole help would bury the message that matters.
+int usage_error(const std::string& message, const char* command = nullptr) {
+  if (command) {
+    std::fprintf(stderr, "memledger: %s (memledger %s --help)\n", message.c_str(), command);
+  } else {
+    std::fprintf(stderr, "memledger: %s (memledger --help)\n", message.c_str());
+  }
   return kExitUsage;
 }
 
@@ -485,18 +498,18 @@ int cmd_run(int argc, char** argv) {
   opterr = 0;
   int c;
   // '+': stop at the first non-option, which starts the command.
-  while ((c = getopt_long(argc, argv, "+o:qh", long_options, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, "+:o:qh", long_options, nullptr)) != -1) {
     switch (c) {
       case 'o': opts.output = optarg; break;
       case 'H':
         opts.host = optarg;
         if (opts.host != "full" && opts.host != "sampled" && opts.host != "off") {
-          return usage_error("--host must be full, sampled or off, not '" + opts.host + "'");
+          return usage_error("--host must be full, sampled or off, not '" + opts.host + "'", "run");
         }
         break;
       case 'S':
         if (!parse_count(optarg) || *parse_count(optarg) == 0) {
-          return usage_error(std::string("--sample-interval needs a positive number of bytes, not '") + optarg + "'");
+          return usage_error(std::string("--sample-interval needs a positive number of bytes, not '") + optarg + "'", "run");
         }
         opts.sample_interval = optarg;
         break;
@@ -504,14 +517,14 @@ int cmd_run(int argc, char** argv) {
         char* end = nullptr;
         double v = std::strtod(optarg, &end);
         if (*optarg == '\0' || *end != '\0' || !(v > 0)) {
-          return usage_error(std::string("--step-interval needs a positive number of seconds, not '") + optarg + "'");
+          return usage_error(std::string("--step-interval needs a positive number of seconds, not '") + optarg + "'", "run");
         }
         opts.step_interval = optarg;
         break;
       }
       case 'D':
         if (!parse_count(optarg) || *parse_count(optarg) > 128) {
-          return usage_error(std::string("--stack-depth needs a number from 0 to 128, not '") + optarg + "'");
+          return usage_error(std::string("--stack-depth needs a number from 0 to 128, not '") + optarg + "'", "run");
         }
         opts.stack_depth = optarg;
         break;
@@ -521,11 +534,11 @@ int cmd_run(int argc, char** argv) {
       case 'C':
         opts.cupti = optarg;
         if (opts.cupti != "auto" && opts.cupti != "on" && opts.cupti != "off") {
-          return usage_error("--cupti must be auto, on or off, not '" + opts.cupti + "'");
+          return usage_error("--cupti must be auto, on or off, not '" + opts.cupti + "'", "run");
         }
         break;
       case 'P':
-        if (*optarg == '\0') return usage_error("--cupti-path needs a path");
+        if (*optarg == '\0') return usage_error("--cupti-path needs a path", "run");
         opts.cupti_path = optarg;
         break;
       case 'T': {
@@ -541,26 +554,26 @@ int cmd_run(int argc, char** argv) {
         if (const int rc = regcomp(&re, pattern.c_str(), REG_EXTENDED | REG_NOSUB); rc != 0) {
           char why[256];
           regerror(rc, &re, why, sizeof why);
-          return usage_error("--steps " + value + ": not a valid regular expression (" + why + ")");
+          return usage_error("--steps " + value + ": not a valid regular expression (" + why + ")", "run");
         }
         regfree(&re);
         std::string& slot = source == "nvtx" ? opts.nvtx_steps : opts.kernel_steps;
-        if (!slot.empty() && slot != pattern) return usage_error("--steps " + source + ": given twice");
+        if (!slot.empty() && slot != pattern) return usage_error("--steps " + source + ": given twice", "run");
         slot = pattern;
         break;
       }
       case 'q': opts.quiet = true; break;
-      case 'h': std::fputs(kUsage, stdout); return 0;
-      case ':': return usage_error(std::string("option ") + argv[optind - 1] + " needs a value");
-      default: return usage_error(std::string("unknown option for run: ") + argv[optind - 1]);
+      case 'h': std::fputs(kRunHelp, stdout); return 0;
+      case ':': return usage_error(std::string("option ") + argv[optind - 1] + " needs a value", "run");
+      default: return usage_error(memledger::tools::unknown_option(argv[optind - 1], long_options), "run");
     }
   }
   for (int i = optind; i < argc; ++i) opts.command.emplace_back(argv[i]);
-  if (opts.command.empty()) return usage_error("run: no command given (memledger run [options] -- CMD ARGS...)");
+  if (opts.command.empty()) return usage_error("run: no command given (memledger run [options] -- CMD ARGS...)", "run");
   if (opts.cupti == "off" && !opts.kernel_steps.empty()) {
-    return usage_error("--steps kernel: needs CUPTI, which --cupti off turns off");
+    return usage_error("--steps kernel: needs CUPTI, which --cupti off turns off", "run");
   }
-  if (opts.cupti == "off" && !opts.cupti_path.empty()) return usage_error("--cupti-path with --cupti off");
+  if (opts.cupti == "off" && !opts.cupti_path.empty()) return usage_error("--cupti-path with --cupti off", "run");
 
   std::optional<std::string> library = find_library();
   const std::optional<std::string> python_dir = find_python_dir();
@@ -755,14 +768,14 @@ int cmd_report(int argc, char** argv) {
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "o:h", long_options, nullptr)) != -1) {
+  while ((c = getopt_long(argc, argv, ":o:h", long_options, nullptr)) != -1) {
     switch (c) {
       case 'f':
         format = optarg;
         if (format == "collapsed") format = "folded";
         if (format != "text" && format != "json" && format != "html" && format != "pprof" && format != "folded" &&
             format != "chrome") {
-          return usage_error("--format must be text, json, html, pprof, folded or chrome, not '" + format + "'");
+          return usage_error("--format must be text, json, html, pprof, folded or chrome, not '" + format + "'", "report");
         }
         break;
       case 'a':
@@ -771,24 +784,24 @@ int cmd_report(int argc, char** argv) {
         } else if (std::strcmp(optarg, "end") == 0) {
           at = memledger::report::Snapshot::kEnd;
         } else {
-          return usage_error(std::string("--at must be peak or end, not '") + optarg + "'");
+          return usage_error(std::string("--at must be peak or end, not '") + optarg + "'", "report");
         }
         break;
       case 'o': output = optarg; break;
       case 'w': {
         auto n = parse_count(optarg);
-        if (!n || *n > 100000) return usage_error(std::string("--warmup-steps needs a number, not '") + optarg + "'");
+        if (!n || *n > 100000) return usage_error(std::string("--warmup-steps needs a number, not '") + optarg + "'", "report");
         options.warmup_steps = static_cast<int>(*n);
         break;
       }
       case 'd': options.symbolizer.debug_dirs.emplace_back(optarg); break;
       case 'F': full_stacks = true; break;
-      case 'h': std::fputs(kUsage, stdout); return 0;
-      case ':': return usage_error(std::string("option ") + argv[optind - 1] + " needs a value");
-      default: return usage_error(std::string("unknown option for report: ") + argv[optind - 1]);
+      case 'h': std::fputs(kReportHelp, stdout); return 0;
+      case ':': return usage_error(std::string("option ") + argv[optind - 1] + " needs a value", "report");
+      default: return usage_error(memledger::tools::unknown_option(argv[optind - 1], long_options), "report");
     }
   }
-  if (optind != argc - 1) return usage_error("report: give exactly one RUN_DIR or TRACE");
+  if (optind != argc - 1) return usage_error("report: give exactly one RUN_DIR or TRACE", "report");
   const std::string path = argv[optind];
   try {
     memledger::report::RunReport run = memledger::report::load_run(path, options);
@@ -800,7 +813,7 @@ int cmd_report(int argc, char** argv) {
       text = memledger::report::render_html(run);
     } else if (format == "pprof") {
       if ((output.empty() || output == "-") && isatty(STDOUT_FILENO)) {
-        return usage_error("--format pprof writes a binary file: give -o FILE (e.g. -o heap.pb.gz)");
+        return usage_error("--format pprof writes a binary file: give -o FILE (e.g. -o heap.pb.gz)", "report");
       }
       text = memledger::report::render_pprof(run);
     } else if (format == "folded") {
@@ -833,10 +846,10 @@ int cmd_report(int argc, char** argv) {
 int cmd_dump(int argc, char** argv) {
   if (argc != 2 || argv[1][0] == '-') {
     if (argc == 2 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-      std::fputs(kUsage, stdout);
+      std::fputs(kDumpHelp, stdout);
       return 0;
     }
-    return usage_error("dump: give exactly one TRACE file");
+    return usage_error("dump: give exactly one TRACE file", "dump");
   }
   try {
     memledger::report::dump_trace(argv[1], stdout);
@@ -875,7 +888,13 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "memledger: internal error: %s\n", e.what());
     return 1;
   }
-  if (rc < 0) return usage_error("unknown command '" + command + "'");
+  if (rc < 0) {
+    std::string message = "unknown command '" + command + "'";
+    const std::string near =
+        memledger::tools::nearest(command, {"run", "report", "check", "diff", "dump", "window"});
+    if (!near.empty()) message += "; did you mean " + near + "?";
+    return usage_error(message);
+  }
   // What reached standard output must be all of it: a full disk behind a
   // redirection shows only when the buffer is flushed and the stream closed.
   if (std::fflush(stdout) != 0 || std::ferror(stdout) || std::fclose(stdout) != 0) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "check_command.h"
 #include "policy.h"
 #include "trace_reader.h"
 #include "window.h"
@@ -12,8 +13,9 @@
 namespace memledger::tools {
 namespace {
 
+// One line: the whole help would bury the message that matters.
 int usage(const std::string& message) {
-  std::fprintf(stderr, "memledger: window: %s\n%s", message.c_str(), MEMLEDGER_WINDOW_USAGE);
+  std::fprintf(stderr, "memledger: window: %s (memledger window --help)\n", message.c_str());
   return 2;
 }
 
@@ -41,7 +43,7 @@ int cmd_window(int argc, char** argv) {
         case 'd': symbolizer.debug_dirs.emplace_back(optarg); break;
         case 'h': std::fputs(MEMLEDGER_WINDOW_USAGE, stdout); return 0;
         case ':': return usage(std::string("option ") + argv[optind - 1] + " needs a value");
-        default: return usage(std::string("unknown option ") + argv[optind - 1]);
+        default: return usage(unknown_option(argv[optind - 1], kOptions));
       }
     }
   } catch (const report::PolicyError& e) {

@@ -10,8 +10,10 @@ import mltest
 
 class UsageErrors(mltest.TestCase):
     def assertUsage(self, proc, *phrases):
+        """A usage error is one line that starts with memledger: and names
+        the help to read, never the whole help."""
         self.assertExit(proc, 2)
-        self.assertIn("usage: memledger", proc.stderr)
+        self.assertRegex(proc.stderr, r"^memledger: [^\n]*\(memledger( \w+)? --help\)\n$")
         for phrase in phrases:
             self.assertIn(phrase, proc.stderr)
         self.assertEqual(proc.stdout, "")
@@ -43,10 +45,53 @@ class UsageErrors(mltest.TestCase):
             "report --format xml": (["report", "--format", "xml", "x"], ["--format"]),
             "report unknown option": (["report", "--bogus", "x"], ["--bogus"]),
             "dump without a file": (["dump"], ["dump"]),
+            "check unknown option": (["check", "--bogus", "x"], ["--bogus"]),
+            "diff unknown option": (["diff", "--bogus", "a", "b"], ["--bogus"]),
+            "window unknown option": (["window", "--bogus", "x"], ["--bogus"]),
         }
         for name, (args, phrases) in cases.items():
             with self.subTest(case=name):
                 self.assertUsage(self.memledger(*args), *phrases)
+
+    def test_misspellings_get_a_suggestion(self):
+        cases = {
+            "run option": (["run", "--outptu", "x", "--", "true"], "unknown option --outptu; did you mean --output?"),
+            "run option=value": (["run", "--sample-intreval=4", "--", "true"],
+                                 "did you mean --sample-interval?"),
+            "report option": (["report", "--formt", "json", "x"], "did you mean --format?"),
+            "check option": (["check", "--max-peek", "1MiB", "x"], "did you mean --max-peak?"),
+            "diff option": (["diff", "--max-stes", "3", "a", "b"], "did you mean --max-sites?"),
+            "window option": (["window", "--frm-seq", "1", "x"], "did you mean --from-seq?"),
+            "command": (["reprot", "x"], "unknown command 'reprot'; did you mean report?"),
+        }
+        for name, (args, expected) in cases.items():
+            with self.subTest(case=name):
+                cwd = self.tmpdir()
+                self.assertUsage(self.memledger(*args, cwd=cwd), expected)
+                self.assertEqual(os.listdir(cwd), [])
+        # Nothing close: no guess.
+        proc = self.memledger("run", "--zzzzzzzz", "--", "true")
+        self.assertUsage(proc, "unknown option --zzzzzzzz")
+        self.assertNotIn("did you mean", proc.stderr)
+
+    def test_command_help_is_that_command_only(self):
+        cases = {
+            "run": "--sample-interval",
+            "report": "--full-stacks",
+            "check": "--max-peak",
+            "diff": "--max-sites",
+            "window": "--from-seq",
+            "dump": "dump TRACE",
+        }
+        for command, expected in cases.items():
+            with self.subTest(command=command):
+                proc = self.memledger(command, "--help")
+                self.assertExit(proc, 0)
+                self.assertIn(expected, proc.stdout)
+                self.assertNotIn("commands:", proc.stdout)
+                self.assertLess(len(proc.stdout.splitlines()), 45, "more than one command's help")
+        self.assertNotIn("--max-peak", self.memledger("run", "--help").stdout)
+        self.assertNotIn("--sample-interval", self.memledger("report", "--help").stdout)
 
     def test_help_and_version(self):
         proc = self.memledger("--help")
