@@ -257,7 +257,7 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
       std::vector<uint64_t>().swap(event_index_);
       std::vector<Free>().swap(frees_);
       std::vector<uint32_t>().swap(freed_at_);
-      absl::flat_hash_map<uint32_t, uint64_t>().swap(stack_traits_);
+      absl::flat_hash_map<uint32_t, StackInfo>().swap(stack_info_);
       absl::flat_hash_map<uint64_t, uint32_t>().swap(live_);
       return;
     }
@@ -276,10 +276,10 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
       truncated_ = true;
       continue;
     }
-    uint64_t symbol = mix((static_cast<uint64_t>(e.stack) << 8 | e.kind) ^ mix(e.size)) &
-                      ~(kNeverAnchor | kUnderPython | kUnderImport);
+    const StackInfo& stack = stack_info(e.stack);
+    uint64_t symbol = mix((stack.identity << 8 | e.kind) ^ mix(e.size)) & ~(kNeverAnchor | kUnderPython | kUnderImport);
     if (e.flags & kAllocByChance) symbol |= kNeverAnchor;
-    symbol |= stack_traits(e.stack);
+    symbol |= stack.traits;
     symbols_.push_back(symbol);
     event_index_.push_back(events_ + i);
     freed_at_.push_back(kNeverFreed);
@@ -288,21 +288,33 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
   events_ += count;
 }
 
-uint64_t AllocationSequence::stack_traits(uint32_t stack) {
-  if (stack == 0) return 0;
-  auto [it, inserted] = stack_traits_.try_emplace(stack, 0);
-  if (!inserted) return it->second;
+// A thread that never ran Python carries the main thread's Python frames,
+// attributed, at whatever line the main thread was on: the same allocation
+// of an XLA or autograd thread has another stack in each step. Its identity
+// in the sequence is its native frames alone, and attributed frames do not
+// make it an allocation under Python.
+const AllocationSequence::StackInfo& AllocationSequence::stack_info(uint32_t stack) {
+  auto [it, inserted] = stack_info_.try_emplace(stack, StackInfo{0, stack});
+  if (!inserted || stack == 0) return it->second;
   auto frames = trace_.stacks.find(stack);
-  if (frames == trace_.stacks.end()) return 0;
+  if (frames == trace_.stacks.end()) return it->second;
+  bool attributed = false;
+  uint64_t native = 0x9e3779b97f4a7c15ull;
   for (uint64_t word : frames->second) {
-    if (!fmt::is_python_frame(word)) continue;
-    it->second |= kUnderPython;
+    if (fmt::is_attributed_python_frame(word)) {
+      attributed = true;
+      continue;
+    }
+    native = mix(native ^ word);
+    if (!fmt::is_python_frame(word) || (it->second.traits & kUnderImport)) continue;
+    it->second.traits |= kUnderPython;
     auto code = trace_.python_codes.find(fmt::python_code_id(word));
     if (code != trace_.python_codes.end() && code->second.filename.starts_with("<frozen importlib._bootstrap")) {
-      it->second |= kUnderImport;
-      break;
+      it->second.traits |= kUnderImport;
     }
   }
+  // Stack ids are 32 bits: a native identity lies above them.
+  if (attributed) it->second.identity = (native | (uint64_t{1} << 32)) & ((uint64_t{1} << 56) - 1);
   return it->second;
 }
 

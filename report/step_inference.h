@@ -101,11 +101,15 @@ class AllocationSequence {
   std::vector<uint64_t> step_end_events(const InferredSteps& steps) const;
 
  private:
-  uint64_t stack_traits(uint32_t stack);  // kUnderPython, kUnderImport
+  struct StackInfo {
+    uint64_t traits;    // kUnderPython, kUnderImport
+    uint64_t identity;  // the stack id, or for an attributed stack its native frames
+  };
+  const StackInfo& stack_info(uint32_t stack);
 
   const Trace& trace_;
   size_t limit_;
-  absl::flat_hash_map<uint32_t, uint64_t> stack_traits_;
+  absl::flat_hash_map<uint32_t, StackInfo> stack_info_;
   std::vector<uint64_t> symbols_;
   std::vector<uint64_t> event_index_;  // of each allocation
   std::vector<uint32_t> freed_at_;     // of each allocation: symbols_.size() at its free

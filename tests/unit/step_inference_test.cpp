@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "analysis.h"
+#include "trace_format.h"
 #include "step_inference.h"
 
 using namespace memledger::report;
@@ -212,6 +213,45 @@ TEST_CASE("a clean trace without markers gets auto steps and no suspect", "[step
   CHECK(r.step_source == "auto");
   CHECK(r.steps.size() == 20);
   CHECK(r.leak_suspects.empty());
+}
+
+TEST_CASE("a worker thread's allocations with attributed Python frames still make the loop", "[step_inference]") {
+  // An XLA or autograd thread allocates the step's buffers; its stacks carry
+  // the main thread's Python frames at that moment, a different line in each
+  // step, so each step's allocations have stacks of their own. They are the
+  // same allocations: their native frames decide.
+  namespace fmt = memledger::format;
+  Trace trace;
+  trace.path = "synthetic";
+  trace.header["pid"] = "100";
+  trace.header["host_mode"] = "full";
+  uint64_t seq = 0;
+  uint32_t next_stack = 100;
+  auto push = [&](EvType type, uint64_t addr, uint64_t size, uint32_t stack) {
+    TraceEvent e;
+    e.type = type;
+    e.seq = ++seq;
+    e.ts = seq * 1000;
+    e.addr = addr;
+    e.size = size;
+    e.stack = stack;
+    trace.events.push_back(e);
+  };
+  constexpr int kSteps = 20;
+  for (int step = 0; step < kSteps; ++step) {
+    for (uint64_t i = 0; i < 6; ++i) {
+      const uint32_t stack = next_stack++;
+      const uint64_t attributed = fmt::python_frame_word(1, static_cast<uint32_t>(2 * step)) | fmt::kPythonAttributedBit;
+      trace.stacks[stack] = {attributed, 0x401000 + i * 0x10, 0x402000};
+      push(EvType::kAlloc, 0x200000 + i * 0x1000, 4096, stack);
+    }
+    for (uint64_t i = 0; i < 6; ++i) push(EvType::kFree, 0x200000 + i * 0x1000, 0, 0);
+  }
+  trace.last_ts = seq * 1000;
+  ProcessReport r = analyze(trace, ExitInfo{}, AnalysisOptions{});
+  CHECK(r.step_source == "auto");
+  CHECK(r.steps.size() == kSteps);
+  CHECK(r.step_inference.find("inferred period 6 allocations per step") == 0);
 }
 
 TEST_CASE("markers win over inference", "[step_inference]") {
