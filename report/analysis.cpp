@@ -289,9 +289,9 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   const ReplayOutput& replay = pass.replay;
   // More stacks than rows are kept until the rows are made of them (one row
   // per user line, site_groups.h).
-  Growth growth = find_growth(replay.sites, replay.steps.size(),
-                              GrowthOptions{options.warmup_steps, options.max_suspects * kStacksPerRow, sampled,
-                                            r.sample_interval});
+  GrowthOptions growth_options{options.warmup_steps, options.max_suspects * kStacksPerRow, sampled, r.sample_interval};
+  if (replay.step_source == "auto") growth_options.min_growth = kMinAutoStepGrowth;
+  Growth growth = find_growth(replay.sites, replay.steps.size(), growth_options);
   ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites * kStacksPerRow, sampled ? r.sample_interval : 0);
   LiveSets live = live_sets(replay, options.max_profile_sites);
   const HiddenAllocator hidden = find_hidden_allocator(trace.modules, replay.steps, replay.pool_allocs, !trace.vmm.empty());

@@ -113,7 +113,9 @@ std::optional<SteadyGrowth> steady_growth(const std::vector<double>& y, const Si
     return std::nullopt;
   }
   const LinearFit fit = fit_line(y);
-  if (fit.slope <= 0 || fit.slope * static_cast<double>(y.size()) < 1024) return std::nullopt;
+  if (fit.slope <= 0 || fit.slope * static_cast<double>(y.size()) < static_cast<double>(options.min_growth)) {
+    return std::nullopt;
+  }
   size_t non_decreasing = 0;
   for (size_t i = 1; i < y.size(); ++i) non_decreasing += y[i] >= y[i - 1];
   const double monotonicity = static_cast<double>(non_decreasing) / static_cast<double>(y.size() - 1);

@@ -32,7 +32,14 @@ struct GrowthOptions {
   // host site must gain several of it to be more than sampling noise.
   bool sampled = false;
   uint64_t sample_interval = 0;
+  // What a site must gain over the window after the warm-up to be judged at
+  // all. Steps found without markers (auto) take kMinAutoStepGrowth: their
+  // boundaries are inferred, and a lazily filled library cache that gains a
+  // few hundred bytes now and then is not the loop's growth.
+  uint64_t min_growth = 1024;
 };
+
+inline constexpr uint64_t kMinAutoStepGrowth = 16 << 10;
 
 struct Growth {
   int warmup_steps = 0;

@@ -107,6 +107,19 @@ TEST_CASE("growth: in sampled mode a host site must gain four sample intervals",
   CHECK(device.suspects.size() == 1);
 }
 
+TEST_CASE("growth: a site must gain the options' minimum over the window", "[growth]") {
+  GrowthOptions options;
+  // 112 B a step over 20 steps (a library's lazily filled cache): growth by
+  // the default floor of 1 KiB over the window, not with inferred steps.
+  Growth marked = find_growth({site(1, linear(20, 112))}, 20, options);
+  CHECK(marked.suspects.size() == 1);
+  options.min_growth = kMinAutoStepGrowth;
+  Growth automatic = find_growth({site(1, linear(20, 112))}, 20, options);
+  CHECK(automatic.suspects.empty());
+  Growth leak = find_growth({site(1, linear(20, 4096))}, 20, options);
+  CHECK(leak.suspects.size() == 1);
+}
+
 TEST_CASE("growth: too few steps, or none, are said rather than judged", "[growth]") {
   Growth few = find_growth({site(1, linear(3, 1 << 20))}, 3, GrowthOptions{});
   CHECK(few.suspects.empty());
