@@ -113,6 +113,56 @@ EventPass replay_pass(const Trace& trace, const EventFeed& feed, bool sampled, A
   return EventPass{std::move(replayed), cupti.finish(), StepPlan{}};
 }
 
+namespace fmt = memledger::format;
+
+// Over time windows, a module being imported grows until the import ends:
+// that is start-up, not a leak, when no step tells start-up from the rest.
+bool under_import(const Trace& trace, uint32_t stack) {
+  auto frames = trace.stacks.find(stack);
+  if (frames == trace.stacks.end()) return false;
+  for (uint64_t word : frames->second) {
+    if (!fmt::is_python_frame(word) || fmt::is_attributed_python_frame(word)) continue;
+    auto code = trace.python_codes.find(fmt::python_code_id(word));
+    if (code != trace.python_codes.end() && code->second.filename.starts_with("<frozen importlib._bootstrap")) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// The worker functions of the frameworks' process pools, by the code the
+// process ran (its stacks' Python frames).
+struct RoleCode {
+  const char* qualname;
+  const char* file_suffix;
+  const char* role;
+};
+constexpr RoleCode kRoleCodes[] = {
+    {"_worker_loop", "torch/utils/data/_utils/worker.py", "DataLoader worker"},
+    {"worker", "multiprocessing/pool.py", "Pool worker"},
+    {"_process_worker", "concurrent/futures/process.py", "ProcessPool worker"},
+};
+
+void find_python_role(const Trace& trace, ProcessReport& r) {
+  for (const auto& [id, code] : trace.python_codes) {
+    for (const RoleCode& rc : kRoleCodes) {
+      if (code.qualname == rc.qualname && code.filename.ends_with(rc.file_suffix)) r.python_role = rc.role;
+    }
+  }
+  // multiprocessing starts a spawned or forkserver child as
+  // `python -c 'from multiprocessing.spawn import spawn_main; ...' --multiprocessing-fork`.
+  const std::string command = trace.command_line();
+  if (command.find("multiprocessing.forkserver") != std::string::npos) {
+    r.start_method = "forkserver";
+  } else if (command.find("--multiprocessing-fork") != std::string::npos) {
+    r.start_method = "spawn";
+  }
+}
+
+void drop_imports(const Trace& trace, std::vector<LeakSuspect>& suspects) {
+  std::erase_if(suspects, [&](const LeakSuspect& s) { return under_import(trace, s.site.stack); });
+}
+
 // Automatic steps, then replay. The first replay runs while the allocation
 // sequence is collected; when the events hold no step and inference finds
 // the loop, the replay (only it) runs again with the inferred steps.
@@ -123,14 +173,14 @@ EventPass replay_with_steps(const Trace& trace, const EventFeed& feed, const std
   {
     AllocationSequence sequence(trace);
     EventPass pass = replay_pass(trace, feed, sampled, &sequence);
-    plan = plan_steps(sequence);
+    plan = plan_time_windows(sequence, trace.samples, plan_steps(sequence));
     if (plan.ends.empty()) {
       pass.steps = std::move(plan);
       return pass;
     }
   }
   rewind();
-  EventPass pass = replay_pass(trace, with_steps(feed, plan.ends), sampled, nullptr);
+  EventPass pass = replay_pass(trace, with_steps(feed, plan.ends, plan.by_time), sampled, nullptr);
   pass.steps = std::move(plan);
   return pass;
 }
@@ -286,13 +336,16 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   const bool sampled = r.host_mode == "sampled";
   EventPass pass = replay_with_steps(trace, feed, rewind, sampled);
   merge_attributed_variants(trace, pass.replay);
+  find_python_role(trace, r);  // the code records are all read once the events are
   const ReplayOutput& replay = pass.replay;
   // More stacks than rows are kept until the rows are made of them (one row
   // per user line, site_groups.h).
   GrowthOptions growth_options{options.warmup_steps, options.max_suspects * kStacksPerRow, sampled, r.sample_interval};
-  if (replay.step_source == "auto") growth_options.min_growth = kMinAutoStepGrowth;
+  if (replay.step_source == "auto" || replay.step_source == "time") growth_options.min_growth = kMinAutoStepGrowth;
   Growth growth = find_growth(replay.sites, replay.steps.size(), growth_options);
-  ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites * kStacksPerRow, sampled ? r.sample_interval : 0);
+  if (pass.steps.by_time) drop_imports(trace, growth.suspects);
+  ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites * kStacksPerRow, sampled ? r.sample_interval : 0,
+                                    pass.steps.by_time, [&](uint32_t stack) { return under_import(trace, stack); });
   LiveSets live = live_sets(replay, options.max_profile_sites);
   const HiddenAllocator hidden = find_hidden_allocator(trace.modules, replay.steps, replay.pool_allocs, !trace.vmm.empty());
   const StopVerdict stop = judge_stop(trace, exit_info, replay.ooms, replay.steps);
@@ -301,6 +354,9 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   take_integrity(r, trace);
   take_replay(r, pass);
   take_growth(r, growth);
+  // Time windows hold start-up (imports, building a model) that steps would
+  // have set apart: the total is not a figure to gate on, the sites are.
+  if (pass.steps.by_time) r.total_growth.judged = false;
   take_leaks(r, leaks, live);
   r.caching_allocator_hidden = hidden.hidden;
   r.caching_allocator_note = hidden.note;
@@ -308,6 +364,11 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   SiteNamer namer(trace, options.symbolizer);
   name_sites(r, pass.replay.oom_sites, stop, namer);
   r.leak_suspects = group_suspects(std::move(r.leak_suspects), r.warmup_steps, options.max_suspects);
+  r.window_seconds = pass.steps.window_seconds;
+  for (LeakSuspect& s : r.leak_suspects) {
+    s.window_seconds = r.window_seconds;
+    for (LeakSuspect& v : s.variants) v.window_seconds = r.window_seconds;
+  }
   r.exit_leaks = group_site_totals(std::move(r.exit_leaks), options.max_exit_sites);
   r.startup = group_site_totals(std::move(r.startup), options.max_exit_sites);
   // Device memory no hook saw, judged like a site (named already).

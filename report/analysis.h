@@ -87,6 +87,9 @@ struct LeakSuspect {
   // The figures above are their sums; `site` is the fastest one's stack.
   size_t stacks_merged = 1;
   std::vector<LeakSuspect> variants;
+  // Steps that are time windows (source "time"): each window's length; the
+  // rate is then also bytes_per_step / window_seconds per second.
+  double window_seconds = 0;
 };
 
 struct SiteTotal {
@@ -189,6 +192,15 @@ struct HostAllocator {
 
 struct ProcessReport {
   std::string trace_path;
+  // Source "time": the length of each window (0 otherwise).
+  double window_seconds = 0;
+  // What the process is to a Python framework, from the code it ran:
+  // "DataLoader worker" (PyTorch), "Pool worker" (multiprocessing.Pool),
+  // "ProcessPool worker" (concurrent.futures); empty when none.
+  // start_method: "spawn" or "forkserver" when multiprocessing started the
+  // interpreter that way, else empty.
+  std::string python_role;
+  std::string start_method;
   int pid = 0;
   int ppid = 0;
   std::string command;

@@ -1,5 +1,7 @@
 #include "auto_steps.h"
 
+#include <cstdio>
+
 namespace memledger::report {
 
 StepPlan plan_steps(const AllocationSequence& sequence) {
@@ -18,9 +20,40 @@ StepPlan plan_steps(const AllocationSequence& sequence) {
   return plan;
 }
 
-EventFeed with_steps(const EventFeed& feed, const std::vector<uint64_t>& ends) {
-  return [&feed, &ends](const EventBatchFn& on_events) {
-    StepInserter insert(ends, on_events);
+StepPlan plan_time_windows(const AllocationSequence& sequence, const std::vector<TraceSample>& samples, StepPlan plan) {
+  if (sequence.saw_steps() || !plan.ends.empty()) return plan;
+  const uint64_t first = sequence.first_ts();
+  uint64_t end = sequence.last_ts();
+  const double life = static_cast<double>(end - first) / 1e9;
+  if (first == 0 || life < kMinTimeWindowSpanSeconds || sequence.allocations() < kMinTimeWindowAllocations) {
+    return plan;
+  }
+  const uint64_t last_quarter = end - (end - first) / 4;
+  int64_t highest = -1;
+  uint64_t at = 0;
+  for (const TraceSample& s : samples) {
+    if (s.ts < last_quarter || s.ts > end) continue;
+    if (s.host_live >= highest) {
+      highest = s.host_live;
+      at = s.ts;
+    }
+  }
+  if (highest >= 0) end = at;
+  const uint64_t span = end - first;
+  for (size_t k = 1; k <= kTimeWindows; ++k) plan.ends.push_back(first + span * k / kTimeWindows);
+  plan.by_time = true;
+  plan.window_seconds = static_cast<double>(span) / 1e9 / kTimeWindows;
+  char text[160];
+  std::snprintf(text, sizeof text, "%zu equal time windows of %.3g s over the %.3g s of its work", kTimeWindows,
+                plan.window_seconds, static_cast<double>(span) / 1e9);
+  plan.description = text;
+  plan.note += (plan.note.empty() ? "" : "; ") + std::string("growth is judged over time windows instead of steps");
+  return plan;
+}
+
+EventFeed with_steps(const EventFeed& feed, const std::vector<uint64_t>& ends, bool by_time) {
+  return [&feed, &ends, by_time](const EventBatchFn& on_events) {
+    StepInserter insert(ends, on_events, by_time);
     feed(std::ref(insert));
     insert.finish();
   };

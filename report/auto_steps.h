@@ -31,12 +31,27 @@ struct StepPlan {
   std::vector<uint64_t> ends;  // step events go before these event positions; empty: none to add
   std::string description;     // the loop found ("inferred period N allocations ..."); empty when none
   std::string note;            // "automatic steps: " and why no loop was found; empty when not needed
+  // Time windows: `ends` are timestamps (ns), each window this long.
+  bool by_time = false;
+  double window_seconds = 0;
 };
 
 StepPlan plan_steps(const AllocationSequence& sequence);
 
+// A process with no steps of any kind (no marker, and no loop found: a
+// DataLoader or pool worker, a server) is judged over equal time windows
+// instead (source "time"): kTimeWindows of them from its first event to the
+// end of its work. Its work ends before teardown: at the highest live host
+// total read in the last quarter of its life (an interpreter that frees
+// its objects at exit is not shrinking), or at its last event. Too short a
+// life, or too few allocations, leave the plan empty, with `plan`'s note.
+inline constexpr size_t kTimeWindows = 20;
+inline constexpr double kMinTimeWindowSpanSeconds = 1.0;
+inline constexpr size_t kMinTimeWindowAllocations = 64;
+StepPlan plan_time_windows(const AllocationSequence& sequence, const std::vector<TraceSample>& samples, StepPlan plan);
+
 // `feed` with the plan's step events inserted; the events must come in the
 // order the sequence saw them.
-EventFeed with_steps(const EventFeed& feed, const std::vector<uint64_t>& ends);
+EventFeed with_steps(const EventFeed& feed, const std::vector<uint64_t>& ends, bool by_time = false);
 
 }  // namespace memledger::report

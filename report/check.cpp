@@ -163,6 +163,12 @@ void growth_figure(const FigureInput& in, Figure& f) {
   const json& pj = in.pj;
   const Scope scope = in.scope;
   const int warmup = process_warmup(p, in.warmup_steps);
+  if (pj.is_object() && pj.value("step_source", std::string()) == "time") {
+    f.judged = false;
+    f.why_not = "no steps: the report judged its sites over time windows, which hold start-up too "
+                "(gate on suspects, or mark steps)";
+    return;
+  }
   const GrowthFit fit = fit_growth(series_of(p, scope), warmup);
   if (!fit.judged) {
     f.judged = false;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_map>
 #include <utility>
 
 #include <absl/container/flat_hash_map.h>
@@ -60,12 +61,21 @@ double allocations_per_sample(uint64_t weight, uint64_t interval) {
   return w / std::max(1.0, (lo + hi) / 2);
 }
 
-ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t sample_interval) {
+ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t sample_interval, bool steps_are_time,
+                          const std::function<bool(uint32_t stack)>& made_by_import) {
   BySite exit_by_site, startup_by_site;
-  const bool has_steps = !replay.steps.empty();
+  const bool first_step_is_startup = !replay.steps.empty() && !steps_are_time;
+  std::unordered_map<uint32_t, bool> imported;  // by site index
+  auto startup = [&](const auto& a) {
+    if (first_step_is_startup) return a.step_born == 1;
+    if (!made_by_import) return false;
+    auto [it, inserted] = imported.try_emplace(a.site, false);
+    if (inserted) it->second = made_by_import(replay.sites[a.site].stack);
+    return it->second;
+  };
   ExitLeaks out;
   for (const auto& [addr, a] : replay.live) {
-    Held& bucket = (has_steps && a.step_born == 1) ? startup_by_site[a.site] : exit_by_site[a.site];
+    Held& bucket = startup(a) ? startup_by_site[a.site] : exit_by_site[a.site];
     bucket.bytes += static_cast<int64_t>(a.weight);
     // A sampled allocation smaller than the interval stands for many.
     const bool by_chance = sample_interval != 0 && (a.flags & kAllocByChance);

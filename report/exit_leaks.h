@@ -13,6 +13,8 @@
 //      kind).
 #pragma once
 
+#include <functional>
+
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -36,7 +38,13 @@ struct ExitLeaks {
 
 // sample_interval: the mean bytes between samples of a sampled trace, 0
 // when every allocation was recorded.
-ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t sample_interval = 0);
+// Start-up is what the first step allocated. A process whose steps are time
+// windows, or that has none, has no first step that sets start-up apart:
+// there, `made_by_import` (a site's stack) tells start-up, and everything
+// else still live at exit is a leak.
+ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t sample_interval = 0,
+                          bool steps_are_time = false,
+                          const std::function<bool(uint32_t stack)>& made_by_import = nullptr);
 
 // How many allocations one sampled allocation of this weight stands for.
 // The recorder gives an allocation of `size` bytes, smaller than the mean

@@ -94,6 +94,8 @@ DenseSeries dense_series(const SiteAcc& acc, size_t n_steps) {
 // The judgement on the window after the warm-up (y: live bytes at its step
 // ends): the least-squares fit and monotone share of a steady growth, or
 // nothing when the site plateaus, jumps, or is sampling noise.
+constexpr double kSteadyRiseR2 = 0.9;
+
 struct SteadyGrowth {
   LinearFit fit;
   double monotonicity = 0;
@@ -119,7 +121,10 @@ std::optional<SteadyGrowth> steady_growth(const std::vector<double>& y, const Si
   size_t non_decreasing = 0;
   for (size_t i = 1; i < y.size(); ++i) non_decreasing += y[i] >= y[i - 1];
   const double monotonicity = static_cast<double>(non_decreasing) / static_cast<double>(y.size() - 1);
-  if (monotonicity < 0.75) return std::nullopt;
+  // A steady rise through noise is growth too: a temporary of the same site
+  // caught live at some step ends (in sampled mode, a sample of it) makes a
+  // leak zigzag upwards, and a line fits it closely all the same.
+  if (monotonicity < 0.75 && fit.r_squared < kSteadyRiseR2) return std::nullopt;
   // One or two jumps are not steady growth: a long-lived object made late
   // (in sampled mode, one sample weighs a whole interval) looks like one.
   size_t rises = 0;

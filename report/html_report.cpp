@@ -716,14 +716,19 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
     o << "</tbody></table>\n";
   }
 
-  o << "<h3>Exit leaks</h3><p class=\"note\">Live at exit and allocated after the first step: "
+  const bool first_step_is_startup = !p.steps.empty() && p.window_seconds == 0;
+  o << "<h3>Exit leaks</h3><p class=\"note\">"
+    << (first_step_is_startup ? "Live at exit and allocated after the first step: "
+                              : "Live at exit (no steps: all but what imports made): ")
     << esc(leak_bytes_text(double(p.exit_leak_bytes), p.leak_counts_estimated, p.exit_leak_bytes_error)) << " in "
     << (p.leak_counts_estimated ? "about " : "") << p.exit_leak_count
     << " allocations" << (p.leak_counts_estimated ? " (estimated from the sampled ones)" : "")
  << ".</p>\n";
   if (!p.exit_leaks.empty()) site_table(p.exit_leaks, o);
   if (!p.startup.empty()) {
-    o << "<details><summary>One-off start-up allocations (before the first step, still live): "
+    o << "<details><summary>"
+      << (first_step_is_startup ? "One-off start-up allocations (before the first step, still live): "
+                                : "Made by imports, still live: ")
       << esc(leak_bytes_text(double(p.startup_bytes), p.leak_counts_estimated, p.startup_bytes_error)) << " in "
       << (p.leak_counts_estimated ? "about " : "") << p.startup_count
       << " allocations</summary>\n";
@@ -772,9 +777,9 @@ void job_section(const RunReport& run, const JobSummary& job, std::ostringstream
     o << "<tr" << (r.suspects ? " class=\"grows\"" : "") << "><td><a href=\"#p" << r.index << "\">" << esc(r.label)
       << "</a></td><td>" << esc(r.role) << "</td><td class=\"n\">" << r.steps << "</td><td class=\"n\">"
       << esc(bytes(double(r.peak_bytes))) << "</td><td class=\"n\">"
-      << (r.steps ? esc(bytes(r.live_growth_per_step)) : std::string("-")) << "</td><td class=\"n\">" << r.suspects
+      << (r.steps && !r.time_windows ? esc(bytes(r.live_growth_per_step)) : std::string("-")) << "</td><td class=\"n\">" << r.suspects
       << "</td><td>";
-    if (r.suspects) o << esc(bytes(r.suspect_bytes_per_step)) << "/step<br><span class=\"note\">" << esc(r.top_site) << "</span>";
+    if (r.suspects) o << esc(growth_rate_text(r)) << "<br><span class=\"note\">" << esc(r.top_site) << "</span>";
     o << "</td><td class=\"n\">" << esc(bytes(double(r.exit_leak_bytes))) << "</td><td>"
       << sparkline(total_live_series(p), r.suspects ? "#c0392b" : "#2962a8", "total live bytes at each step end")
       << "</td><td>" << esc(r.status) << "</td></tr>\n";

@@ -34,6 +34,11 @@ std::string short_status(const Verdict& v) {
 
 }  // namespace
 
+std::string growth_rate_text(const ProcessRow& row) {
+  if (row.time_windows) return human_bytes(row.suspect_bytes_per_second) + "/s";
+  return human_bytes(row.suspect_bytes_per_step) + "/step";
+}
+
 JobSummary summarize_job(const RunReport& run) {
   JobSummary job;
   std::map<int, int> images_of_pid;
@@ -68,14 +73,41 @@ JobSummary summarize_job(const RunReport& run) {
       for (size_t k = first; k < p.steps.size(); ++k) y.push_back(static_cast<double>(total_live(p.steps[k])));
       row.live_growth_per_step = fit_line(y).slope;
     }
+    row.python_role = p.python_role;
+    row.start_method = p.start_method;
     row.suspects = p.leak_suspects.size();
     for (const LeakSuspect& s : p.leak_suspects) row.suspect_bytes_per_step += s.bytes_per_step;
+    row.time_windows = p.window_seconds > 0;
+    if (row.time_windows) {
+      row.suspect_bytes_per_second = row.suspect_bytes_per_step / p.window_seconds;
+    } else if (p.steps.size() >= 2 && p.steps.back().end_ns > p.steps.front().end_ns) {
+      const double step_seconds =
+          static_cast<double>(p.steps.back().end_ns - p.steps.front().end_ns) / 1e9 / static_cast<double>(p.steps.size() - 1);
+      row.suspect_bytes_per_second = row.suspect_bytes_per_step / step_seconds;
+    }
     if (!p.leak_suspects.empty()) row.top_site = site_name(p.leak_suspects.front().site);
     row.exit_leak_bytes = p.exit_leak_bytes;
     row.verdict_kind = p.verdict.kind;
     row.status = short_status(p.verdict);
     row.verdict = p.verdict.summary;
     job.rows.push_back(std::move(row));
+  }
+  // "DataLoader worker 1 of 2": numbered among the parent's children of
+  // that role, in start order.
+  for (ProcessRow& row : job.rows) {
+    if (row.python_role.empty()) continue;
+    const int ppid = run.processes[row.index].ppid;
+    for (const ProcessRow& other : job.rows) {
+      if (other.python_role != row.python_role || run.processes[other.index].ppid != ppid) continue;
+      if (other.index < row.index) ++row.role_index;
+      ++row.role_count;
+    }
+    ++row.role_index;
+    const std::string pid = std::to_string(run.processes[row.index].pid);
+    std::string role = row.python_role + " " + std::to_string(row.role_index) + " of " + std::to_string(row.role_count);
+    row.label = role + " (pid " + pid + ")";
+    if (!row.start_method.empty()) role += " (" + row.start_method + ")";
+    row.role = role + ", " + row.role;
   }
   std::stable_sort(job.rows.begin(), job.rows.end(), [&](const ProcessRow& a, const ProcessRow& b) {
     const bool a_root = a.index == run.root, b_root = b.index == run.root;
@@ -88,8 +120,13 @@ JobSummary summarize_job(const RunReport& run) {
   for (size_t i = 0; i < job.rows.size(); ++i) {
     if (job.rows[i].suspects > 0) job.growing.push_back(i);
   }
+  // Processes judged over time windows grow per second, the others per
+  // step: with one of each among the growing, the order is per second.
+  const bool per_second =
+      std::any_of(job.growing.begin(), job.growing.end(), [&](size_t g) { return job.rows[g].time_windows; });
   std::stable_sort(job.growing.begin(), job.growing.end(), [&](size_t a, size_t b) {
-    return job.rows[a].suspect_bytes_per_step > job.rows[b].suspect_bytes_per_step;
+    return per_second ? job.rows[a].suspect_bytes_per_second > job.rows[b].suspect_bytes_per_second
+                      : job.rows[a].suspect_bytes_per_step > job.rows[b].suspect_bytes_per_step;
   });
 
   const size_t n = job.rows.size();
@@ -100,7 +137,7 @@ JobSummary summarize_job(const RunReport& run) {
   } else {
     const ProcessRow& top = job.rows[job.growing.front()];
     std::ostringstream out;
-    out << top.label << " grows fastest: " << human_bytes(top.suspect_bytes_per_step) << "/step in "
+    out << top.label << " grows fastest: " << growth_rate_text(top) << " in "
         << top.suspects << (top.suspects == 1 ? " suspect" : " suspects") << ", top site " << top.top_site;
     if (n > 1) {
       out << "; " << job.growing.size() << " of " << of_n << (job.growing.size() == 1 ? " grows" : " grow");
@@ -108,7 +145,7 @@ JobSummary summarize_job(const RunReport& run) {
         out << " (";
         for (size_t k = 1; k < job.growing.size() && k < 6; ++k) {
           const ProcessRow& r = job.rows[job.growing[k]];
-          out << (k > 1 ? ", " : "") << r.label << " " << human_bytes(r.suspect_bytes_per_step) << "/step";
+          out << (k > 1 ? ", " : "") << r.label << " " << growth_rate_text(r);
         }
         if (job.growing.size() > 6) out << ", ...";
         out << ")";
@@ -125,6 +162,12 @@ nlohmann::json job_json(const JobSummary& job) {
     rows.push_back({{"process", r.index},
                     {"label", r.label},
                     {"role", r.role},
+                    {"python_role", r.python_role},
+                    {"role_index", r.role_index},
+                    {"role_count", r.role_count},
+                    {"start_method", r.start_method},
+                    {"suspect_bytes_per_second", r.suspect_bytes_per_second},
+                    {"time_windows", r.time_windows},
                     {"steps", r.steps},
                     {"peak_bytes", r.peak_bytes},
                     {"peak_step", r.peak_step},
@@ -146,12 +189,11 @@ nlohmann::json job_json(const JobSummary& job) {
 std::string render_job_text(const JobSummary& job) {
   std::ostringstream out;
   out << "whole job: " << job.conclusion << "\n";
-  out << "  process                      steps   peak live  growth/step  suspects  exit leaks  verdict\n";
+  out << "  process                                   steps   peak live       growth  suspects  exit leaks  verdict\n";
   for (const ProcessRow& r : job.rows) {
     char line[256];
-    std::snprintf(line, sizeof line, "  %-27s %6zu  %10s  %11s  %8zu  %10s  ", r.label.substr(0, 27).c_str(), r.steps,
-                  human_bytes(double(r.peak_bytes)).c_str(),
-                  r.suspects ? human_bytes(r.suspect_bytes_per_step).c_str() : "-", r.suspects,
+    std::snprintf(line, sizeof line, "  %-40s %6zu  %10s  %11s  %8zu  %10s  ", r.label.substr(0, 40).c_str(), r.steps,
+                  human_bytes(double(r.peak_bytes)).c_str(), r.suspects ? growth_rate_text(r).c_str() : "-", r.suspects,
                   human_bytes(double(r.exit_leak_bytes)).c_str());
     out << line << r.status << (r.role == "root" ? " (root)" : "") << "\n";
   }

@@ -23,14 +23,29 @@ struct ProcessRow {
   // Least-squares slope of the total live bytes (all kinds) at the step ends
   // after the warm-up; 0 with fewer than 3 steps after it.
   double live_growth_per_step = 0;
+  // The Python framework role ("DataLoader worker"), its index among the
+  // parent's children of that role in start order, and how many there are;
+  // and how multiprocessing started it ("spawn", "forkserver"; empty: fork
+  // or not multiprocessing).
+  std::string python_role;
+  int role_index = -1;
+  int role_count = 0;
+  std::string start_method;
   size_t suspects = 0;
   double suspect_bytes_per_step = 0;  // sum over the growth suspects
+  // The same per second: over time windows (a process without steps), or
+  // over the mean step time; 0 when the steps have no duration.
+  double suspect_bytes_per_second = 0;
+  bool time_windows = false;  // steps are time windows (source "time")
   std::string top_site;               // the first suspect's site
   int64_t exit_leak_bytes = 0;
   std::string verdict_kind;
   std::string status;  // the verdict in short: "exit 4", "signal SIGTERM", "exec"
   std::string verdict;
 };
+
+// A row's suspects' growth: "1.2 MiB/step", or "1.2 MiB/s" over time windows.
+std::string growth_rate_text(const ProcessRow& row);
 
 struct JobSummary {
   std::vector<ProcessRow> rows;  // root first, then by rank, then in start order

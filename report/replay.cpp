@@ -199,7 +199,9 @@ void Replay::on_free(const TraceEvent& e) {
 void Replay::on_step(const TraceEvent& e) {
   StepStats st;
   st.index = out_.steps.size() + 1;
-  st.source = e.flags == kInferredStepSource ? "auto" : fmt::step_source_name(static_cast<fmt::StepSource>(e.flags));
+  st.source = e.flags == kInferredStepSource     ? "auto"
+              : e.flags == kTimeWindowStepSource ? "time"
+                                                 : fmt::step_source_name(static_cast<fmt::StepSource>(e.flags));
   if (source_.empty()) {
     source_ = st.source;
   } else if (source_ != st.source && source_.find(st.source) == std::string::npos) {

@@ -160,6 +160,10 @@ json suspect_json(const LeakSuspect& s) {
               {"live_at_end", s.live_at_end},
               {"series", s.series},
               {"stack", frames_json(s.site.frames)}};
+  if (s.window_seconds > 0) {
+    out["window_seconds"] = s.window_seconds;
+    out["bytes_per_second"] = s.bytes_per_step / s.window_seconds;
+  }
   merged_json(s, suspect_json, out);
   return out;
 }
@@ -394,6 +398,9 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
         {"traced", p.allocator.traced}}},
       {"step_source", p.step_source},
       {"step_inference", p.step_inference},
+      {"window_seconds", p.window_seconds},
+      {"python_role", p.python_role},
+      {"start_method", p.start_method},
       {"warmup_steps", p.warmup_steps},
       {"duration_ns", p.duration_ns},
       {"steps", steps},
@@ -554,11 +561,21 @@ std::string escape_terminal(std::string_view text) {
 }
 
 std::string suspect_rate_text(const LeakSuspect& s) {
+  if (s.window_seconds > 0) {
+    const double per_second = s.bytes_per_step / s.window_seconds;
+    if (!s.estimated) return human_bytes(per_second) + "/s";
+    return bytes_with_error(per_second, s.bytes_per_step_error / s.window_seconds) + "/s estimated";
+  }
   if (!s.estimated) return human_bytes(s.bytes_per_step) + "/step";
   return bytes_with_error(s.bytes_per_step, s.bytes_per_step_error) + "/step estimated";
 }
 
 std::string suspect_count_text(const LeakSuspect& s) {
+  if (s.window_seconds > 0) {
+    const double per_second = s.allocations_per_step / s.window_seconds;
+    if (!s.estimated) return fixed(per_second, 1) + " allocations/s";
+    return number_with_error(per_second, s.allocations_per_step_error / s.window_seconds) + " allocations/s estimated";
+  }
   if (!s.estimated) return fixed(s.allocations_per_step, 1) + " allocations/step";
   return number_with_error(s.allocations_per_step, s.allocations_per_step_error) + " allocations/step estimated";
 }
@@ -622,6 +639,7 @@ void text_allocator(const HostAllocator& a, std::ostringstream& out) {
 void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
   out << "\n== process " << p.pid;
   if (!p.rank.empty()) out << " (rank " << p.rank << ")";
+  if (!p.python_role.empty()) out << " (" << p.python_role << (p.start_method.empty() ? "" : ", " + p.start_method) << ")";
   if (root) out << " (root)";
   out << ": " << p.command << "\n";
   out << "stop verdict: " << p.verdict.summary << "\n";
@@ -646,7 +664,11 @@ void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
   const std::string phase = peak_phase(p.peak, p.steps);
   if (!phase.empty()) out << " " << phase;
   out << "\n";
-  if (p.total_growth.judged) out << "growth per step: " << total_growth_text(p) << "\n";
+  if (p.total_growth.judged) {
+    out << "growth per step: " << total_growth_text(p) << "\n";
+  } else if (p.window_seconds > 0) {
+    out << "growth: judged per site over time windows (no steps); the total, start-up included, is not\n";
+  }
 }
 
 // Each out-of-memory failure, with the device's live set at that moment.
@@ -729,8 +751,12 @@ void text_suspects(const ProcessReport& p, bool full_stacks, std::ostringstream&
   for (size_t k = 0; k < p.leak_suspects.size(); ++k) {
     const LeakSuspect& s = p.leak_suspects[k];
     out << "  #" << k + 1 << " " << suspect_rate_text(s);
-    if (!s.estimated) out << " (" << std::llround(s.bytes_per_step) << " B/step)";
-    out << ", " << suspect_count_text(s) << ", from step " << s.first_step
+    if (!s.estimated && s.window_seconds > 0) {
+      out << " (" << std::llround(s.bytes_per_step) << " B per " << fixed(s.window_seconds, 3) << " s window)";
+    } else if (!s.estimated) {
+      out << " (" << std::llround(s.bytes_per_step) << " B/step)";
+    }
+    out << ", " << suspect_count_text(s) << (s.window_seconds > 0 ? ", from time window " : ", from step ") << s.first_step
         << ", monotone " << fixed(s.monotonicity * 100, 0) << "%, " << format::kind_name(format::Kind(s.site.kind))
         << "\n     " << site_name(s.site) << merged_text(s.stacks_merged, true) << "\n";
     if (full_stacks) {
@@ -750,11 +776,17 @@ void text_exit_leaks(const ProcessReport& p, std::ostringstream& out) {
     out << "  " << leak_bytes_text(double(t.bytes), t.estimated, t.bytes_error) << " in " << about << t.count << " at "
         << site_name(t.site) << merged_text(t.stacks_merged, false) << "\n";
   };
-  out << "\nexit leaks (live at exit, allocated after the first step): "
+  const bool first_step_is_startup = !p.steps.empty() && p.window_seconds == 0;
+  out << "\nexit leaks (live at exit, "
+      << (first_step_is_startup ? "allocated after the first step" : "no steps: all but what imports made") << "): "
       << leak_bytes_text(double(p.exit_leak_bytes), estimated, p.exit_leak_bytes_error) << " in " << about
       << p.exit_leak_count << " allocations" << (estimated ? " (estimated from the sampled ones)" : "") << "\n";
   for (const SiteTotal& t : p.exit_leaks) row(t);
-  if (!p.steps.empty()) {
+  if (!first_step_is_startup && p.startup_count > 0) {
+    out << "made by imports, still live: " << leak_bytes_text(double(p.startup_bytes), estimated, p.startup_bytes_error)
+        << " in " << about << p.startup_count << " allocations\n";
+    for (size_t k = 0; k < p.startup.size() && k < 5; ++k) row(p.startup[k]);
+  } else if (first_step_is_startup) {
     out << "one-off start-up allocations (before the first step, still live): "
         << leak_bytes_text(double(p.startup_bytes), estimated, p.startup_bytes_error) << " in " << about
         << p.startup_count << " allocations\n";

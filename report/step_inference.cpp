@@ -249,6 +249,8 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
   if (saw_steps_) return;  // markers decide; nothing to infer
   for (size_t i = 0; i < count; ++i) {
     const TraceEvent& e = events[i];
+    if (first_ts_ == 0) first_ts_ = e.ts;
+    last_ts_ = std::max(last_ts_, e.ts);
     if (e.type == EvType::kStep) {
       // The trace has step events of its own: the sequence will not be
       // used, so stop collecting and give its memory back.
@@ -272,6 +274,7 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
       continue;
     }
     if (!counts_as_allocation(e)) continue;
+    ++allocations_;
     if (symbols_.size() >= std::min<size_t>(limit_, kNeverFreed)) {
       truncated_ = true;
       continue;
@@ -383,7 +386,7 @@ TraceEvent StepInserter::step_event(uint64_t seq, uint64_t ts) {
   s.seq = seq;
   s.ts = ts;
   s.addr = ++next_end_;  // the step's index
-  s.flags = kInferredStepSource;
+  s.flags = by_time_ ? kTimeWindowStepSource : kInferredStepSource;
   return s;
 }
 
@@ -391,7 +394,9 @@ void StepInserter::operator()(const TraceEvent* events, size_t count) {
   buffer_.clear();
   for (size_t i = 0; i < count; ++i) {
     const TraceEvent& e = events[i];
-    while (next_end_ < ends_.size() && ends_[next_end_] == events_) buffer_.push_back(step_event(e.seq, e.ts));
+    while (next_end_ < ends_.size() && (by_time_ ? e.ts >= ends_[next_end_] : ends_[next_end_] == events_)) {
+      buffer_.push_back(step_event(e.seq, by_time_ ? ends_[next_end_] : e.ts));
+    }
     ++events_;
     buffer_.push_back(e);
     last_seq_ = e.seq;

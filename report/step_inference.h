@@ -76,6 +76,9 @@ InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const std::vecto
 // An inferred step event has this source (in `flags`); it is never written
 // to a trace.
 inline constexpr uint8_t kInferredStepSource = 0xff;
+// A step that is one of equal time windows over a process that has no steps
+// of any other kind (source "time"); never written to a trace either.
+inline constexpr uint8_t kTimeWindowStepSource = 0xfe;
 
 // Collects the allocation symbols (site, kind and size) of a trace as its
 // events stream by, with each allocation's position among all events, the
@@ -88,6 +91,10 @@ class AllocationSequence {
   explicit AllocationSequence(const Trace& trace, size_t limit = size_t{1} << 24) : trace_(trace), limit_(limit) {}
   void observe(const TraceEvent* events, size_t count);
   bool saw_steps() const { return saw_steps_; }
+  // Timestamps of the first and last event seen (0 when none).
+  uint64_t first_ts() const { return first_ts_; }
+  uint64_t last_ts() const { return last_ts_; }
+  size_t allocations() const { return allocations_; }
   bool truncated() const { return truncated_; }
   const std::vector<uint64_t>& symbols() const { return symbols_; }
   const std::vector<uint32_t>& freed_at() const { return freed_at_; }
@@ -122,6 +129,8 @@ class AllocationSequence {
   std::vector<Free> symbol_events(uint64_t from, uint64_t to) const;
   absl::flat_hash_map<uint64_t, uint32_t> live_;  // address -> allocation index
   uint64_t events_ = 0;
+  uint64_t first_ts_ = 0, last_ts_ = 0;
+  size_t allocations_ = 0;
   bool saw_steps_ = false;
   bool truncated_ = false;
 };
@@ -133,6 +142,10 @@ class AllocationSequence {
 class StepInserter {
  public:
   StepInserter(std::vector<uint64_t> ends, EventBatchFn next) : ends_(std::move(ends)), next_(std::move(next)) {}
+  // Ends given as timestamps (ns): a window's step event goes before the
+  // first event at or after its end.
+  StepInserter(std::vector<uint64_t> ends, EventBatchFn next, bool by_time)
+      : ends_(std::move(ends)), next_(std::move(next)), by_time_(by_time) {}
   void operator()(const TraceEvent* events, size_t count);
   void finish();
 
@@ -141,6 +154,7 @@ class StepInserter {
 
   std::vector<uint64_t> ends_;
   EventBatchFn next_;
+  bool by_time_ = false;
   uint64_t events_ = 0;   // events seen so far
   size_t next_end_ = 0;   // index into ends_
   uint64_t last_seq_ = 0;

@@ -6,8 +6,8 @@ people hit, for memledger's integration tests.
 --leak cache: every batch is normalised on the host, put on the device
     (jax.device_put) and cached in a dict keyed by the batch's id "to reuse
     it", but ids never repeat: one 256 KiB array more per step.
---leak outputs: every step's hidden activations (the output of a jitted
-    function, 128 KiB) are kept in a list "for later". XLA makes output
+--leak outputs: every step's hidden activations over four batches (the
+    output of a jitted function, 512 KiB) are kept in a list "for later". XLA makes output
     buffers on its own threads, which never run Python.
 --leak none: the clean control (the same cache, keyed by a slot that
     repeats every 4 steps: it fills up and stays).
@@ -33,6 +33,7 @@ except ImportError:  # run without `memledger run`
     memledger = None
 
 BATCH, FEATURES, HIDDEN, CLASSES = 128, 512, 256, 10
+OUTPUT_BATCHES = 4  # --leak outputs keeps the activations of this many batches a step
 
 
 def normalize(batch):
@@ -82,14 +83,16 @@ def main():
         if batch_id not in normalized_cache:
             normalized_cache[batch_id] = jax.device_put(normalize(raw), may_alias=False)  # LEAK_SITE(cache): ids never repeat
         if args.leak == "outputs":
-            activations.append(hidden_layer(params, normalized_cache[batch_id]))  # LEAK_SITE(outputs)
+            batches = jnp.tile(normalized_cache[batch_id], (OUTPUT_BATCHES, 1))
+            activations.append(hidden_layer(params, batches))  # LEAK_SITE(outputs)
         params, loss = train_step(params, normalized_cache[batch_id], labels)
         loss.block_until_ready()  # WAIT_FOR_STEP
         if memledger is not None and args.markers == "step":
             memledger.step()
     print("LEAK_FILE=%s" % os.path.basename(__file__))
     print("LEAK_LINE=%d" % planted.leak_line(__file__, args.leak))
-    print("LEAK_BYTES=%d" % (BATCH * (HIDDEN if args.leak == "outputs" else FEATURES) * 4))
+    kept = OUTPUT_BATCHES * BATCH * HIDDEN if args.leak == "outputs" else BATCH * FEATURES
+    print("LEAK_BYTES=%d" % (kept * 4))
     print("STEPS=%d" % args.steps)
     print("DONE loss=%.4f cached=%d" % (float(loss), len(normalized_cache)), flush=True)
 

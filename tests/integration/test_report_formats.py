@@ -186,7 +186,7 @@ class WholeJob(mltest.TestCase):
         with open(os.path.join(self.run_dir, "report.txt")) as f:
             text = f.read()
         self.assertIn("whole job: rank 1 (pid", text)
-        self.assertRegex(text, r"rank 1 \(pid \d+\)\s+%d\s+[\d.]+ \w+\s+8\.0 KiB\s+1 " % STEPS)
+        self.assertRegex(text, r"rank 1 \(pid \d+\)\s+%d\s+[\d.]+ \w+\s+8\.0 KiB/step\s+1 " % STEPS)
 
     def test_golden(self):
         Golden.check_golden(self, "ranks", stable_report(self.report, {"leak_steps.cpp"}))

@@ -71,7 +71,10 @@ class ReportPhases(mltest.TestCase):
         truth = 9 * 400 * 2_000
         self.assertLess(abs(row["bytes"] - truth), 4 * row["bytes_error"] + 0.05 * truth, row)
         self.assertLess(row["bytes_error"], 0.5 * truth)
-        self.assertGreaterEqual(leaks["bytes_error"], row["bytes_error"])
+        # The total's deviation takes in every site's variance, summed in
+        # another order than the row's: equal to the last bits when the row
+        # is all there is.
+        self.assertGreaterEqual(leaks["bytes_error"], row["bytes_error"] * (1 - 1e-12))
         header = re.search(r"exit leaks \(live at exit, allocated after the first step\): (.*)\n", self.text).group(1)
         self.assertRegex(header, r"^[\d.]+ ± [\d.]+ [KM]iB estimated in about \d+ allocations")
         self.assertRegex(self.text, r"\n  [\d.]+ ± [\d.]+ [KM]iB estimated in about \d+ at <genexpr> at phases\.py:%d" % LEAK_LINE)

@@ -76,6 +76,22 @@ TEST_CASE("growth: plateaus, jumps, level series and tiny growth are not suspect
   CHECK(g.suspects.empty());
 }
 
+TEST_CASE("growth: a leak that zigzags upwards through a temporary of its site is growth", "[growth]") {
+  // 512 KiB kept a step; every other step end also catches a 640 KiB
+  // temporary of the same site, freed early in the next step: half the
+  // changes are decreases, and a line still fits closely.
+  std::vector<int64_t> live;
+  for (int64_t k = 1; k <= 20; ++k) live.push_back(k * (512 << 10) + (k % 2 == 0 ? 640 << 10 : 0));
+  Growth g = find_growth({site(1, live)}, 20, GrowthOptions{});
+  REQUIRE(g.suspects.size() == 1);
+  CHECK(g.suspects[0].monotonicity < 0.75);
+  CHECK(g.suspects[0].bytes_per_step == Approx(512 << 10).epsilon(0.05));
+  // Noise as large as the rise: no line fits it, and it is not growth.
+  std::vector<int64_t> noisy;
+  for (int64_t k = 1; k <= 20; ++k) noisy.push_back(k * (64 << 10) + (k % 2 == 0 ? 2 << 20 : 0));
+  CHECK(find_growth({site(1, noisy)}, 20, GrowthOptions{}).suspects.empty());
+}
+
 TEST_CASE("growth: two jumps are not steady growth, even when most pairs of steps rise", "[growth]") {
   // After the warm-up: 7 steps level, 7 one MiB higher, 4 another MiB higher.
   std::vector<int64_t> live(20, 0);

@@ -1,0 +1,94 @@
+"""Worker processes that grow, with no step marker anywhere: a PyTorch
+DataLoader whose Dataset caches every sample in its workers, and a
+multiprocessing pool whose tasks keep their results in a module-level list.
+Run under `memledger run -- python3 workers_client.py ...` with default
+options; prints LEAK_BYTES (planted bytes per sample or task) and DONE.
+
+--leak none is the clean control: the same work, nothing kept."""
+
+import argparse
+import multiprocessing
+import time
+
+KEPT = []
+
+
+class CachingDataset:
+    """A map-style dataset; with leak, each worker keeps what it made."""
+
+    def __init__(self, n, leak):
+        self.n = n
+        self.leak = leak
+        self.cache = {}
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+
+        x = torch.randn(64, 64)
+        time.sleep(0.004)  # decoding, augmentation
+        if self.leak:
+            self.cache[i] = x.numpy().tobytes() * 4  # LEAK_SITE(cache): 64 KiB kept per sample
+        else:
+            assert len(x.numpy().tobytes() * 4) == 65536
+        return x, i % 10
+
+
+def train_with_dataloader(args):
+    import torch
+    from torch.utils.data import DataLoader
+
+    dataset = CachingDataset(args.samples, args.leak == "cache")
+    loader = DataLoader(dataset, batch_size=16, num_workers=2, persistent_workers=True,
+                        multiprocessing_context=args.start)
+    model = torch.nn.Linear(64 * 64, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x.flatten(1)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def pool_task(i):
+    time.sleep(0.004)
+    if LEAK:
+        KEPT.append(bytes([i % 256]) * 65536)  # LEAK_SITE(results)
+        return len(KEPT[-1])
+    return len(bytes([i % 256]) * 65536)
+
+
+LEAK = False
+
+
+def init_pool(leak):
+    global LEAK
+    LEAK = leak
+
+
+def run_pool(args):
+    ctx = multiprocessing.get_context(args.start)
+    with ctx.Pool(2, initializer=init_pool, initargs=(args.leak == "results",)) as pool:
+        total = sum(pool.map(pool_task, range(args.samples), chunksize=4))
+    assert total == args.samples * 65536
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--mode", choices=("dataloader", "pool"), default="dataloader")
+    parser.add_argument("--start", choices=("fork", "spawn", "forkserver"), default="fork")
+    parser.add_argument("--leak", choices=("cache", "results", "none"), default="cache")
+    parser.add_argument("--samples", type=int, default=800)
+    args = parser.parse_args()
+    print("LEAK_BYTES=%d" % (65536 if args.leak != "none" else 0), flush=True)
+    if args.mode == "dataloader":
+        train_with_dataloader(args)
+    else:
+        run_pool(args)
+    print("DONE", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Worker processes without steps: growth over time windows and the
+frameworks' process roles.
+
+Plain `memledger run -- python3 workers_client.py ...` (default options, no
+marker anywhere): a PyTorch DataLoader whose dataset caches every sample in
+its two workers (fork and spawn start methods), and a multiprocessing.Pool
+whose tasks keep their results. Each worker has no step of any kind, so the
+report judges it over equal time windows: the whole-job verdict names the
+growing worker by its role and the planted line, with a rate per second.
+The clean controls do the same work and keep nothing: no suspect anywhere."""
+
+import os
+import re
+
+import clients
+import mltest
+
+SCRIPT = os.path.join(clients.CLIENTS_DIR, "workers_client.py")
+SAMPLES = 800
+
+
+def leak_line(mode):
+    """The client's line marked `# LEAK_SITE(mode)`."""
+    with open(SCRIPT) as f:
+        return next(n for n, text in enumerate(f, 1) if "# LEAK_SITE(%s)" % mode in text)
+
+
+class Workers(clients.ClientTestCase):
+    def run_workers(self, *args):
+        run_dir = os.path.join(self.tmpdir(), "run")
+        proc = self.memledger("run", "-q", "-o", run_dir, "--", clients.PYTHON_TORCH, SCRIPT, "--samples",
+                              str(SAMPLES), *args, env=mltest.clean_env(**clients.QUIET), timeout=240)
+        self.assertExit(proc, 0)
+        self.assertIn("DONE", proc.stdout)
+        report = self.load_report(run_dir)
+        with open(os.path.join(run_dir, "report.txt")) as f:
+            text = f.read()
+        return report, text
+
+    def workers(self, report, role):
+        rows = [r for r in report["job"]["rows"] if r["python_role"] == role]
+        self.assertEqual(len(rows), 2, [(r["label"], r["python_role"]) for r in report["job"]["rows"]])
+        self.assertEqual(sorted(r["role_index"] for r in rows), [0, 1])
+        for r in rows:
+            self.assertEqual(r["role_count"], 2)
+            self.assertTrue(r["role"].startswith("%s %d of 2" % (role, r["role_index"])), r["role"])
+        return rows
+
+    def assert_worker_leak(self, report, text, role, mode):
+        line = leak_line(mode)
+        site = "workers_client.py:%d" % line
+        conclusion = report["job"]["conclusion"]
+        self.assertRegex(conclusion, r"^%s [01] of 2 \(pid \d+\) grows fastest: [\d.]+ [KMG]iB/s" % role, conclusion)
+        self.assertIn(site, conclusion)
+        self.assertIn("whole job: " + conclusion, text)
+        for row in self.workers(report, role):
+            self.assertTrue(row["time_windows"])
+            self.assertEqual(row["suspects"], 1, row)
+            self.assertIn(site, row["top_site"])
+            process = report["processes"][row["process"]]
+            self.assertEqual(process["step_source"], "time")
+            self.assertRegex(process["step_inference"], r"^20 equal time windows of [\d.e-]+ s over the")
+            self.assertFalse(process["growth_per_step"]["judged"])
+            top = process["leak_suspects"][0]
+            self.assertGreater(top["bytes_per_second"], 0)
+            self.assertAlmostEqual(top["bytes_per_second"] * top["window_seconds"], top["bytes_per_step_exact"])
+            # Each worker keeps about half the samples, 64 KiB each, by the
+            # end of its work: the fitted growth over the 18 windows after
+            # the warm-up is of that order.
+            kept = SAMPLES / 2 * 65536
+            grown = top["bytes_per_step_exact"] * 18
+            self.assertGreater(grown, 0.5 * kept, top["site"])
+            self.assertLess(grown, 1.5 * kept, top["site"])
+
+    def assert_clean(self, report, role):
+        self.workers(report, role)
+        for p in report["processes"]:
+            self.assertEqual([s["site"] for s in p["leak_suspects"]], [], p["pid"])
+        self.assertRegex(report["job"]["conclusion"], r"^no process grows")
+
+    def test_dataloader_fork(self):
+        clients.skip_unless(self, "torch")
+        report, text = self.run_workers("--mode", "dataloader", "--start", "fork", "--leak", "cache")
+        self.assert_worker_leak(report, text, "DataLoader worker", "cache")
+        self.assertRegex(text, r"== process \d+ \(DataLoader worker\): ")
+
+    def test_dataloader_spawn(self):
+        clients.skip_unless(self, "torch")
+        report, text = self.run_workers("--mode", "dataloader", "--start", "spawn", "--leak", "cache")
+        self.assert_worker_leak(report, text, "DataLoader worker", "cache")
+        for row in self.workers(report, "DataLoader worker"):
+            self.assertEqual(row["start_method"], "spawn")
+            self.assertIn("(spawn)", row["role"])
+
+    def test_dataloader_clean(self):
+        clients.skip_unless(self, "torch")
+        report, _ = self.run_workers("--mode", "dataloader", "--leak", "none")
+        self.assert_clean(report, "DataLoader worker")
+
+    def test_pool(self):
+        report, text = self.run_workers("--mode", "pool", "--leak", "results")
+        self.assert_worker_leak(report, text, "Pool worker", "results")
+
+    def test_pool_clean(self):
+        report, _ = self.run_workers("--mode", "pool", "--leak", "none")
+        self.assert_clean(report, "Pool worker")
+
+
+if __name__ == "__main__":
+    mltest.main()
