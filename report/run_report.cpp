@@ -298,55 +298,43 @@ json environment_json(const Environment& e) {
           {"findings", e.findings},       {"lines", environment_lines(e)}};
 }
 
-json process_json(const ProcessReport& p, size_t max_step_rows) {
-  const std::vector<size_t> rows = step_rows(p.steps, max_step_rows);
-  const bool thinned = rows.size() < p.steps.size();
-  json steps = json::array();
-  for (const size_t row : rows) {
-    const StepStats& s = p.steps[row];
-    json live = json::object();
-    for (int k = 0; k < format::kKindCount; ++k) {
-      if (k == 0 || s.live[k] != 0) live[format::kind_name(static_cast<format::Kind>(k))] = s.live[k];
-    }
-    json step = {{"index", s.index},
-                 {"source", s.source},
-                 {"label", s.label},
-                 {"end_ns", s.end_ns},
-                 {"live", live},
-                 {"held", {{"host", p.allocator.held_known ? json(s.held_host) : json(nullptr)}}},
-                 {"rss", s.rss},
-                 {"allocations", s.allocations},
-                 {"frees", s.frees}};
-    if (s.held_device != 0 || s.live[1] != 0 || s.live[2] != 0 || s.device_total != 0) {
-      step["held"]["device"] = s.held_device;
-      const int64_t device_live = s.live[1] + s.live[2];
-      const int64_t frag = std::max<int64_t>(0, s.held_device - device_live);
-      json holders = json::array();
-      for (const Holder& h : s.device_holders) holders.push_back({{"name", h.name}, {"held", h.held}, {"unused", h.unused}});
-      step["fragmentation"] = {{"device",
-                                {{"bytes", frag},
-                                 {"share", s.held_device > 0 ? double(frag) / double(s.held_device) : 0.0},
-                                 {"holders", holders}}}};
-      if (s.live_by_device.size() > 1) step["live_by_device"] = s.live_by_device;
-      if (s.device_total) step["device_memory"] = {{"free", s.device_free}, {"total", s.device_total}};
-      if (!s.not_hooked_by_device.empty()) {
-        json by_device = json::object();
-        for (const auto& [device, bytes] : s.not_hooked_by_device) by_device[std::to_string(device)] = bytes;
-        step["not_hooked_by_device"] = by_device;
-      }
-      if (s.reserved_address_space) step["reserved_address_space"] = s.reserved_address_space;
-    }
-    steps.push_back(std::move(step));
+json step_json(const ProcessReport& p, const StepStats& s) {
+  json live = json::object();
+  for (int k = 0; k < format::kKindCount; ++k) {
+    if (k == 0 || s.live[k] != 0) live[format::kind_name(static_cast<format::Kind>(k))] = s.live[k];
   }
-  json suspects = json::array();
-  for (const LeakSuspect& s : p.leak_suspects) {
-    json row = suspect_json(s);
-    if (thinned) thin_series(row, rows);
-    suspects.push_back(std::move(row));
+  json step = {{"index", s.index},
+               {"source", s.source},
+               {"label", s.label},
+               {"end_ns", s.end_ns},
+               {"live", live},
+               {"held", {{"host", p.allocator.held_known ? json(s.held_host) : json(nullptr)}}},
+               {"rss", s.rss},
+               {"allocations", s.allocations},
+               {"frees", s.frees}};
+  if (s.held_device != 0 || s.live[1] != 0 || s.live[2] != 0 || s.device_total != 0) {
+    step["held"]["device"] = s.held_device;
+    const int64_t device_live = s.live[1] + s.live[2];
+    const int64_t frag = std::max<int64_t>(0, s.held_device - device_live);
+    json holders = json::array();
+    for (const Holder& h : s.device_holders) holders.push_back({{"name", h.name}, {"held", h.held}, {"unused", h.unused}});
+    step["fragmentation"] = {{"device",
+                              {{"bytes", frag},
+                               {"share", s.held_device > 0 ? double(frag) / double(s.held_device) : 0.0},
+                               {"holders", holders}}}};
+    if (s.live_by_device.size() > 1) step["live_by_device"] = s.live_by_device;
+    if (s.device_total) step["device_memory"] = {{"free", s.device_free}, {"total", s.device_total}};
+    if (!s.not_hooked_by_device.empty()) {
+      json by_device = json::object();
+      for (const auto& [device, bytes] : s.not_hooked_by_device) by_device[std::to_string(device)] = bytes;
+      step["not_hooked_by_device"] = by_device;
+    }
+    if (s.reserved_address_space) step["reserved_address_space"] = s.reserved_address_space;
   }
-  json notes = p.notes;
-  if (thinned) notes.push_back(thinned_note(p.steps.size(), rows.size(), max_step_rows));
-  const Verdict& v = p.verdict;
+  return step;
+}
+
+json verdict_json(const Verdict& v) {
   json verdict = {{"kind", v.kind},
                   {"summary", v.summary},
                   {"exit_code", v.exit_code},
@@ -361,6 +349,10 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
     verdict["fault_address"] = addr;
     verdict["crash_stack"] = frames_json(v.crash_stack);
   }
+  return verdict;
+}
+
+json ooms_json(const ProcessReport& p) {
   json ooms = json::array();
   for (const OomEvent& o : p.ooms) {
     json holders = json::array();
@@ -380,6 +372,24 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
                     {"stack", frames_json(o.stack)},
                     {"live_by_site", site_totals_json(o.live_by_site)}});
   }
+  return ooms;
+}
+
+json process_json(const ProcessReport& p, size_t max_step_rows) {
+  const std::vector<size_t> rows = step_rows(p.steps, max_step_rows);
+  const bool thinned = rows.size() < p.steps.size();
+  json steps = json::array();
+  for (const size_t row : rows) steps.push_back(step_json(p, p.steps[row]));
+  json suspects = json::array();
+  for (const LeakSuspect& s : p.leak_suspects) {
+    json row = suspect_json(s);
+    if (thinned) thin_series(row, rows);
+    suspects.push_back(std::move(row));
+  }
+  json notes = p.notes;
+  if (thinned) notes.push_back(thinned_note(p.steps.size(), rows.size(), max_step_rows));
+  const json verdict = verdict_json(p.verdict);
+  const json ooms = ooms_json(p);
   return {
       {"ooms", ooms},
       {"caching_allocator_hidden", p.caching_allocator_hidden},
