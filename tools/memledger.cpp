@@ -33,6 +33,7 @@
 #include "leak_mode.h"
 #include "pprof.h"
 #include "run_report.h"
+#include "status_line.h"
 #include "trace_format.h"
 #include "trace_reader.h"
 #include "window_command.h"
@@ -345,6 +346,7 @@ volatile sig_atomic_t g_forward_signal = 0;
 pid_t g_child = 0;
 
 void forward_signal(int signo) {
+  memledger::tools::StatusLine::release_from_signal();
   if (g_child > 0) kill(g_child, signo);
   g_forward_signal = signo;
 }
@@ -682,32 +684,42 @@ int cmd_run(int argc, char** argv) {
   sigaction(SIGTERM, &forward, &old_term);
   sigaction(SIGHUP, &forward, &old_hup);
 
-  const bool show_status = traced && !opts.quiet && isatty(STDERR_FILENO);
+  // The last row of the terminal, out of the program's way (status_line.h).
+  std::optional<memledger::tools::StatusLine> status_line;
+  if (traced && !opts.quiet) status_line.emplace(STDERR_FILENO);
+  const bool show_status = status_line && status_line->usable();
   int status = 0;
-  bool status_shown = false;
   auto last_status = std::chrono::steady_clock::now();
+  std::string status_text;
   for (;;) {
-    pid_t r = waitpid(pid, &status, WNOHANG);
-    if (r == pid) break;
+    pid_t r = waitpid(pid, &status, WNOHANG | (show_status ? WUNTRACED | WCONTINUED : 0));
+    if (r == pid && WIFSTOPPED(status)) {
+      status_line->stopped();
+    } else if (r == pid && WIFCONTINUED(status)) {
+      status_line->resumed();
+    } else if (r == pid) {
+      break;
+    }
     if (r < 0 && errno != EINTR) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    if (show_status && std::chrono::steady_clock::now() - last_status > std::chrono::milliseconds(500)) {
+    // Every 500 ms, and at once after a resize or a stop.
+    const bool tick = std::chrono::steady_clock::now() - last_status > std::chrono::milliseconds(500);
+    if (show_status && tick) {
       last_status = std::chrono::steady_clock::now();
       StatusTotals t = read_status(dir);
       if (t.processes > 0) {
-        std::string line = "[memledger] ";
-        line += t.step >= 0 ? "step " + std::to_string(t.step) : std::string("no steps yet");
-        line += " | live " + human(double(t.live));
-        if (t.step >= 1) line += " | " + std::string(t.growth >= 0 ? "+" : "") + human(double(t.growth)) + "/step";
-        line += " | RSS " + human(double(t.rss));
-        if (t.processes > 1) line += " | " + std::to_string(t.processes) + " processes";
-        std::fprintf(stderr, "\r\033[K%s", line.c_str());
-        std::fflush(stderr);
-        status_shown = true;
+        status_text = "[memledger] ";
+        status_text += t.step >= 0 ? "step " + std::to_string(t.step) : std::string("no steps yet");
+        status_text += " | live " + human(double(t.live));
+        if (t.step >= 1) status_text += " | " + std::string(t.growth >= 0 ? "+" : "") + human(double(t.growth)) + "/step";
+        status_text += " | RSS " + human(double(t.rss));
+        if (t.processes > 1) status_text += " | " + std::to_string(t.processes) + " processes";
       }
     }
+    if (show_status && !status_text.empty() && (tick || status_line->wants_redraw())) status_line->show(status_text);
   }
-  if (status_shown) std::fprintf(stderr, "\r\033[K");
+  // The row is given back before anything else is printed.
+  status_line.reset();
   sigaction(SIGINT, &old_int, nullptr);
   sigaction(SIGQUIT, &old_quit, nullptr);
   sigaction(SIGTERM, &old_term, nullptr);
