@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# The quick start's second command: builds memledger and runs the whole test
+# The quick start's second command: installs the rest of what the tests use
+# (scripts/install-deps.sh all), builds everything and runs the whole test
 # suite (unit and integration). Extra arguments go to `meson test`.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/build.sh" || exit 1
+"$root/scripts/build.sh" all || exit 1
 cd "$root"
-meson test -C build --print-errorlogs "$@"
+# build.sh has just built everything.
+meson test -C build --no-rebuild --print-errorlogs "$@"
 status=$?
 # One closing line that any CI reads, from meson's own log.
 python3 - "$root/build/meson-logs/testlog.json" <<'PY'
