@@ -27,6 +27,10 @@ inline constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 inline constexpr cudaError_t cudaSuccess = 0;
 inline constexpr cudaError_t cudaErrorMemoryAllocation = 2;
 
+// CU_STREAM_LEGACY and CU_STREAM_PER_THREAD (cudaStreamLegacy, cudaStreamPerThread).
+inline const CUstream kStreamLegacy = reinterpret_cast<CUstream>(0x1);
+inline const CUstream kStreamPerThread = reinterpret_cast<CUstream>(0x2);
+
 inline constexpr cuuint64_t CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM = 1 << 1;
 inline constexpr int CU_GET_PROC_ADDRESS_SUCCESS = 0;
 

@@ -141,6 +141,9 @@ std::atomic<void*> real_cuDevicePrimaryCtxRelease_v2{nullptr};
 std::atomic<void*> real_cuCtxPushCurrent_v2{nullptr};
 std::atomic<void*> real_cuCtxPopCurrent_v2{nullptr};
 std::atomic<void*> real_cuDeviceGetGraphMemAttribute{nullptr};
+std::atomic<void*> real_cuStreamGetDevice{nullptr};
+std::atomic<void*> real_cuStreamGetCtx{nullptr};
+std::atomic<void*> real_cuCtxGetDevice_v2{nullptr};
 std::atomic<void*> real_cudaGetDevice{nullptr};
 
 std::atomic<bool> g_cuda_used{false};
@@ -565,6 +568,42 @@ PoolLabel pool_label(CUmemoryPool pool) {
   return label;
 }
 
+// The device a stream belongs to, asked without touching the calling
+// thread's current context: cuStreamGetDevice (drivers from 12.8), else the
+// stream's context (cuStreamGetCtx) and that context's device
+// (cuCtxGetDevice_v2, CUDA 13). The default streams (NULL, legacy,
+// per-thread) are the current context's.
+int stream_device(CUstream stream) {
+  if (stream == nullptr || stream == kStreamLegacy || stream == kStreamPerThread) return current_device();
+  using GetDevice = CUresult (*)(CUstream, CUdevice*);
+  using GetCtx = CUresult (*)(CUstream, CUcontext*);
+  using CtxDevice = CUresult (*)(CUdevice*, CUcontext);
+  CUdevice dev = 0;
+  auto get_device = reinterpret_cast<GetDevice>(find_real(real_cuStreamGetDevice, "cuStreamGetDevice", false));
+  if (get_device != nullptr && get_device(stream, &dev) == CUDA_SUCCESS) return dev;
+  auto get_ctx = reinterpret_cast<GetCtx>(find_real(real_cuStreamGetCtx, "cuStreamGetCtx", false));
+  auto ctx_device = reinterpret_cast<CtxDevice>(find_real(real_cuCtxGetDevice_v2, "cuCtxGetDevice_v2", false));
+  CUcontext ctx = nullptr;
+  if (get_ctx != nullptr && ctx_device != nullptr && get_ctx(stream, &ctx) == CUDA_SUCCESS && ctx != nullptr &&
+      ctx_device(&dev, ctx) == CUDA_SUCCESS) {
+    return dev;
+  }
+  return current_device();
+}
+
+// What cuMemAllocAsync on a stream of `device` allocates: memory of the pool
+// current to that device (cuDeviceSetMemPool may have replaced the default
+// one), labelled by the pool's location and allocation type.
+PoolLabel device_pool_label(int device) {
+  using DevicePool = CUresult (*)(CUmemoryPool*, CUdevice);
+  auto device_pool = reinterpret_cast<DevicePool>(find_real(real_cuDeviceGetMemPool, "cuDeviceGetMemPool", false));
+  CUmemoryPool pool = nullptr;
+  if (device_pool == nullptr || device_pool(&pool, device) != CUDA_SUCCESS || pool == nullptr) {
+    return {Kind::kDevice, device};
+  }
+  return pool_label(pool);
+}
+
 // The driver calls the step-end samples make, resolved once.
 struct SampleCalls {
   CUresult (*get_info)(size_t*, size_t*);
@@ -887,7 +926,9 @@ CUresult alloc_async(Fn real, CUdeviceptr* dptr, size_t bytesize, CUstream strea
   DriverScope s;
   if (real == nullptr) return 3;
   CUresult r = real(dptr, bytesize, stream);
-  driver_alloc(s, Kind::kDevice, current_device(), r == CUDA_SUCCESS ? *dptr : 0, bytesize,
+  if (!s.record()) return r;
+  const PoolLabel label = device_pool_label(stream_device(stream));
+  driver_alloc(s, label.kind, label.device, r == CUDA_SUCCESS ? *dptr : 0, bytesize,
                fmt::kAllocAsync | fmt::kAllocPool, r);
   return r;
 }
@@ -1168,7 +1209,14 @@ cudaError_t runtime_alloc_async(Fn real, void** ptr, size_t size, cudaStream_t s
   RuntimeScope s;
   if (real == nullptr) return 35;
   cudaError_t r = real(ptr, size, stream);
-  runtime_alloc(s, Kind::kDevice, runtime_device(), r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size,
+  if (!s.record()) return r;
+  // The runtime's default streams are its current device's.
+  const bool default_stream = stream == nullptr || stream == kStreamLegacy || stream == kStreamPerThread;
+  PoolLabel label{Kind::kDevice, 0};
+  s.with_guard([&](ThreadState&) {
+    label = device_pool_label(default_stream ? runtime_device() : stream_device(stream));
+  });
+  runtime_alloc(s, label.kind, label.device, r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size,
                 fmt::kAllocAsync | fmt::kAllocPool, r);
   return r;
 }

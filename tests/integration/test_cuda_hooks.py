@@ -306,6 +306,46 @@ class CudaHooks(unittest.TestCase):
         # The device 1 pool's one 32 MiB chunk; the host pools' are not device memory.
         self.assertEqual(step["held"]["device"], 32 * mib)
 
+    def test_async_allocations_labelled_by_the_streams_device(self):
+        # Device 0 current, streams made on device 1 (driver and runtime):
+        # cuMemAllocAsync/cudaMallocAsync draw from the pool current to the
+        # stream's device (here one set with cuDeviceSetMemPool), not the
+        # current device's; the default streams stay the current device's.
+        mib = 1 << 20
+        script = textwrap.dedent(f"""
+            import ctypes
+            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
+            cudart = ctypes.CDLL({str(SIM_DIR / 'runtime' / 'libcudart.so.13')!r}, mode=ctypes.RTLD_GLOBAL)
+            step = ctypes.CDLL(None).memledger_step
+            assert cuda.cuInit(0) == 0
+            p0, p1 = ctypes.c_void_p(), ctypes.c_void_p()
+            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p0), 0) == 0
+            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p1), 1) == 0
+            props = (ctypes.c_int * 32)()  # CUmemPoolProps: pinned, on device 1
+            props[0], props[2], props[3] = 1, 1, 1
+            pool = ctypes.c_void_p()
+            assert cuda.cuMemPoolCreate(ctypes.byref(pool), props) == 0
+            assert cuda.cuDeviceSetMemPool(1, pool) == 0
+            cuda.cuCtxSetCurrent(p1)
+            stream = ctypes.c_void_p()
+            assert cuda.cuStreamCreate(ctypes.byref(stream), 0) == 0
+            cuda.cuCtxSetCurrent(p0)
+            p = ctypes.c_ulonglong(0)
+            assert cuda.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(6 * {mib}), stream) == 0
+            assert cuda.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(2 * {mib}), None) == 0
+            assert cudart.cudaSetDevice(1) == 0
+            rt_stream = ctypes.c_void_p()
+            assert cudart.cudaStreamCreate(ctypes.byref(rt_stream)) == 0
+            assert cudart.cudaSetDevice(0) == 0
+            q = ctypes.c_void_p()
+            assert cudart.cudaMallocAsync(ctypes.byref(q), ctypes.c_size_t(5 * {mib}), rt_stream) == 0
+            assert cudart.cudaMallocAsync(ctypes.byref(q), ctypes.c_size_t(1 * {mib}), None) == 0
+            step(b"train")
+        """)
+        _, report, _ = self.trace_script(script)
+        step = report["steps"][0]
+        self.assertEqual(step["live_by_device"], [3 * mib, 11 * mib])
+
     def test_every_device_sampled_without_a_current_context(self):
         # Each step leaks a context on device 1 (SIMCUDA_CONTEXT_MB of device
         # memory that no allocation call shows) and ends on a thread with no

@@ -318,6 +318,17 @@ TEST_CASE("cuCtxCreate pushes a context; destroying it frees what it owns") {
   CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
   CHECK(simcuda_device_held(1) == held + 6 * static_cast<long long>(kMiB));
 
+  // A stream belongs to its context, whatever context is current.
+  CU_OK(cuCtxPushCurrent(primary(0)));
+  CU_OK(cuStreamGetDevice(stream, &device));
+  CHECK(device == 1);
+  CUcontext owner = nullptr;
+  CU_OK(cuStreamGetCtx(stream, &owner));
+  CHECK(owner == ctx);
+  CU_OK(cuStreamGetDevice(CU_STREAM_LEGACY, &device));
+  CHECK(device == 0);
+  CU_OK(cuCtxPopCurrent(&owner));
+
   CU_OK(cuCtxPushCurrent(primary(0)));
   CU_OK(cuCtxGetDevice(&device));
   CHECK(device == 0);

@@ -388,6 +388,43 @@ CUresult cuStreamSynchronize_ptsz(CUstream hStream) {
   return stream_synchronize(call, hStream);
 }
 
+CUresult cuStreamGetCtx(CUstream hStream, CUcontext* pctx) {
+  Call call(Sym::cuStreamGetCtx);
+  Context* ctx = nullptr;
+  if (CUresult r = call.stream_context(hStream, &ctx)) return r;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = to_handle(ctx);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetCtx_ptsz(CUstream hStream, CUcontext* pctx) {
+  Call call(Sym::cuStreamGetCtx_ptsz);
+  Context* ctx = nullptr;
+  if (CUresult r = call.stream_context(hStream, &ctx)) return r;
+  if (pctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *pctx = to_handle(ctx);
+  return CUDA_SUCCESS;
+}
+
+// The device of the stream's context, whatever context is current.
+CUresult cuStreamGetDevice(CUstream hStream, CUdevice* device) {
+  Call call(Sym::cuStreamGetDevice);
+  Context* ctx = nullptr;
+  if (CUresult r = call.stream_context(hStream, &ctx)) return r;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *device = ctx->device->ordinal();
+  return CUDA_SUCCESS;
+}
+
+CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice* device) {
+  Call call(Sym::cuStreamGetDevice_ptsz);
+  Context* ctx = nullptr;
+  if (CUresult r = call.stream_context(hStream, &ctx)) return r;
+  if (device == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *device = ctx->device->ordinal();
+  return CUDA_SUCCESS;
+}
+
 // No graphs are simulated: graph memory is always zero.
 CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) {
   Call call(Sym::cuDeviceGetGraphMemAttribute);

@@ -54,6 +54,10 @@
   X(cuStreamDestroy, cuStreamDestroy_v2, 4000, kLegacy)                        \
   X(cuStreamSynchronize, cuStreamSynchronize, 2000, kLegacy)                   \
   X(cuStreamSynchronize, cuStreamSynchronize_ptsz, 7000, kPerThread)           \
+  X(cuStreamGetCtx, cuStreamGetCtx, 9020, kLegacy)                             \
+  X(cuStreamGetCtx, cuStreamGetCtx_ptsz, 9020, kPerThread)                     \
+  X(cuStreamGetDevice, cuStreamGetDevice, 12080, kLegacy)                      \
+  X(cuStreamGetDevice, cuStreamGetDevice_ptsz, 12080, kPerThread)              \
   /* linear device, managed and pinned host memory */                         \
   X(cuMemGetInfo, cuMemGetInfo, 2000, kLegacy)                                 \
   X(cuMemGetInfo, cuMemGetInfo_v2, 3020, kLegacy)                              \
