@@ -17,6 +17,9 @@ using CUcontext = struct CUctx_st*;
 using CUstream = struct CUstream_st*;
 using CUmemoryPool = struct CUmemPoolHandle_st*;
 using CUmemGenericAllocationHandle = unsigned long long;
+using CUgraph = struct CUgraph_st*;
+using CUgraphExec = struct CUgraphExec_st*;
+using CUgraphNode = struct CUgraphNode_st*;
 using cuuint64_t = uint64_t;
 using cudaError_t = int;
 using cudaStream_t = CUstream;
@@ -38,6 +41,10 @@ inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5;
 inline constexpr int CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7;
 inline constexpr int CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT = 0;
 inline constexpr int CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT = 2;
+
+inline constexpr int CU_STREAM_CAPTURE_STATUS_ACTIVE = 1;
+inline constexpr int CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2;
+inline constexpr unsigned long long CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH = 1;
 
 inline constexpr int CU_MEM_LOCATION_TYPE_NONE = 0;
 inline constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 1;

@@ -22,6 +22,8 @@
 #include "cuda_abi.h"
 #include "cuda_stack.h"
 #include "cupti_bridge.h"
+#include "graph_ledger.h"
+#include "live_ledger.h"
 #include "recorder.h"
 #include "spin_lock.h"
 #include "vmm_ledger.h"
@@ -55,6 +57,8 @@ extern "C" __attribute__((visibility("hidden"), used)) void* memledger_libc_dlvs
 using namespace memledger::cuda;
 using memledger::format::Kind;
 using memledger::interposer::EventType;
+using memledger::interposer::GraphLedger;
+using memledger::interposer::graph_ledger;
 using memledger::interposer::HookGuard;
 using memledger::interposer::recorder;
 using memledger::interposer::ThreadState;
@@ -66,6 +70,10 @@ namespace fmt = memledger::format;
 
 // Driver hooks: X(exported name, base name for cuGetProcAddress, first CUDA
 // version with this ABI, per-thread default stream variant).
+// cuGraphInstantiate_v2 (the CUDA 11.0 ABI) is matched by its exported name
+// only: since CUDA 12 the name "cuGraphInstantiate" means
+// cuGraphInstantiateWithFlags (cuda.h), another prototype, so a look-up by
+// that base name is handed through unwrapped rather than risk the wrong one.
 #define MEMLEDGER_CUDA_DRIVER_HOOKS(X)                                   \
   X(cuInit, "cuInit", 2000, false)                                       \
   X(cuMemAlloc_v2, "cuMemAlloc", 3020, false)                            \
@@ -95,6 +103,16 @@ namespace fmt = memledger::format;
   X(cuMemUnmap, "cuMemUnmap", 10020, false)                              \
   X(cuMemAddressReserve, "cuMemAddressReserve", 10020, false)            \
   X(cuMemAddressFree, "cuMemAddressFree", 10020, false)                  \
+  X(cuStreamEndCapture, "cuStreamEndCapture", 10000, false)              \
+  X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, true)          \
+  X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, false) \
+  X(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 12000, false) \
+  X(cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 12000, true) \
+  X(cuGraphInstantiate_v2, "cuGraphInstantiate_v2", 11000, false)        \
+  X(cuGraphLaunch, "cuGraphLaunch", 10000, false)                        \
+  X(cuGraphLaunch_ptsz, "cuGraphLaunch", 10000, true)                    \
+  X(cuGraphExecDestroy, "cuGraphExecDestroy", 10000, false)              \
+  X(cuGraphDestroy, "cuGraphDestroy", 10000, false)                      \
   X(cuGetProcAddress_v2, "cuGetProcAddress", 12000, false)               \
   X(cuGetProcAddress, "cuGetProcAddress", 11030, false)
 
@@ -144,6 +162,8 @@ std::atomic<void*> real_cuDeviceGetGraphMemAttribute{nullptr};
 std::atomic<void*> real_cuStreamGetDevice{nullptr};
 std::atomic<void*> real_cuStreamGetCtx{nullptr};
 std::atomic<void*> real_cuCtxGetDevice_v2{nullptr};
+std::atomic<void*> real_cuStreamGetCaptureInfo_v3{nullptr};
+std::atomic<void*> real_cuStreamGetCaptureInfo_v2{nullptr};
 std::atomic<void*> real_cudaGetDevice{nullptr};
 
 std::atomic<bool> g_cuda_used{false};
@@ -203,6 +223,16 @@ CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, uns
 CUresult cuMemUnmap(CUdeviceptr, size_t);
 CUresult cuMemAddressReserve(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
 CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuStreamEndCapture(CUstream, CUgraph*);
+CUresult cuStreamEndCapture_ptsz(CUstream, CUgraph*);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec*, CUgraph, unsigned long long);
+CUresult cuGraphInstantiateWithParams(CUgraphExec*, CUgraph, void*);
+CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec*, CUgraph, void*);
+CUresult cuGraphInstantiate_v2(CUgraphExec*, CUgraph, CUgraphNode*, char*, size_t);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGraphLaunch_ptsz(CUgraphExec, CUstream);
+CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuGraphDestroy(CUgraph);
 CUresult cuGetProcAddress_v2(const char*, void**, int, cuuint64_t, int*);
 CUresult cuGetProcAddress(const char*, void**, int, cuuint64_t);
 cudaError_t cudaMalloc(void**, size_t);
@@ -604,6 +634,37 @@ PoolLabel device_pool_label(int device) {
   return pool_label(pool);
 }
 
+// Whether `stream` is being captured into a graph (cuStreamGetCaptureInfo,
+// which stream capture allows at any time): the capture status, and the
+// graph in *graph. A _ptsz call's NULL stream is the per-thread one; the
+// legacy stream is never captured and is not asked about.
+int capture_status(CUstream stream, bool per_thread, uint64_t* graph) {
+  *graph = 0;
+  if (stream == nullptr && per_thread) stream = kStreamPerThread;
+  if (stream == nullptr || stream == kStreamLegacy) return 0;
+  using InfoV3 = CUresult (*)(CUstream, int*, cuuint64_t*, CUgraph*, const void**, const void**, size_t*);
+  using InfoV2 = CUresult (*)(CUstream, int*, cuuint64_t*, CUgraph*, const void**, size_t*);
+  int status = 0;
+  CUgraph g = nullptr;
+  if (auto v3 = reinterpret_cast<InfoV3>(
+          find_real(real_cuStreamGetCaptureInfo_v3, "cuStreamGetCaptureInfo_v3", false))) {
+    if (v3(stream, &status, nullptr, &g, nullptr, nullptr, nullptr) != CUDA_SUCCESS) return 0;
+  } else if (auto v2 = reinterpret_cast<InfoV2>(
+                 find_real(real_cuStreamGetCaptureInfo_v2, "cuStreamGetCaptureInfo_v2", false))) {
+    if (v2(stream, &status, nullptr, &g, nullptr, nullptr) != CUDA_SUCCESS) return 0;
+  } else {
+    return 0;
+  }
+  *graph = reinterpret_cast<uint64_t>(g);
+  return status;
+}
+
+// The graph `stream` is actively being captured into, or 0.
+uint64_t capturing_graph(CUstream stream, bool per_thread) {
+  uint64_t graph = 0;
+  return capture_status(stream, per_thread, &graph) == CU_STREAM_CAPTURE_STATUS_ACTIVE ? graph : 0;
+}
+
 // The driver calls the step-end samples make, resolved once.
 struct SampleCalls {
   CUresult (*get_info)(size_t*, size_t*);
@@ -921,32 +982,55 @@ MEMLEDGER_EXPORT CUresult cuMemHostUnregister(void* p) {
 
 namespace {
 
+// An allocation made while its stream is captured is an allocation node of
+// the graph (graph_ledger.h): nothing is allocated now; each launch of the
+// graph records it, with this stack.
+void note_captured_alloc(ThreadState&, uint64_t graph, const PoolLabel& label, uint64_t addr, uint64_t size) {
+  note_device(label.device);
+  graph_ledger().captured_alloc(graph, label.kind, label.device, addr, size, recorder().capture_stack());
+}
+
 template <typename Fn>
-CUresult alloc_async(Fn real, CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
+CUresult alloc_async(Fn real, CUdeviceptr* dptr, size_t bytesize, CUstream stream, bool per_thread) {
   DriverScope s;
   if (real == nullptr) return 3;
   CUresult r = real(dptr, bytesize, stream);
   if (!s.record()) return r;
   const PoolLabel label = device_pool_label(stream_device(stream));
+  if (const uint64_t graph = r == CUDA_SUCCESS ? capturing_graph(stream, per_thread) : 0) {
+    note_captured_alloc(s.thread(), graph, label, *dptr, bytesize);
+    return r;
+  }
   driver_alloc(s, label.kind, label.device, r == CUDA_SUCCESS ? *dptr : 0, bytesize,
                fmt::kAllocAsync | fmt::kAllocPool, r);
   return r;
 }
 
+// A free captured into a graph frees nothing now: each launch does.
 template <typename Fn>
-CUresult free_async(Fn real, CUdeviceptr dptr, CUstream stream) {
+CUresult free_async(Fn real, CUdeviceptr dptr, CUstream stream, bool per_thread) {
   DriverScope s;
   if (real == nullptr) return 3;
+  if (const uint64_t graph = s.record() ? capturing_graph(stream, per_thread) : 0) {
+    const CUresult r = real(dptr, stream);
+    if (r == CUDA_SUCCESS) graph_ledger().captured_free(graph, dptr);
+    return r;
+  }
   return driver_free(s, Kind::kDevice, dptr, fmt::kAllocAsync, [&] { return real(dptr, stream); });
 }
 
 template <typename Fn>
-CUresult alloc_from_pool(Fn real, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream) {
+CUresult alloc_from_pool(Fn real, CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool, CUstream stream,
+                         bool per_thread) {
   DriverScope s;
   if (real == nullptr) return 3;
   CUresult r = real(dptr, bytesize, pool, stream);
   if (!s.record()) return r;
   const PoolLabel label = pool_label(pool);
+  if (const uint64_t graph = r == CUDA_SUCCESS ? capturing_graph(stream, per_thread) : 0) {
+    note_captured_alloc(s.thread(), graph, label, *dptr, bytesize);
+    return r;
+  }
   driver_alloc(s, label.kind, label.device, r == CUDA_SUCCESS ? *dptr : 0, bytesize,
                fmt::kAllocAsync | fmt::kAllocPool, r);
   return r;
@@ -955,24 +1039,161 @@ CUresult alloc_from_pool(Fn real, CUdeviceptr* dptr, size_t bytesize, CUmemoryPo
 }  // namespace
 
 MEMLEDGER_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  return alloc_async(REAL_DRIVER(cuMemAllocAsync), dptr, bytesize, stream);
+  return alloc_async(REAL_DRIVER(cuMemAllocAsync), dptr, bytesize, stream, false);
 }
 MEMLEDGER_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUstream stream) {
-  return alloc_async(REAL_DRIVER(cuMemAllocAsync_ptsz), dptr, bytesize, stream);
+  return alloc_async(REAL_DRIVER(cuMemAllocAsync_ptsz), dptr, bytesize, stream, true);
 }
 MEMLEDGER_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
-  return free_async(REAL_DRIVER(cuMemFreeAsync), dptr, stream);
+  return free_async(REAL_DRIVER(cuMemFreeAsync), dptr, stream, false);
 }
 MEMLEDGER_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
-  return free_async(REAL_DRIVER(cuMemFreeAsync_ptsz), dptr, stream);
+  return free_async(REAL_DRIVER(cuMemFreeAsync_ptsz), dptr, stream, true);
 }
 MEMLEDGER_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                                   CUstream stream) {
-  return alloc_from_pool(REAL_DRIVER(cuMemAllocFromPoolAsync), dptr, bytesize, pool, stream);
+  return alloc_from_pool(REAL_DRIVER(cuMemAllocFromPoolAsync), dptr, bytesize, pool, stream, false);
 }
 MEMLEDGER_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t bytesize, CUmemoryPool pool,
                                                        CUstream stream) {
-  return alloc_from_pool(REAL_DRIVER(cuMemAllocFromPoolAsync_ptsz), dptr, bytesize, pool, stream);
+  return alloc_from_pool(REAL_DRIVER(cuMemAllocFromPoolAsync_ptsz), dptr, bytesize, pool, stream, true);
+}
+
+// ---------------------------------------------------------------------------
+// Stream capture and CUDA graphs (graph_ledger.h)
+
+namespace {
+
+// A capture that failed (invalidated) leaves no graph: its nodes go.
+template <typename Fn>
+CUresult end_capture(Fn real, CUstream stream, CUgraph* graph, bool per_thread) {
+  DriverScope s;
+  if (real == nullptr) return 3;
+  uint64_t captured = 0;
+  if (s.may_record()) capture_status(stream, per_thread, &captured);
+  const CUresult r = real(stream, graph);
+  if (r != CUDA_SUCCESS && captured != 0) graph_ledger().graph_destroyed(captured);
+  return r;
+}
+
+void note_instantiated(DriverScope& s, CUresult r, CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
+  if (r != CUDA_SUCCESS || exec == nullptr || !s.may_record()) return;
+  graph_ledger().instantiated(reinterpret_cast<uint64_t>(*exec), reinterpret_cast<uint64_t>(graph),
+                              (flags & CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH) != 0);
+}
+
+template <typename Fn>
+CUresult instantiate_with_params(Fn real, CUgraphExec* exec, CUgraph graph, void* params) {
+  DriverScope s;
+  if (real == nullptr) return 3;
+  const CUresult r = real(exec, graph, params);
+  // CUDA_GRAPH_INSTANTIATE_PARAMS starts with the flags (cuuint64_t).
+  cuuint64_t flags = 0;
+  if (params != nullptr) memcpy(&flags, params, sizeof flags);
+  note_instantiated(s, r, exec, graph, flags);
+  return r;
+}
+
+struct GraphLaunch {
+  DriverScope* scope;
+};
+
+// Auto-free on launch: the previous launch's allocations that the graph
+// does not free itself and that are still live are freed first.
+void record_auto_free(void* context, const GraphLedger::Node& n, bool auto_free) {
+  auto* launch = static_cast<GraphLaunch*>(context);
+  if (!auto_free || !n.is_alloc || n.freed_in_graph) return;
+  if (!memledger::interposer::live_ledger().contains(0, n.addr)) return;
+  recorder().on_device_free(launch->scope->thread(), static_cast<Kind>(n.kind), n.addr,
+                            fmt::kAllocAsync | fmt::kAllocGraph);
+}
+
+// The launch's allocations and frees, in capture order; the allocations
+// carry their capture site's stack.
+void record_graph_node(void* context, const GraphLedger::Node& n, bool) {
+  auto* launch = static_cast<GraphLaunch*>(context);
+  ThreadState& t = launch->scope->thread();
+  if (n.is_alloc) {
+    recorder().on_device_alloc(t, static_cast<Kind>(n.kind), n.device, n.addr, n.size,
+                               fmt::kAllocAsync | fmt::kAllocGraph, 0, n.stack);
+  } else {
+    recorder().on_device_free(t, static_cast<Kind>(n.kind), n.addr, fmt::kAllocAsync | fmt::kAllocGraph);
+  }
+}
+
+// A launch into a stream that is itself being captured runs nothing now
+// (it becomes a node of the outer graph).
+template <typename Fn>
+CUresult graph_launch(Fn real, CUgraphExec exec, CUstream stream, bool per_thread) {
+  DriverScope s;
+  if (real == nullptr) return 3;
+  const CUresult r = real(exec, stream);
+  if (r != CUDA_SUCCESS || !s.record() || capturing_graph(stream, per_thread) != 0) return r;
+  GraphLaunch launch{&s};
+  const uint64_t key = reinterpret_cast<uint64_t>(exec);
+  graph_ledger().launch(key, record_auto_free, &launch);
+  graph_ledger().launch(key, record_graph_node, &launch);
+  return r;
+}
+
+}  // namespace
+
+MEMLEDGER_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
+  return end_capture(REAL_DRIVER(cuStreamEndCapture), stream, graph, false);
+}
+MEMLEDGER_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, CUgraph* graph) {
+  return end_capture(REAL_DRIVER(cuStreamEndCapture_ptsz), stream, graph, true);
+}
+
+MEMLEDGER_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph graph, unsigned long long flags) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuGraphInstantiateWithFlags);
+  if (real == nullptr) return 3;
+  const CUresult r = real(exec, graph, flags);
+  note_instantiated(s, r, exec, graph, flags);
+  return r;
+}
+MEMLEDGER_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph graph, void* params) {
+  return instantiate_with_params(REAL_DRIVER(cuGraphInstantiateWithParams), exec, graph, params);
+}
+MEMLEDGER_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec* exec, CUgraph graph, void* params) {
+  return instantiate_with_params(REAL_DRIVER(cuGraphInstantiateWithParams_ptsz), exec, graph, params);
+}
+MEMLEDGER_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec* exec, CUgraph graph, CUgraphNode* error_node, char* log,
+                                                size_t log_size) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuGraphInstantiate_v2);
+  if (real == nullptr) return 3;
+  const CUresult r = real(exec, graph, error_node, log, log_size);
+  note_instantiated(s, r, exec, graph, 0);
+  return r;
+}
+
+MEMLEDGER_EXPORT CUresult cuGraphLaunch(CUgraphExec exec, CUstream stream) {
+  return graph_launch(REAL_DRIVER(cuGraphLaunch), exec, stream, false);
+}
+MEMLEDGER_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec exec, CUstream stream) {
+  return graph_launch(REAL_DRIVER(cuGraphLaunch_ptsz), exec, stream, true);
+}
+
+MEMLEDGER_EXPORT CUresult cuGraphExecDestroy(CUgraphExec exec) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuGraphExecDestroy);
+  if (real == nullptr) return 3;
+  const CUresult r = real(exec);
+  if (r == CUDA_SUCCESS && s.may_record()) graph_ledger().exec_destroyed(reinterpret_cast<uint64_t>(exec));
+  return r;
+}
+
+// Destroying a graph frees none of its live allocations (they are freed
+// by cuMemFreeAsync, cuMemFree or another graph's free node).
+MEMLEDGER_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+  DriverScope s;
+  auto real = REAL_DRIVER(cuGraphDestroy);
+  if (real == nullptr) return 3;
+  const CUresult r = real(graph);
+  if (r == CUDA_SUCCESS && s.may_record()) graph_ledger().graph_destroyed(reinterpret_cast<uint64_t>(graph));
+  return r;
 }
 
 MEMLEDGER_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const void* props) {
@@ -1205,7 +1426,7 @@ MEMLEDGER_EXPORT cudaError_t cudaFree(void* ptr) {
 namespace {
 
 template <typename Fn>
-cudaError_t runtime_alloc_async(Fn real, void** ptr, size_t size, cudaStream_t stream) {
+cudaError_t runtime_alloc_async(Fn real, void** ptr, size_t size, cudaStream_t stream, bool per_thread) {
   RuntimeScope s;
   if (real == nullptr) return 35;
   cudaError_t r = real(ptr, size, stream);
@@ -1213,30 +1434,48 @@ cudaError_t runtime_alloc_async(Fn real, void** ptr, size_t size, cudaStream_t s
   // The runtime's default streams are its current device's.
   const bool default_stream = stream == nullptr || stream == kStreamLegacy || stream == kStreamPerThread;
   PoolLabel label{Kind::kDevice, 0};
-  s.with_guard([&](ThreadState&) {
+  uint64_t graph = 0;
+  s.with_guard([&](ThreadState& t) {
     label = device_pool_label(default_stream ? runtime_device() : stream_device(stream));
+    graph = r == cudaSuccess ? capturing_graph(stream, per_thread) : 0;
+    if (graph != 0) note_captured_alloc(t, graph, label, reinterpret_cast<uint64_t>(*ptr), size);
   });
+  if (graph != 0) return r;
   runtime_alloc(s, label.kind, label.device, r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size,
                 fmt::kAllocAsync | fmt::kAllocPool, r);
   return r;
 }
 
 template <typename Fn>
-cudaError_t runtime_free_async(Fn real, void* ptr, cudaStream_t stream) {
+cudaError_t runtime_free_async(Fn real, void* ptr, cudaStream_t stream, bool per_thread) {
   RuntimeScope s;
   if (real == nullptr) return 35;
+  uint64_t graph = 0;
+  if (s.record()) s.with_guard([&](ThreadState&) { graph = capturing_graph(stream, per_thread); });
+  if (graph != 0) {
+    const cudaError_t r = real(ptr, stream);
+    if (r == cudaSuccess) graph_ledger().captured_free(graph, reinterpret_cast<uint64_t>(ptr));
+    return r;
+  }
   return runtime_free(s, Kind::kDevice, reinterpret_cast<uint64_t>(ptr), fmt::kAllocAsync,
                       [&] { return real(ptr, stream); });
 }
 
 template <typename Fn>
-cudaError_t runtime_alloc_from_pool(Fn real, void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream) {
+cudaError_t runtime_alloc_from_pool(Fn real, void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream,
+                                    bool per_thread) {
   RuntimeScope s;
   if (real == nullptr) return 35;
   cudaError_t r = real(ptr, size, pool, stream);
   if (!s.record()) return r;
   PoolLabel label{Kind::kDevice, 0};
-  s.with_guard([&](ThreadState&) { label = pool_label(pool); });
+  uint64_t graph = 0;
+  s.with_guard([&](ThreadState& t) {
+    label = pool_label(pool);
+    graph = r == cudaSuccess ? capturing_graph(stream, per_thread) : 0;
+    if (graph != 0) note_captured_alloc(t, graph, label, reinterpret_cast<uint64_t>(*ptr), size);
+  });
+  if (graph != 0) return r;
   runtime_alloc(s, label.kind, label.device, r == cudaSuccess ? reinterpret_cast<uint64_t>(*ptr) : 0, size,
                 fmt::kAllocAsync | fmt::kAllocPool, r);
   return r;
@@ -1245,24 +1484,24 @@ cudaError_t runtime_alloc_from_pool(Fn real, void** ptr, size_t size, cudaMemPoo
 }  // namespace
 
 MEMLEDGER_EXPORT cudaError_t cudaMallocAsync(void** ptr, size_t size, cudaStream_t stream) {
-  return runtime_alloc_async(REAL_RUNTIME(cudaMallocAsync), ptr, size, stream);
+  return runtime_alloc_async(REAL_RUNTIME(cudaMallocAsync), ptr, size, stream, false);
 }
 MEMLEDGER_EXPORT cudaError_t cudaMallocAsync_ptsz(void** ptr, size_t size, cudaStream_t stream) {
-  return runtime_alloc_async(REAL_RUNTIME(cudaMallocAsync_ptsz), ptr, size, stream);
+  return runtime_alloc_async(REAL_RUNTIME(cudaMallocAsync_ptsz), ptr, size, stream, true);
 }
 MEMLEDGER_EXPORT cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream) {
-  return runtime_free_async(REAL_RUNTIME(cudaFreeAsync), ptr, stream);
+  return runtime_free_async(REAL_RUNTIME(cudaFreeAsync), ptr, stream, false);
 }
 MEMLEDGER_EXPORT cudaError_t cudaFreeAsync_ptsz(void* ptr, cudaStream_t stream) {
-  return runtime_free_async(REAL_RUNTIME(cudaFreeAsync_ptsz), ptr, stream);
+  return runtime_free_async(REAL_RUNTIME(cudaFreeAsync_ptsz), ptr, stream, true);
 }
 MEMLEDGER_EXPORT cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t pool,
                                                      cudaStream_t stream) {
-  return runtime_alloc_from_pool(REAL_RUNTIME(cudaMallocFromPoolAsync), ptr, size, pool, stream);
+  return runtime_alloc_from_pool(REAL_RUNTIME(cudaMallocFromPoolAsync), ptr, size, pool, stream, false);
 }
 MEMLEDGER_EXPORT cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t pool,
                                                           cudaStream_t stream) {
-  return runtime_alloc_from_pool(REAL_RUNTIME(cudaMallocFromPoolAsync_ptsz), ptr, size, pool, stream);
+  return runtime_alloc_from_pool(REAL_RUNTIME(cudaMallocFromPoolAsync_ptsz), ptr, size, pool, stream, true);
 }
 
 MEMLEDGER_EXPORT cudaError_t cudaMallocManaged(void** ptr, size_t size, unsigned int flags) {

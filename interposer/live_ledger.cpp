@@ -13,11 +13,12 @@ constexpr uint64_t kDeviceGranularity = 2ull << 20;
 
 // What a block holds from the device, by the report's rule (report/analysis.cpp,
 // held_for): plain allocations are rounded to the allocation granularity;
-// pool blocks are held by their pool (its sampled reserve); VMM physical
+// pool blocks are held by their pool (its sampled reserve), graph allocations
+// by the device's graph memory (sampled likewise); VMM physical
 // allocations are granular already; registered and pinned host memory is
 // the program's own pages.
 uint64_t held_of(format::Kind kind, uint32_t flags, uint64_t size) {
-  if (flags & (format::kAllocPool | format::kAllocRegistered)) return 0;
+  if (flags & (format::kAllocPool | format::kAllocRegistered | format::kAllocGraph)) return 0;
   if (flags & format::kAllocPhysical) return size;
   if (kind == format::Kind::kPinnedHost) return 0;
   return (size + kDeviceGranularity - 1) / kDeviceGranularity * kDeviceGranularity;
@@ -115,6 +116,12 @@ void LiveLedger::on_free(format::Kind kind, uint32_t flags, uint64_t addr, uint6
     }
   }
   table_[hole].key = 0;
+}
+
+bool LiveLedger::contains(uint32_t flags, uint64_t addr) {
+  const uint64_t key = key_of(flags, addr);
+  SpinGuard guard(lock_);
+  return capacity_ != 0 && table_[slot_of(key)].key == key;
 }
 
 void LiveLedger::on_pool_sample(int device, uint64_t pool, uint64_t reserved) {

@@ -25,6 +25,9 @@ class LiveLedger {
   // frees. 0: numbered at the free (frees whatever is there).
   void on_alloc(format::Kind kind, uint32_t flags, int device, uint64_t addr, uint64_t size, uint64_t seq);
   void on_free(format::Kind kind, uint32_t flags, uint64_t addr, uint64_t seq);
+  // Whether a block at `addr` is live (device-side kinds; `flags` tells a
+  // VMM handle from an address).
+  bool contains(uint32_t flags, uint64_t addr);
   // A pool's reserved bytes at its latest sample (step ends): part of held.
   void on_pool_sample(int device, uint64_t pool, uint64_t reserved);
   // A forked child owns none of its parent's device memory.

@@ -19,6 +19,7 @@
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 
+#include "graph_ledger.h"
 #include "internal_alloc.h"
 #include "live_ledger.h"
 #include "memledger.h"
@@ -590,7 +591,7 @@ void Recorder::on_host_failed(ThreadState& t, size_t size, int error) {
 }
 
 void Recorder::on_device_alloc(ThreadState& t, format::Kind kind, int device, uint64_t addr, uint64_t size,
-                               uint32_t flags, int error) {
+                               uint32_t flags, int error, uint32_t stack) {
   Event e{};
   e.type = EventType::kAlloc;
   e.kind = static_cast<uint8_t>(kind);
@@ -599,7 +600,7 @@ void Recorder::on_device_alloc(ThreadState& t, format::Kind kind, int device, ui
   e.size = size;
   e.weight = error ? static_cast<uint64_t>(error) : size;
   e.flags = static_cast<uint8_t>(flags | (error ? format::kAllocFailed : 0));
-  e.stack = capture_stack();
+  e.stack = stack != 0 ? stack : capture_stack();
   push(t, e);
   // An out-of-memory is the likely end of the run: make it durable now.
   if (error) {
@@ -752,6 +753,7 @@ void Recorder::after_fork_child() {
   g_shared_lock.reset();
   for (SampledShard& shard : g_sampled) shard.lock.reset();
   live_ledger().reset_after_fork();
+  graph_ledger().reset_after_fork();
   const pid_t parent = pid_;
   pid_ = getpid();
   if (lifecycle_.load(std::memory_order_acquire) != Lifecycle::kActive) return;

@@ -67,8 +67,10 @@ class Recorder {
 
   // Device-side events (CUDA hooks). Every one is recorded with its stack:
   // they are rare and large. `error` != 0 records a failed allocation.
+  // `stack`: an interned stack taken earlier (a graph allocation's capture
+  // site); 0: the caller's, captured now.
   void on_device_alloc(ThreadState& t, format::Kind kind, int device, uint64_t addr, uint64_t size,
-                       uint32_t flags, int error);
+                       uint32_t flags, int error, uint32_t stack = 0);
   // A free is recorded only once the real call succeeded, with the sequence
   // number `seq` taken (next_seq) *before* that call: the address may be
   // handed out again by another thread's allocation in between, which then

@@ -121,6 +121,13 @@ inline constexpr uint32_t kAllocPool = 1u << 2;        // from a stream-ordered 
 inline constexpr uint32_t kAllocPhysical = 1u << 3;    // a VMM physical allocation; addr is the handle
 inline constexpr uint32_t kAllocRegistered = 1u << 4;  // existing host memory page-locked (cuMemHostRegister)
 inline constexpr uint32_t kAllocAsync = 1u << 5;       // stream-ordered (cu/cudaMallocAsync, cu/cudaFreeAsync)
+// A CUDA graph allocation, made by a graph launch (graph memory nodes): the
+// stack is the capture site of its allocation node; held by the device's
+// graph memory (kPoolSample of kGraphMemoryPool), not by a stream pool.
+// Also on the frees the launch's free nodes make. The record layout is
+// unchanged: readers that do not know the flag read the allocation as an
+// ordinary one, so the format version stays.
+inline constexpr uint32_t kAllocGraph = 1u << 6;
 
 enum class Tag : uint8_t {
   // seq (zz-delta), ts_ns (zz-delta), tid, kind, device, addr (zz-delta), size, stack, flags, weight

@@ -200,10 +200,14 @@ class SiteNamer {
 
   SiteNamer(const Trace& trace, const SymbolizerOptions& options)
       : trace_(trace), options_(options), budget_(kFrameBudgetFloor + kFrameBudgetRatio * trace.file_bytes) {}
+  // Stacks of CUDA graph allocations (ReplayOutput::graph_stacks): their
+  // sites are marked graph-owned.
+  void set_graph_stacks(const std::vector<uint32_t>* stacks) { graph_stacks_ = stacks; }
   Site name(uint32_t stack, uint8_t kind) {
     Site site;
     site.stack = stack;
     site.kind = kind;
+    site.graph = graph_stacks_ != nullptr && std::binary_search(graph_stacks_->begin(), graph_stacks_->end(), stack);
     auto it = trace_.stacks.find(stack);
     if (it == trace_.stacks.end()) return site;
     if (!symbolizer_) {
@@ -243,6 +247,7 @@ class SiteNamer {
   uint64_t spent_ = 0;
   uint64_t sites_cut_ = 0;
   std::unique_ptr<Symbolizer> symbolizer_;
+  const std::vector<uint32_t>* graph_stacks_ = nullptr;
 };
 
 // The header's account of the process.
@@ -362,6 +367,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   r.caching_allocator_note = hidden.note;
   r.verdict = stop.verdict;
   SiteNamer namer(trace, options.symbolizer);
+  namer.set_graph_stacks(&pass.replay.graph_stacks);
   name_sites(r, pass.replay.oom_sites, stop, namer);
   r.leak_suspects = group_suspects(std::move(r.leak_suspects), r.warmup_steps, options.max_suspects);
   r.window_seconds = pass.steps.window_seconds;

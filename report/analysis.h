@@ -65,6 +65,9 @@ struct Site {
   uint32_t stack = 0;
   uint8_t kind = 0;
   std::vector<Frame> frames;  // symbolized, innermost first
+  // Its allocations include CUDA graph allocations (format::kAllocGraph):
+  // memory a graph launch allocated, the stack being the capture site.
+  bool graph = false;
 };
 
 struct LeakSuspect {

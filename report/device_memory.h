@@ -30,13 +30,14 @@ namespace memledger::report {
 
 // What an allocation holds from the device beyond what it asked for: plain
 // device allocations are rounded to the allocation granularity; pool
-// allocations are held by their pool (sampled separately); VMM physical
-// allocations are granular already.
+// allocations are held by their pool, graph allocations by the device's
+// graph memory (both sampled separately); VMM physical allocations are
+// granular already.
 inline constexpr uint64_t kDeviceGranularity = 2ull << 20;
 inline uint64_t held_for(uint8_t kind, uint8_t flags, uint64_t size) {
   namespace fmt = memledger::format;
   if (kind == static_cast<uint8_t>(fmt::Kind::kHost)) return 0;
-  if (flags & (fmt::kAllocPool | fmt::kAllocRegistered)) return 0;
+  if (flags & (fmt::kAllocPool | fmt::kAllocRegistered | fmt::kAllocGraph)) return 0;
   if (flags & fmt::kAllocPhysical) return size;
   if (kind == static_cast<uint8_t>(fmt::Kind::kPinnedHost)) return 0;
   return (size + kDeviceGranularity - 1) / kDeviceGranularity * kDeviceGranularity;

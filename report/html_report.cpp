@@ -704,7 +704,8 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
       const LeakSuspect& s = p.leak_suspects[k];
       std::vector<double> y(s.series.begin(), s.series.end());
       o << "<tr class=\"grows\"><td>" << k + 1 << "</td><td><b>" << esc(site_name(s.site)) << "</b><br><span class=\"note\">"
-        << esc(kind_title(s.site.kind & 3)) << "</span>" << stack_html(s.site.frames)
+        << esc(kind_title(s.site.kind & 3)) << (s.site.graph ? ", CUDA graph-owned (allocated by each launch)" : "")
+        << "</span>" << stack_html(s.site.frames)
         << variants_html(s, [](const LeakSuspect& v) { return suspect_rate_text(v); }) << "</td><td class=\"n\">"
         << esc(s.estimated ? suspect_rate_text(s) : bytes(s.bytes_per_step)) << "</td><td class=\"n\">"
         << esc(s.estimated ? suspect_count_text(s) : num(s.allocations_per_step)) << "</td><td class=\"n\">"

@@ -102,6 +102,9 @@ void Replay::on_alloc(const TraceEvent& e) {
   const uint32_t s = site_of(e.stack, e.kind);
   if (e.stack == 0) ++out_.stackless;
   if (e.flags & fmt::kAllocPool) out_.pool_allocs = true;
+  if ((e.flags & fmt::kAllocGraph) && (out_.graph_stacks.empty() || out_.graph_stacks.back() != e.stack)) {
+    out_.graph_stacks.push_back(e.stack);
+  }
   device_.allocated(e.kind, e.flags, e.size, e.device);
   const LiveAlloc made{weight, s, current_step_, e.kind, e.flags, e.device};
   auto [it, inserted] = out_.live.try_emplace(live_key(e.kind, e.flags, e.addr), made);
@@ -236,6 +239,8 @@ ReplayOutput Replay::finish() {
   device_.catch_up(UINT64_MAX);
   if (sampled_) note_samples(UINT64_MAX);
   out_.step_source = source_.empty() ? "none" : source_;
+  std::sort(out_.graph_stacks.begin(), out_.graph_stacks.end());
+  out_.graph_stacks.erase(std::unique(out_.graph_stacks.begin(), out_.graph_stacks.end()), out_.graph_stacks.end());
   apply_samples();
   if (out_.steps.empty()) out_.peak.step = 0;
   return std::move(out_);

@@ -91,6 +91,7 @@ struct ReplayOutput {
   uint64_t double_allocations = 0;  // an address allocated again without a free between
   uint64_t stackless = 0;           // allocations recorded without a stack
   bool pool_allocs = false;         // the program allocates from memory pools itself
+  std::vector<uint32_t> graph_stacks;  // stacks of CUDA graph allocations (kAllocGraph), sorted
 };
 
 // The key of an address in the live set: the host heap, device-visible

@@ -135,6 +135,7 @@ json site_total_json(const SiteTotal& t) {
               {"estimated", t.estimated},
               {"bytes_error", t.bytes_error},
               {"stack", frames_json(t.site.frames)}};
+  if (t.site.graph) out["graph_owned"] = true;
   merged_json(t, site_total_json, out);
   return out;
 }
@@ -164,6 +165,7 @@ json suspect_json(const LeakSuspect& s) {
     out["window_seconds"] = s.window_seconds;
     out["bytes_per_second"] = s.bytes_per_step / s.window_seconds;
   }
+  if (s.site.graph) out["graph_owned"] = true;
   merged_json(s, suspect_json, out);
   return out;
 }
@@ -768,6 +770,7 @@ void text_suspects(const ProcessReport& p, bool full_stacks, std::ostringstream&
     }
     out << ", " << suspect_count_text(s) << (s.window_seconds > 0 ? ", from time window " : ", from step ") << s.first_step
         << ", monotone " << fixed(s.monotonicity * 100, 0) << "%, " << format::kind_name(format::Kind(s.site.kind))
+        << (s.site.graph ? ", CUDA graph-owned (allocated by each graph launch; the stack is the capture site)" : "")
         << "\n     " << site_name(s.site) << merged_text(s.stacks_merged, true) << "\n";
     if (full_stacks) {
       for (const Frame& f : s.site.frames) out << "       " << frame_text(f) << "\n";
@@ -784,7 +787,8 @@ void text_exit_leaks(const ProcessReport& p, std::ostringstream& out) {
   const char* about = estimated ? "about " : "";
   auto row = [&](const SiteTotal& t) {
     out << "  " << leak_bytes_text(double(t.bytes), t.estimated, t.bytes_error) << " in " << about << t.count << " at "
-        << site_name(t.site) << merged_text(t.stacks_merged, false) << "\n";
+        << site_name(t.site) << merged_text(t.stacks_merged, false)
+        << (t.site.graph ? " (CUDA graph-owned, allocated by a graph launch)" : "") << "\n";
   };
   const bool first_step_is_startup = !p.steps.empty() && p.window_seconds == 0;
   out << "\nexit leaks (live at exit, "

@@ -61,6 +61,7 @@ LeakSuspect merge_suspects(std::vector<LeakSuspect> members, int warmup_steps) {
     row.bytes_per_step_error += m.bytes_per_step_error * m.bytes_per_step_error;
     row.allocations_per_step_error += m.allocations_per_step_error * m.allocations_per_step_error;
     row.estimated = row.estimated || m.estimated;
+    row.site.graph = row.site.graph || m.site.graph;
     row.first_step = std::min(row.first_step, m.first_step);
     row.live_at_end += m.live_at_end;
     row.series.resize(std::max(row.series.size(), m.series.size()), 0);
@@ -83,6 +84,7 @@ SiteTotal merge_totals(std::vector<SiteTotal> members) {
     row.bytes += members[i].bytes;
     row.count += members[i].count;
     row.estimated = row.estimated || members[i].estimated;
+    row.site.graph = row.site.graph || members[i].site.graph;
     variance += members[i].bytes_error * members[i].bytes_error;
   }
   row.bytes_error = std::sqrt(variance);

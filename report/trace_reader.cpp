@@ -22,6 +22,10 @@
 #include "trace_format.h"
 
 namespace memledger::report {
+
+// The reader's own flag bit is none of the trace's.
+static_assert((kAllocByChance & (format::kAllocGraph | format::kAllocAsync)) == 0);
+
 namespace {
 
 namespace fmt = memledger::format;

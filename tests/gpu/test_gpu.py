@@ -132,6 +132,17 @@ class PyTorch(GpuCase):
         self.assertEqual(report["stats"].get("unknown_frees", 0), 0, report["stats"])
         self.assertFalse(device_suspects(report), report["leak_suspects"])
 
+    def test_cuda_graph_memory_counted_at_replay(self):
+        # Each step captures a new graph and keeps its 4 MiB output: nothing
+        # is allocated at capture, each replay allocates, and the growth is a
+        # graph-owned suspect at the capture site.
+        proc, report = self.torch("graph", "--leak-mode")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.check_leak(report, 0.5)
+        top = device_suspects(report)[0]
+        self.assertTrue(top.get("graph_owned"), top)
+        self.assertIn("torch_leak.py", top["site"])
+
     def test_expandable_segments(self):
         proc, report = self.torch("leak", conf="expandable_segments:True")
         self.assertEqual(proc.returncode, 0, proc.stderr)

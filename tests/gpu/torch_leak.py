@@ -32,6 +32,29 @@ if mode == "nccl":
     dist.destroy_process_group()
     sys.exit(0)
 
+if mode == "graph":
+    # CUDA graphs. Under leak mode's cudaMallocAsync backend a tensor made
+    # while a graph is captured is an allocation node of the graph, allocated
+    # by each replay. Every step captures a new graph and keeps it with its
+    # 4 MiB output, which no free node of the graph frees.
+    x = torch.randn(1024, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        x * 2  # warm-up before capture, as torch.cuda.graph's documentation asks
+    torch.cuda.current_stream().wait_stream(side)
+    graphs = []
+    for s in range(steps):
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = x * 2  # LEAK_LINE: 4 MiB per step, graph-owned
+        g.replay()
+        graphs.append((g, out))
+        torch.cuda.synchronize()
+        if _step:
+            _step(b"train")
+    sys.exit(0)
+
 model = torch.nn.Sequential(torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024)).cuda()
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 kept = []

@@ -346,6 +346,87 @@ class CudaHooks(unittest.TestCase):
         step = report["steps"][0]
         self.assertEqual(step["live_by_device"], [3 * mib, 11 * mib])
 
+    def test_graph_memory_counted_at_launches(self):
+        # A captured step: a scratch buffer allocated and freed inside the
+        # graph, and two kept (one by the runtime, one by the driver).
+        # Capture allocates nothing; each launch does, so live bytes follow
+        # the launches. Then each step captures a new graph, launches it and
+        # destroys it: destroying a graph frees none of its allocations, so
+        # the kept ones grow by a launch per step, at their capture site,
+        # and the report says they are graph-owned.
+        mib = 1 << 20
+        script = textwrap.dedent(f"""
+            import ctypes
+            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
+            cudart = ctypes.CDLL({str(SIM_DIR / 'runtime' / 'libcudart.so.13')!r}, mode=ctypes.RTLD_GLOBAL)
+            step = ctypes.CDLL(None).memledger_step
+            MIB = {mib}
+            assert cuda.cuInit(0) == 0
+            ctx = ctypes.c_void_p()
+            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+            cuda.cuCtxSetCurrent(ctx)
+            stream = ctypes.c_void_p()
+            assert cuda.cuStreamCreate(ctypes.byref(stream), 0) == 0
+
+            def capture():
+                assert cuda.cuStreamBeginCapture_v2(stream, 0) == 0
+                scratch, kept_drv = ctypes.c_ulonglong(0), ctypes.c_ulonglong(0)
+                kept_rt = ctypes.c_void_p()
+                assert cuda.cuMemAllocAsync(ctypes.byref(scratch), ctypes.c_size_t(3 * MIB), stream) == 0
+                assert cudart.cudaMallocAsync(ctypes.byref(kept_rt), ctypes.c_size_t(1 * MIB), stream) == 0  # KEPT_RT
+                assert cuda.cuMemAllocAsync(ctypes.byref(kept_drv), ctypes.c_size_t(2 * MIB), stream) == 0  # KEPT_DRV
+                assert cuda.cuMemFreeAsync(scratch, stream) == 0
+                graph = ctypes.c_void_p()
+                assert cuda.cuStreamEndCapture(stream, ctypes.byref(graph)) == 0
+                return graph, kept_rt, kept_drv
+
+            graph, kept_rt, kept_drv = capture()
+            step(b"train")
+            exec_ = ctypes.c_void_p()
+            assert cuda.cuGraphInstantiateWithFlags(ctypes.byref(exec_), graph, ctypes.c_ulonglong(1)) == 0
+            for i in range(4):
+                assert cuda.cuGraphLaunch(exec_, stream) == 0
+                step(b"train")
+            assert cuda.cuGraphExecDestroy(exec_) == 0
+            assert cuda.cuGraphDestroy(graph) == 0
+            assert cudart.cudaFreeAsync(kept_rt, stream) == 0
+            assert cuda.cuMemFreeAsync(kept_drv, stream) == 0
+            step(b"train")
+            for i in range(10):
+                graph, _, _ = capture()
+                assert cuda.cuGraphInstantiateWithParams(ctypes.byref(exec_), graph,
+                                                         (ctypes.c_ulonglong * 4)(0, 0, 0, 0)) == 0
+                assert cuda.cuGraphLaunch(exec_, stream) == 0
+                assert cuda.cuGraphExecDestroy(exec_) == 0
+                assert cuda.cuGraphDestroy(graph) == 0
+                step(b"train")
+        """)
+        _, report, run_dir = self.trace_script(script)
+        lives = [s["live"].get("device", 0) for s in report["steps"]]
+        self.assertEqual(lives, [0] + [3 * mib] * 4 + [0] + [3 * mib * k for k in range(1, 11)])
+        # Held by the device's graph memory (its 2 MiB granules), which the
+        # hooks now account for: nothing is left unexplained.
+        launched = report["steps"][1]
+        holders = {h["name"]: h["held"] for h in launched["fragmentation"]["device"]["holders"]}
+        self.assertEqual(holders["CUDA graph memory on device 0"], 4 * mib, holders)
+        self.assertEqual(launched["held"]["device"], 4 * mib)
+        self.assertEqual(launched["not_hooked_by_device"], {"0": 0})
+        # Each relaunch (auto-free) freed the previous launch's allocations
+        # first; every free matched an allocation.
+        self.assertEqual(report["stats"].get("double_allocations"), 0, report["stats"])
+        self.assertEqual(report["stats"].get("unknown_frees"), 0, report["stats"])
+        lines = {i + 1: n for i, line in enumerate(script.splitlines()) for n in ("KEPT_RT", "KEPT_DRV")
+                 if "# " + n in line}
+        suspects = {lines.get(int(s["site"].rsplit(":", 1)[1])): s for s in report["leak_suspects"]
+                    if s["kind"] == "device"}
+        self.assertEqual(sorted(suspects, key=str), ["KEPT_DRV", "KEPT_RT"], report["leak_suspects"])
+        for name, size in (("KEPT_RT", 1 * mib), ("KEPT_DRV", 2 * mib)):
+            s = suspects[name]
+            self.assertTrue(s.get("graph_owned"), s["site"])
+            self.assertEqual(s["series"], [0] * 6 + [size * k for k in range(1, 11)])
+        text = subprocess.run([MEMLEDGER, "report", run_dir], capture_output=True, text=True, timeout=TIMEOUT).stdout
+        self.assertIn("CUDA graph-owned", text)
+
     def test_every_device_sampled_without_a_current_context(self):
         # Each step leaks a context on device 1 (SIMCUDA_CONTEXT_MB of device
         # memory that no allocation call shows) and ends on a thread with no

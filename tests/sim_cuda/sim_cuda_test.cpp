@@ -483,6 +483,67 @@ TEST_CASE("explicit pools: other devices, current pool, destroy with live blocks
   CHECK(cuMemPoolCreate(&pool, &props) == CUDA_ERROR_INVALID_DEVICE);
 }
 
+TEST_CASE("graph memory nodes: captured at a fixed address, allocated at launch, freed by the graph or later") {
+  CU_OK(cuInit(0));
+  ScopedContext scope(primary(1));
+  const long long held = simcuda_device_held(1);
+  CUstream stream = nullptr;
+  CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CHECK(cuStreamBeginCapture(CU_STREAM_LEGACY, CU_STREAM_CAPTURE_MODE_GLOBAL) ==
+        CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  CU_OK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));  // cuStreamBeginCapture_v2
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CU_OK(cuStreamIsCapturing(stream, &status));
+  CHECK(status == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CUdeviceptr scratch = 0, kept = 0;
+  CU_OK(cuMemAllocAsync(&scratch, 3 * kMiB, stream));
+  CU_OK(cuMemAllocAsync(&kept, 1 * kMiB, stream));
+  CU_OK(cuMemFreeAsync(scratch, stream));
+  CHECK(cuMemFreeAsync(scratch, stream) == CUDA_ERROR_INVALID_VALUE);  // freed twice in the graph
+  CUgraph graph = nullptr, info_graph = nullptr;
+  cuuint64_t id = 0;
+  CU_OK(cuStreamGetCaptureInfo(stream, &status, &id, &info_graph, nullptr, nullptr, nullptr));  // _v3
+  CU_OK(cuStreamEndCapture(stream, &graph));
+  CHECK(graph == info_graph);
+  CHECK(cuStreamEndCapture(stream, &graph) == CUDA_ERROR_ILLEGAL_STATE);
+  // Nothing is allocated by capture.
+  CHECK(simcuda_device_held(1) == held);
+  cuuint64_t used = 1;
+  CU_OK(cuDeviceGetGraphMemAttribute(1, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used));
+  CHECK(used == 0);
+
+  CUgraphExec exec = nullptr, second = nullptr;
+  CU_OK(cuGraphInstantiate(&exec, graph, 0));  // cuGraphInstantiateWithFlags
+  CHECK(cuGraphInstantiate(&second, graph, 0) == CUDA_ERROR_INVALID_VALUE);  // one executable at a time
+  CU_OK(cuGraphLaunch(exec, stream));
+  CHECK(simcuda_device_held(1) == held + 2 * static_cast<long long>(kMiB));  // the kept MiB, granular
+  CU_OK(cuDeviceGetGraphMemAttribute(1, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, &used));
+  CHECK(used == 1 * kMiB);
+  static_cast<char*>(reinterpret_cast<void*>(kept))[0] = 1;  // accessible after the launch
+  // Its allocation is still live: no relaunch.
+  CHECK(cuGraphLaunch(exec, stream) == CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuMemFreeAsync(kept, stream));
+  CHECK(simcuda_device_held(1) == held);
+  CU_OK(cuGraphLaunch(exec, stream));
+  CU_OK(cuGraphExecDestroy(exec));
+  // Auto-free on launch frees the previous launch's allocation first.
+  CU_OK(cuGraphInstantiate(&exec, graph, CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH));
+  CU_OK(cuGraphLaunch(exec, stream));
+  CU_OK(cuGraphLaunch(exec, stream));
+  CHECK(simcuda_device_held(1) == held + 2 * static_cast<long long>(kMiB));
+  // Destroying the graph and its executable frees no live allocation.
+  CU_OK(cuGraphExecDestroy(exec));
+  CU_OK(cuGraphDestroy(graph));
+  CHECK(cuGraphDestroy(graph) == CUDA_ERROR_INVALID_VALUE);
+  CHECK(simcuda_device_held(1) == held + 2 * static_cast<long long>(kMiB));
+  CU_OK(cuMemFree(kept));
+  CHECK(simcuda_device_held(1) == held);
+  // Within a launch both were live before the scratch's free node.
+  CU_OK(cuDeviceGetGraphMemAttribute(1, CU_GRAPH_MEM_ATTR_USED_MEM_HIGH, &used));
+  CHECK(used == 4 * kMiB);
+  CU_OK(cuStreamDestroy(stream));
+}
+
 TEST_CASE("VMM: reservations count nothing, physical memory is counted at cuMemCreate") {
   CU_OK(cuInit(0));
   const CUmemAllocationProp prop = device_prop(0);

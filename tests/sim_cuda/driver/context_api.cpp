@@ -61,6 +61,7 @@ CUresult stream_destroy(Call& call, CUstream handle) {
   if (CUresult r = call.initialized()) return r;
   auto* stream = reinterpret_cast<Stream*>(handle);
   if (call.st.streams.erase(stream) == 0) return CUDA_ERROR_INVALID_HANDLE;
+  end_capture(call.st, stream);
   internal_delete(stream);
   return CUDA_SUCCESS;
 }
@@ -425,19 +426,20 @@ CUresult cuStreamGetDevice_ptsz(CUstream hStream, CUdevice* device) {
   return CUDA_SUCCESS;
 }
 
-// No graphs are simulated: graph memory is always zero.
+// The device's graph memory (graph.h): used is the bytes of its live graph
+// allocations, reserved what they hold at the granularity (freed memory is
+// given back at once, so reserved never exceeds what is live).
 CUresult cuDeviceGetGraphMemAttribute(CUdevice device, CUgraphMem_attribute attr, void* value) {
   Call call(Sym::cuDeviceGetGraphMemAttribute);
   Device* d = nullptr;
   if (CUresult r = call.device(device, &d)) return r;
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  auto* out = static_cast<cuuint64_t*>(value);
   switch (attr) {
-    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT:
-    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH:
-    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT:
-    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH:
-      *static_cast<cuuint64_t*>(value) = 0;
-      return CUDA_SUCCESS;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: *out = d->graph_used; return CUDA_SUCCESS;
+    case CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: *out = d->graph_used_high; return CUDA_SUCCESS;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: *out = d->graph_reserved; return CUDA_SUCCESS;
+    case CU_GRAPH_MEM_ATTR_RESERVED_MEM_HIGH: *out = d->graph_reserved_high; return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_INVALID_VALUE;
   }

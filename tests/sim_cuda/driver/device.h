@@ -34,9 +34,15 @@ struct Context {
   unsigned long long id = 0;
 };
 
+struct Graph;
+
 struct Stream {
   Context* context = nullptr;
   unsigned int flags = 0;
+  // While the stream is being captured (cuStreamBeginCapture): the graph
+  // its work goes into, and the capture's id.
+  Graph* capture = nullptr;
+  unsigned long long capture_id = 0;
 };
 
 class Device {
@@ -64,6 +70,12 @@ class Device {
   int primary_refs = 0;
   MemPool* default_pool = nullptr;
   MemPool* current_pool = nullptr;
+  // CUDA graph memory (cuDeviceGetGraphMemAttribute): bytes of the live
+  // graph allocations, and what they hold at the granularity.
+  size_t graph_used = 0;
+  size_t graph_reserved = 0;
+  size_t graph_used_high = 0;
+  size_t graph_reserved_high = 0;
 
  private:
   int ordinal_ = 0;

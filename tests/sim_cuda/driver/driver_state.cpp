@@ -104,6 +104,12 @@ CUresult Call::stream_context(CUstream stream, Context** out) const {
   return CUDA_SUCCESS;
 }
 
+Stream* Call::stream_object(CUstream stream) const {
+  if (stream == nullptr || stream == CU_STREAM_LEGACY || stream == CU_STREAM_PER_THREAD) return nullptr;
+  auto* s = reinterpret_cast<Stream*>(stream);
+  return st.streams.count(s) != 0 ? s : nullptr;
+}
+
 CUresult Call::context(CUcontext handle, Context** out) const {
   if (!st.initialized) return CUDA_ERROR_NOT_INITIALIZED;
   if (handle == nullptr) return current(out);
@@ -155,6 +161,10 @@ CUresult free_block(State& st, uintptr_t addr) {
   if (it == st.blocks.end()) return CUDA_ERROR_INVALID_VALUE;
   const Block block = it->second;
   st.blocks.erase(it);
+  if (block.kind == BlockKind::kGraph) {
+    free_graph_block(st, addr, block);
+    return CUDA_SUCCESS;
+  }
   if (block.kind == BlockKind::kPool) {
     MemPool* pool = block.pool;
     pool->release_block(addr, block.held);
@@ -191,6 +201,7 @@ void tear_down(State& st, Context* ctx) {
   }
   for (auto it = st.streams.begin(); it != st.streams.end();) {
     if ((*it)->context == ctx) {
+      end_capture(st, *it);
       internal_delete(*it);
       it = st.streams.erase(it);
     } else {

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "device.h"
+#include "graph.h"
 #include "driver_symbols.h"
 #include "internal_heap.h"
 #include "mem_pool.h"
@@ -28,18 +29,19 @@ struct Config {
 };
 const Config& config();
 
-enum class BlockKind : unsigned char { kLinear, kPitch, kManaged, kPool };
+enum class BlockKind : unsigned char { kLinear, kPitch, kManaged, kPool, kGraph };
 
-// One device allocation that cuMemFree can free: linear, pitched, managed or
-// from a pool.
+// One device allocation that cuMemFree can free: linear, pitched, managed,
+// from a pool, or a graph allocation made by a launch (graph.h).
 struct Block {
   size_t size;  // as requested
   size_t held;  // counted against the device (pool blocks: rounded used bytes)
   Device* device;
-  Context* context;  // nullptr for pool blocks: pools belong to devices
+  Context* context;  // nullptr for pool and graph blocks: they belong to devices
   MemPool* pool;
   BlockKind kind;
   bool low32;  // from the 32-bit window of the CUDA 2.x (_v1) entry points
+  Graph* graph = nullptr;  // kGraph: the graph whose allocation node made it
 };
 
 // Page-locked host memory from cuMemHostAlloc/cuMemAllocHost.
@@ -78,6 +80,10 @@ struct State {
   // is 32 bits wide; reserved by cuInit.
   AddressRange low32;
   unsigned long long next_context_id = 1;
+  // CUDA graphs (graph.h): made by stream capture, and their executables.
+  InternalSet<Graph*> graphs;
+  InternalSet<GraphExec*> execs;
+  unsigned long long next_capture_id = 1;
 };
 State& state();
 
@@ -106,6 +112,10 @@ class Call {
   // A stream handle (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD or one
   // from cuStreamCreate) to its context.
   CUresult stream_context(CUstream stream, Context** out) const;
+  // The stream object behind a handle from cuStreamCreate; nullptr for the
+  // default streams (NULL, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD), which
+  // are never captured here. Call after stream_context() succeeded.
+  Stream* stream_object(CUstream stream) const;
   // A context handle (NULL meaning the current one) to a live context.
   CUresult context(CUcontext handle, Context** out) const;
   // A pool handle to a pool that is not destroyed; INVALID_VALUE otherwise.

@@ -58,6 +58,27 @@
   X(cuStreamGetCtx, cuStreamGetCtx_ptsz, 9020, kPerThread)                     \
   X(cuStreamGetDevice, cuStreamGetDevice, 12080, kLegacy)                      \
   X(cuStreamGetDevice, cuStreamGetDevice_ptsz, 12080, kPerThread)              \
+  /* stream capture and graphs */                                             \
+  X(cuStreamBeginCapture, cuStreamBeginCapture, 10000, kLegacy)                \
+  X(cuStreamBeginCapture, cuStreamBeginCapture_ptsz, 10000, kPerThread)        \
+  X(cuStreamBeginCapture, cuStreamBeginCapture_v2, 10010, kLegacy)             \
+  X(cuStreamBeginCapture, cuStreamBeginCapture_v2_ptsz, 10010, kPerThread)     \
+  X(cuStreamEndCapture, cuStreamEndCapture, 10000, kLegacy)                    \
+  X(cuStreamEndCapture, cuStreamEndCapture_ptsz, 10000, kPerThread)            \
+  X(cuStreamIsCapturing, cuStreamIsCapturing, 10000, kLegacy)                  \
+  X(cuStreamIsCapturing, cuStreamIsCapturing_ptsz, 10000, kPerThread)          \
+  X(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v2, 11030, kLegacy)         \
+  X(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v2_ptsz, 11030, kPerThread) \
+  X(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v3, 12030, kLegacy)         \
+  X(cuStreamGetCaptureInfo, cuStreamGetCaptureInfo_v3_ptsz, 12030, kPerThread) \
+  X(cuGraphInstantiate, cuGraphInstantiate_v2, 11000, kLegacy)                 \
+  X(cuGraphInstantiateWithFlags, cuGraphInstantiateWithFlags, 11040, kLegacy)  \
+  X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams, 12000, kLegacy) \
+  X(cuGraphInstantiateWithParams, cuGraphInstantiateWithParams_ptsz, 12000, kPerThread) \
+  X(cuGraphLaunch, cuGraphLaunch, 10000, kLegacy)                              \
+  X(cuGraphLaunch, cuGraphLaunch_ptsz, 10000, kPerThread)                      \
+  X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, kLegacy)                    \
+  X(cuGraphDestroy, cuGraphDestroy, 10000, kLegacy)                            \
   /* linear device, managed and pinned host memory */                         \
   X(cuMemGetInfo, cuMemGetInfo, 2000, kLegacy)                                 \
   X(cuMemGetInfo, cuMemGetInfo_v2, 3020, kLegacy)                              \

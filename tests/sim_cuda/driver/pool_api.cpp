@@ -16,10 +16,21 @@ CUresult pool_alloc(Call& call, MemPool* pool, size_t bytes, CUdeviceptr* dptr) 
   return CUDA_SUCCESS;
 }
 
-// From the pool current to the stream's device.
+// The stream being captured, or nullptr.
+Stream* capturing(Call& call, CUstream stream) {
+  Stream* s = call.stream_object(stream);
+  return s != nullptr && s->capture != nullptr ? s : nullptr;
+}
+
+// From the pool current to the stream's device; while the stream is being
+// captured, an allocation node of its graph (graph.h).
 CUresult alloc_async(Call& call, CUdeviceptr* dptr, size_t bytes, CUstream stream) {
   Context* ctx = nullptr;
   if (CUresult r = call.stream_context(stream, &ctx)) return r;
+  if (Stream* s = capturing(call, stream)) {
+    if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    return capture_alloc(call.st, s, ctx->device, bytes, dptr);
+  }
   return pool_alloc(call, ctx->device->current_pool, bytes, dptr);
 }
 
@@ -29,14 +40,20 @@ CUresult alloc_from_pool(Call& call, CUdeviceptr* dptr, size_t bytes, CUmemoryPo
   if (CUresult r = call.pool(handle, &pool)) return r;
   Context* ctx = nullptr;
   if (CUresult r = call.stream_context(stream, &ctx)) return r;
+  if (Stream* s = capturing(call, stream)) {
+    if (dptr == nullptr || bytes == 0) return CUDA_ERROR_INVALID_VALUE;
+    return capture_alloc(call.st, s, &pool->device(), bytes, dptr);
+  }
   return pool_alloc(call, pool, bytes, dptr);
 }
 
 // Immediately: nothing runs on a simulated stream, so the free has already
-// "happened" in stream order. Linear blocks are accepted too.
+// "happened" in stream order. Linear blocks are accepted too. While the
+// stream is being captured: a free node of its graph.
 CUresult free_async(Call& call, CUdeviceptr dptr, CUstream stream) {
   Context* ctx = nullptr;
   if (CUresult r = call.stream_context(stream, &ctx)) return r;
+  if (Stream* s = capturing(call, stream)) return capture_free(call.st, s, dptr);
   return free_block(call.st, dptr);
 }
 

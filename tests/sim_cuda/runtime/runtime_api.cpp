@@ -164,7 +164,9 @@ cudaError_t activate() {
   return make_current(t_device < 0 ? 0 : t_device);
 }
 
-cudaError_t malloc_async(void** devPtr, size_t size, cudaStream_t stream, PFN_cuMemAllocAsync_v11020 alloc) {
+// The driver function is named by its member: read only once activate()
+// has loaded the driver (this may be the program's first runtime call).
+cudaError_t malloc_async(void** devPtr, size_t size, cudaStream_t stream, PFN_cuMemAllocAsync_v11020 DriverApi::*alloc) {
   if (devPtr == nullptr) return cudaErrorInvalidValue;
   if (cudaError_t e = activate()) return e;
   if (size == 0) {
@@ -172,19 +174,19 @@ cudaError_t malloc_async(void** devPtr, size_t size, cudaStream_t stream, PFN_cu
     return cudaSuccess;
   }
   CUdeviceptr p = 0;
-  if (CUresult r = alloc(&p, size, stream)) return to_runtime_error(r);
+  if (CUresult r = (g_driver.*alloc)(&p, size, stream)) return to_runtime_error(r);
   *devPtr = reinterpret_cast<void*>(p);
   return cudaSuccess;
 }
 
-cudaError_t free_async(void* devPtr, cudaStream_t stream, PFN_cuMemFreeAsync_v11020 free) {
+cudaError_t free_async(void* devPtr, cudaStream_t stream, PFN_cuMemFreeAsync_v11020 DriverApi::*free) {
   if (cudaError_t e = activate()) return e;
   if (devPtr == nullptr) return cudaSuccess;
-  return to_runtime_error(free(reinterpret_cast<CUdeviceptr>(devPtr), stream));
+  return to_runtime_error((g_driver.*free)(reinterpret_cast<CUdeviceptr>(devPtr), stream));
 }
 
 cudaError_t malloc_from_pool(void** ptr, size_t size, cudaMemPool_t pool, cudaStream_t stream,
-                             PFN_cuMemAllocFromPoolAsync_v11020 alloc) {
+                             PFN_cuMemAllocFromPoolAsync_v11020 DriverApi::*alloc) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
   if (cudaError_t e = activate()) return e;
   if (size == 0) {
@@ -192,7 +194,7 @@ cudaError_t malloc_from_pool(void** ptr, size_t size, cudaMemPool_t pool, cudaSt
     return cudaSuccess;
   }
   CUdeviceptr p = 0;
-  if (CUresult r = alloc(&p, size, pool, stream)) return to_runtime_error(r);
+  if (CUresult r = (g_driver.*alloc)(&p, size, pool, stream)) return to_runtime_error(r);
   *ptr = reinterpret_cast<void*>(p);
   return cudaSuccess;
 }
@@ -286,27 +288,27 @@ cudaError_t cudaFree(void* devPtr) {
 }
 
 cudaError_t cudaMallocAsync(void** devPtr, size_t size, cudaStream_t hStream) {
-  return record(malloc_async(devPtr, size, hStream, g_driver.cuMemAllocAsync));
+  return record(malloc_async(devPtr, size, hStream, &DriverApi::cuMemAllocAsync));
 }
 
 cudaError_t cudaMallocAsync_ptsz(void** devPtr, size_t size, cudaStream_t hStream) {
-  return record(malloc_async(devPtr, size, hStream, g_driver.cuMemAllocAsync_ptsz));
+  return record(malloc_async(devPtr, size, hStream, &DriverApi::cuMemAllocAsync_ptsz));
 }
 
 cudaError_t cudaFreeAsync(void* devPtr, cudaStream_t hStream) {
-  return record(free_async(devPtr, hStream, g_driver.cuMemFreeAsync));
+  return record(free_async(devPtr, hStream, &DriverApi::cuMemFreeAsync));
 }
 
 cudaError_t cudaFreeAsync_ptsz(void* devPtr, cudaStream_t hStream) {
-  return record(free_async(devPtr, hStream, g_driver.cuMemFreeAsync_ptsz));
+  return record(free_async(devPtr, hStream, &DriverApi::cuMemFreeAsync_ptsz));
 }
 
 cudaError_t cudaMallocFromPoolAsync(void** ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream) {
-  return record(malloc_from_pool(ptr, size, memPool, stream, g_driver.cuMemAllocFromPoolAsync));
+  return record(malloc_from_pool(ptr, size, memPool, stream, &DriverApi::cuMemAllocFromPoolAsync));
 }
 
 cudaError_t cudaMallocFromPoolAsync_ptsz(void** ptr, size_t size, cudaMemPool_t memPool, cudaStream_t stream) {
-  return record(malloc_from_pool(ptr, size, memPool, stream, g_driver.cuMemAllocFromPoolAsync_ptsz));
+  return record(malloc_from_pool(ptr, size, memPool, stream, &DriverApi::cuMemAllocFromPoolAsync_ptsz));
 }
 
 cudaError_t cudaMallocManaged(void** devPtr, size_t size, unsigned int flags) {
