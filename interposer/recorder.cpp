@@ -22,6 +22,7 @@
 #include "graph_ledger.h"
 #include "internal_alloc.h"
 #include "live_ledger.h"
+#include "mapped_ledger.h"
 #include "memledger.h"
 #include "next_allocator.h"
 #include "python_frames.h"
@@ -621,6 +622,25 @@ void Recorder::on_device_free(ThreadState& t, format::Kind kind, uint64_t addr, 
   push(t, e);
 }
 
+void Recorder::on_mapped_alloc(ThreadState& t, uint64_t addr, uint64_t size, uint32_t stack) {
+  Event e{};
+  e.type = EventType::kAlloc;
+  e.kind = static_cast<uint8_t>(format::Kind::kMapped);
+  e.addr = addr;
+  e.size = size;
+  e.weight = size;
+  e.stack = stack;
+  push(t, e);
+}
+
+void Recorder::on_mapped_free(ThreadState& t, uint64_t addr) {
+  Event e{};
+  e.type = EventType::kFree;
+  e.kind = static_cast<uint8_t>(format::Kind::kMapped);
+  e.addr = addr;
+  push(t, e);
+}
+
 void Recorder::on_device_event(ThreadState& t, EventType type, int device, uint64_t addr, uint64_t size,
                                uint64_t extra, uint64_t seq) {
   Event e{};
@@ -645,7 +665,8 @@ void Recorder::read_live(struct memledger_live& out) const {
   out.steps = step_index_.load(std::memory_order_relaxed);
   LiveLedger::Totals totals;
   live_ledger().read(totals);
-  for (int k = 0; k < format::kKindCount; ++k) {
+  // The ABI's four kinds (memledger.h); mapped memory is not among them.
+  for (size_t k = 0; k < sizeof out.live / sizeof out.live[0]; ++k) {
     out.live[k] = totals.live[k];
     out.held[k] = totals.held[k];
   }
@@ -754,6 +775,7 @@ void Recorder::after_fork_child() {
   for (SampledShard& shard : g_sampled) shard.lock.reset();
   live_ledger().reset_after_fork();
   graph_ledger().reset_after_fork();
+  mapped_ledger().reset_after_fork();
   const pid_t parent = pid_;
   pid_ = getpid();
   if (lifecycle_.load(std::memory_order_acquire) != Lifecycle::kActive) return;

@@ -76,6 +76,10 @@ class Recorder {
   // handed out again by another thread's allocation in between, which then
   // comes after the free in sequence order. 0: numbered now.
   void on_device_free(ThreadState& t, format::Kind kind, uint64_t addr, uint32_t flags, uint64_t seq = 0);
+  // Anonymous memory mapped outside the heap (mapped_hooks.cpp): recorded
+  // in every host mode but off, never sampled; `stack` captured by the hook.
+  void on_mapped_alloc(ThreadState& t, uint64_t addr, uint64_t size, uint32_t stack);
+  void on_mapped_free(ThreadState& t, uint64_t addr);
   // Reserve/unreserve/map/unmap and device/pool samples (no stack except reserve).
   // `seq`: as for on_device_free (unmap, unreserve).
   void on_device_event(ThreadState& t, EventType type, int device, uint64_t addr, uint64_t size, uint64_t extra,

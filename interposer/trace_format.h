@@ -40,8 +40,9 @@ inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
 // the nvtx and kernel step sources. Version 3 added the exact host totals
 // to kStep. Version 4 added attributed Python frames (kPythonAttributedBit).
 // Version 5 added kInfo (the CUDA stack and the frameworks' builds).
+// Version 6 added the memory kind kMapped (anonymous mmap outside the heap).
 // Readers accept every version up to their own.
-inline constexpr uint32_t kVersion = 5;
+inline constexpr uint32_t kVersion = 6;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
 inline constexpr uint32_t kFrameCompressed = 1u << 0;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // sanity bound for readers
@@ -83,8 +84,18 @@ enum class Kind : uint8_t {
   kDevice = 1,
   kManaged = 2,
   kPinnedHost = 3,
+  // Anonymous memory the program or its libraries map themselves (mmap,
+  // mremap) outside the allocator under malloc (version 6): pymalloc's
+  // arenas, a statically linked allocator's, a library's own pool. Sizes
+  // are whole pages; a partial munmap is recorded as the free of the
+  // mapping and allocations of what remains, with the original stack.
+  kMapped = 4,
 };
-inline constexpr int kKindCount = 4;
+inline constexpr int kKindCount = 5;
+
+// A kind read from a trace as an index into per-kind arrays: an unknown
+// value (a damaged or hostile file) counts as host.
+inline constexpr int kind_index(uint64_t kind) { return kind < kKindCount ? static_cast<int>(kind) : 0; }
 
 inline const char* kind_name(Kind kind) {
   switch (kind) {
@@ -92,6 +103,7 @@ inline const char* kind_name(Kind kind) {
     case Kind::kDevice: return "device";
     case Kind::kManaged: return "managed";
     case Kind::kPinnedHost: return "pinned_host";
+    case Kind::kMapped: return "mapped";
   }
   return "unknown";
 }

@@ -11,6 +11,7 @@
 
 #include "cupti_view.h"
 #include "symbolizer.h"
+#include "trace_format.h"
 #include "trace_reader.h"
 
 namespace memledger::report {
@@ -44,7 +45,7 @@ struct StepStats {
   std::string source;  // "marker", "interval", "none"
   std::string label;
   uint64_t end_ns = 0;
-  int64_t live[4] = {};  // per format::Kind, at the step end
+  int64_t live[format::kKindCount] = {};  // per format::Kind, at the step end
   std::vector<int64_t> live_by_device;  // live[kDevice] by device ordinal (empty: no device memory)
   uint64_t held_host = 0;
   int64_t held_device = 0;  // pools' reserve + granularity-rounded allocations + VMM physical memory

@@ -19,7 +19,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr const char* kKindNames[4] = {"host", "device", "managed", "pinned_host"};
+constexpr const char* kKindNames[kKinds] = {"host", "device", "managed", "pinned_host", "mapped"};
 
 // Each check or diff loads the run itself, so it can list more than the
 // report's usual top 20: per-kind exit leaks are sums over every site.
@@ -31,7 +31,7 @@ constexpr size_t kLoadExitSites = 100000;
 constexpr size_t kMaxReportJsonBytes = size_t{256} << 20;
 
 int kind_index(const std::string& name) {
-  for (int k = 0; k < 4; ++k) {
+  for (int k = 0; k < kKinds; ++k) {
     if (name == kKindNames[k]) return k;
   }
   return -1;
@@ -90,7 +90,7 @@ std::vector<double> series_of(const ProcessData& p, Scope scope) {
   std::vector<double> out;
   out.reserve(p.live.size());
   const int k = scope_kind(scope);
-  for (const auto& live : p.live) out.push_back(k < 0 ? live[0] + live[1] + live[2] + live[3] : live[k]);
+  for (const auto& live : p.live) out.push_back(k < 0 ? live[0] + live[1] + live[2] + live[3] + live[4] : live[k]);
   return out;
 }
 
@@ -497,7 +497,7 @@ void fill_thinned_steps(const json& process, ProcessData& p, const std::string& 
     const double span = static_cast<double>(p.rows[next]) - static_cast<double>(p.rows[r]);
     const double t = k <= p.rows[r] || span <= 0 ? 0 : (static_cast<double>(k) - static_cast<double>(p.rows[r])) / span;
     auto between = [&](const std::vector<double>& v) { return v[r] + (v[next] - v[r]) * t; };
-    std::array<double, 4> live{};
+    std::array<double, kKinds> live{};
     for (size_t kind = 0; kind < live.size(); ++kind) live[kind] = p.live[r][kind] + (p.live[next][kind] - p.live[r][kind]) * t;
     full.live.push_back(live);
     full.held_host.push_back(between(p.held_host));
@@ -553,7 +553,7 @@ RunData run_data_from_json(json report, const std::string& path, const std::stri
       p.command = text(pj, "command");
       p.report_warmup = static_cast<int>(number(pj, "warmup_steps"));
       for (const json& s : member(pj, "steps")) {
-        std::array<double, 4> live{};
+        std::array<double, kKinds> live{};
         const json& kinds = member(s, "live");
         if (kinds.is_object()) {
           for (auto it = kinds.begin(); it != kinds.end(); ++it) {

@@ -22,6 +22,8 @@ namespace memledger::report {
 
 inline constexpr int kCheckSchemaVersion = 1;
 inline constexpr int kDiffSchemaVersion = 1;
+// The memory kinds of a report's per-step live bytes, in trace_format.h's order.
+inline constexpr int kKinds = 5;
 
 // An input that cannot be judged (missing, not a report, a newer schema):
 // `memledger check` and `diff` exit 2 with this message.
@@ -36,7 +38,7 @@ struct ProcessData {
   std::string rank;
   std::string command;
   int report_warmup = 0;  // the warm-up the report's suspects were judged with
-  std::vector<std::array<double, 4>> live;  // per step, per kind (host, device, managed, pinned_host)
+  std::vector<std::array<double, kKinds>> live;  // per step, per kind (host, device, managed, pinned_host, mapped)
   std::vector<double> held_host;            // per step
   std::vector<double> held_device;          // per step
   std::vector<double> device_share;         // per step: the report's device fragmentation share (-1: none)

@@ -26,7 +26,10 @@ const char* status_name(uint8_t status) {
 // (counted by handle, not address) and registered host memory (no new
 // memory) are not compared.
 bool comparable(const TraceEvent& e) {
-  if (e.type != EvType::kAlloc || e.kind == static_cast<uint8_t>(fmt::Kind::kHost)) return false;
+  if (e.type != EvType::kAlloc || e.kind == static_cast<uint8_t>(fmt::Kind::kHost) ||
+      e.kind == static_cast<uint8_t>(fmt::Kind::kMapped)) {
+    return false;
+  }
   return (e.flags & (fmt::kAllocFailed | fmt::kAllocPhysical | fmt::kAllocRegistered | fmt::kAllocSampled)) == 0;
 }
 

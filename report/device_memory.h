@@ -36,7 +36,7 @@ namespace memledger::report {
 inline constexpr uint64_t kDeviceGranularity = 2ull << 20;
 inline uint64_t held_for(uint8_t kind, uint8_t flags, uint64_t size) {
   namespace fmt = memledger::format;
-  if (kind == static_cast<uint8_t>(fmt::Kind::kHost)) return 0;
+  if (kind == static_cast<uint8_t>(fmt::Kind::kHost) || kind == static_cast<uint8_t>(fmt::Kind::kMapped)) return 0;
   if (flags & (fmt::kAllocPool | fmt::kAllocRegistered | fmt::kAllocGraph)) return 0;
   if (flags & fmt::kAllocPhysical) return size;
   if (kind == static_cast<uint8_t>(fmt::Kind::kPinnedHost)) return 0;

@@ -71,7 +71,7 @@ std::string frame_label(const Frame& f) {
 }
 
 std::string kind_label(uint8_t kind) {
-  return std::string("[") + format::kind_name(static_cast<format::Kind>(kind & 3)) + "]";
+  return std::string("[") + format::kind_name(static_cast<format::Kind>(format::kind_index(kind))) + "]";
 }
 
 std::string render_folded(const RunReport& run, Snapshot at) {

@@ -239,7 +239,7 @@ Growth find_growth(const std::vector<SiteAcc>& sites, size_t n_steps, const Grow
 TotalGrowth total_growth(const std::vector<StepStats>& steps, int warmup_steps) {
   std::vector<double> series;
   series.reserve(steps.size());
-  for (const StepStats& st : steps) series.push_back(double(st.live[0] + st.live[1] + st.live[2] + st.live[3]));
+  for (const StepStats& st : steps) series.push_back(double(st.live[0] + st.live[1] + st.live[2] + st.live[3] + st.live[4]));
   const GrowthFit fit = fit_growth(series, warmup_steps);
   TotalGrowth out;
   out.judged = fit.judged;

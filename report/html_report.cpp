@@ -90,6 +90,7 @@ std::string kind_title(int kind) {
     case 1: return "device";
     case 2: return "managed";
     case 3: return "pinned host";
+    case 4: return "mapped";
   }
   return "kind " + std::to_string(kind);
 }
@@ -396,7 +397,7 @@ std::string flame_graph(const std::vector<SiteTotal>& sites, const std::string& 
     if (t.bytes <= 0) continue;
     root.bytes += t.bytes;
     root.count += t.count;
-    FlameNode* node = root.child(kind_title(t.site.kind & 3), false);
+    FlameNode* node = root.child(kind_title(format::kind_index(t.site.kind)), false);
     node->bytes += t.bytes;
     node->count += t.count;
     for (const Frame* f : flame_path(t.site.frames)) {
@@ -513,7 +514,7 @@ void process_charts(const ProcessReport& p, std::ostringstream& o) {
     for (const StepStats& s : p.steps) y.push_back(double(value(s)));
     return y;
   };
-  const char* colors[] = {"#2962a8", "#c0392b", "#8e44ad", "#16a085"};
+  const char* colors[] = {"#2962a8", "#c0392b", "#8e44ad", "#16a085", "#7f8c8d"};
   std::vector<Series> live;
   // Host figures memledger could not measure are left out, not drawn as 0.
   if (p.allocator.traced) {
@@ -539,6 +540,7 @@ void process_charts(const ProcessReport& p, std::ostringstream& o) {
   }
   if (kind_seen[2]) live.push_back({"managed live", colors[2], series_of([](const StepStats& s) { return s.live[2]; }), false});
   if (kind_seen[3]) live.push_back({"pinned host live", colors[3], series_of([](const StepStats& s) { return s.live[3]; }), false});
+  if (kind_seen[4]) live.push_back({"mapped live", colors[4], series_of([](const StepStats& s) { return s.live[4]; }), false});
   std::string live_note = "Live: bytes requested and not yet freed, at each step end. Held: what the allocators hold from the system (the host allocator's statistics";
   live_note += (kind_seen[1] || device_held) ? "; device: granularity-rounded allocations, pools' reserve, VMM physical memory; all devices together)." : ").";
   if (p.host_mode == "sampled") live_note += " Host live totals are exact; per-site figures are sampled estimates.";
@@ -608,7 +610,7 @@ void site_table(const std::vector<SiteTotal>& sites, std::ostringstream& o) {
   for (const SiteTotal& t : sites) {
     o << "<tr><td>" << esc(site_name(t.site))
       << variants_html(t, [](const SiteTotal& v) { return bytes(double(v.bytes)) + " in " + std::to_string(v.count); })
-      << "</td><td>" << esc(kind_title(t.site.kind & 3)) << "</td><td class=\"n\">"
+      << "</td><td>" << esc(kind_title(format::kind_index(t.site.kind))) << "</td><td class=\"n\">"
       << esc(leak_bytes_text(double(t.bytes), t.estimated, t.bytes_error)) << "</td><td class=\"n\">" << t.count
       << "</td><td>" << stack_html(t.site.frames)
       << "</td></tr>\n";
@@ -704,7 +706,7 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
       const LeakSuspect& s = p.leak_suspects[k];
       std::vector<double> y(s.series.begin(), s.series.end());
       o << "<tr class=\"grows\"><td>" << k + 1 << "</td><td><b>" << esc(site_name(s.site)) << "</b><br><span class=\"note\">"
-        << esc(kind_title(s.site.kind & 3)) << (s.site.graph ? ", CUDA graph-owned (allocated by each launch)" : "")
+        << esc(kind_title(format::kind_index(s.site.kind))) << (s.site.graph ? ", CUDA graph-owned (allocated by each launch)" : "")
         << "</span>" << stack_html(s.site.frames)
         << variants_html(s, [](const LeakSuspect& v) { return suspect_rate_text(v); }) << "</td><td class=\"n\">"
         << esc(s.estimated ? suspect_rate_text(s) : bytes(s.bytes_per_step)) << "</td><td class=\"n\">"

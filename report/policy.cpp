@@ -40,7 +40,7 @@ const MetricInfo kMetrics[kMetricCount] = {
     {Metric::kMinSteps, "min_steps", "--min-steps", "steps recorded", Unit::kCount, bit(Scope::kTotal), false, 0},
 };
 
-const char* const kScopeNames[kScopeCount] = {"total", "host", "device", "managed", "pinned_host"};
+const char* const kScopeNames[kScopeCount] = {"total", "host", "device", "managed", "pinned_host", "mapped"};
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -316,7 +316,7 @@ class PolicyReader {
         policy_.set(read_limit(*info, Scope::kTotal, node, where));
       } else {
         throw PolicyError(where + ": unknown key " + in_quotes(name) + " (keys: " + known_keys() +
-                          "; tables: host, device, managed, pinned_host)");
+                          "; tables: host, device, managed, pinned_host, mapped)");
       }
     }
     return policy_;
@@ -345,7 +345,7 @@ class PolicyReader {
     const std::optional<Scope> scope = scope_from_name(name);
     if (!scope || *scope == Scope::kTotal) {
       throw PolicyError(location(line, name) + ": unknown memory kind " + in_quotes(name) +
-                        " (tables: host, device, managed, pinned_host; limits on all memory go at the top)");
+                        " (tables: host, device, managed, pinned_host, mapped; limits on all memory go at the top)");
     }
     for (const FileEntry& entry : table.entries) {
       const std::string& sub = entry.key;

@@ -35,8 +35,8 @@ inline constexpr int kMetricCount = 8;
 
 // Which memory a figure covers: all kinds together, or one kind (the report's
 // kinds, in trace_format.h's order after kTotal).
-enum class Scope : uint8_t { kTotal, kHost, kDevice, kManaged, kPinnedHost };
-inline constexpr int kScopeCount = 5;
+enum class Scope : uint8_t { kTotal, kHost, kDevice, kManaged, kPinnedHost, kMapped };
+inline constexpr int kScopeCount = 6;
 
 enum class Unit : uint8_t { kBytesPerStep, kBytes, kShare, kCount };
 
@@ -52,7 +52,7 @@ struct MetricInfo {
 };
 
 const MetricInfo& metric_info(Metric metric);
-const char* scope_name(Scope scope);  // "total", "host", "device", "managed", "pinned_host"
+const char* scope_name(Scope scope);  // "total", "host", "device", "managed", "pinned_host", "mapped"
 std::optional<Scope> scope_from_name(std::string_view name);
 
 struct Limit {

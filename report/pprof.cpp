@@ -162,7 +162,7 @@ std::string build_pprof(const RunReport& run) {
       for (int64_t v : entry.second) sample->add_value(v);
       pb::Label* kind = sample->add_label();
       kind->set_key(b.str("kind"));
-      kind->set_str(b.str(format::kind_name(static_cast<format::Kind>(key.first & 3))));
+      kind->set_str(b.str(format::kind_name(static_cast<format::Kind>(format::kind_index(key.first)))));
       pb::Label* pid = sample->add_label();
       pid->set_key(b.str("pid"));
       pid->set_num(p.pid);

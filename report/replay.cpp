@@ -21,7 +21,12 @@ constexpr size_t kOomSitesShown = 10;
 }  // namespace
 
 uint64_t live_key(uint8_t kind, uint8_t flags, uint64_t addr) {
-  uint64_t space = kind == static_cast<uint8_t>(fmt::Kind::kHost) ? 0 : (flags & fmt::kAllocPhysical) ? 2 : 1;
+  // Host heap blocks, mapped ranges, device addresses and VMM handles are
+  // separate spaces (pinned host memory shares the device's: CUDA maps it).
+  uint64_t space = kind == static_cast<uint8_t>(fmt::Kind::kHost)     ? 0
+                   : kind == static_cast<uint8_t>(fmt::Kind::kMapped) ? 3
+                   : (flags & fmt::kAllocPhysical)                    ? 2
+                                                                      : 1;
   return addr ^ (space << 60);
 }
 
@@ -91,7 +96,7 @@ void Replay::retire(const LiveAlloc& a) {
   SiteAcc& acc = out_.sites[a.site];
   acc.live -= static_cast<int64_t>(a.weight);
   --acc.count;
-  total_[a.kind & 3] -= static_cast<int64_t>(a.weight);
+  total_[fmt::kind_index(a.kind)] -= static_cast<int64_t>(a.weight);
   if (a.kind == static_cast<uint8_t>(fmt::Kind::kDevice)) device_live_[a.device] -= static_cast<int64_t>(a.weight);
   running_total_ -= static_cast<int64_t>(a.weight);
   device_.released(a.kind, a.flags, a.weight, a.device);
@@ -126,7 +131,7 @@ void Replay::on_alloc(const TraceEvent& e) {
   acc.allocated.bytes_variance += est.bytes_variance;
   acc.allocated.count += est.count;
   acc.allocated.count_variance += est.count_variance;
-  total_[e.kind & 3] += static_cast<int64_t>(weight);
+  total_[fmt::kind_index(e.kind)] += static_cast<int64_t>(weight);
   if (e.kind == static_cast<uint8_t>(fmt::Kind::kDevice)) {
     if (e.device >= device_live_.size()) device_live_.resize(e.device + 1u, 0);
     device_live_[e.device] += static_cast<int64_t>(weight);
@@ -167,7 +172,7 @@ void Replay::on_failed_alloc(const TraceEvent& e) {
 std::vector<SiteTotal> Replay::device_live_by_site() const {
   absl::flat_hash_map<uint32_t, std::pair<int64_t, uint64_t>> by_site;
   for (const auto& [key, a] : out_.live) {
-    if (a.kind == static_cast<uint8_t>(fmt::Kind::kHost) || a.kind == static_cast<uint8_t>(fmt::Kind::kPinnedHost)) continue;
+    if (a.kind != static_cast<uint8_t>(fmt::Kind::kDevice) && a.kind != static_cast<uint8_t>(fmt::Kind::kManaged)) continue;
     auto& b = by_site[a.site];
     b.first += static_cast<int64_t>(a.weight);
     b.second += 1;

@@ -130,7 +130,7 @@ class Replay {
   DeviceLedger device_;
   absl::flat_hash_map<uint64_t, uint32_t> site_index_;  // (kind << 32 | stack) -> index
   std::vector<uint32_t> dirty_;                         // sites changed since the last step end
-  int64_t total_[4] = {};                               // live bytes per format::Kind
+  int64_t total_[format::kKindCount] = {};                             // live bytes per format::Kind
   std::vector<int64_t> device_live_;                    // device kind, by device ordinal
   int64_t running_total_ = 0;
   uint32_t current_step_ = 1;  // allocations before the first marker belong to step 1

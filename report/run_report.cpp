@@ -268,7 +268,7 @@ std::vector<size_t> step_rows(const std::vector<StepStats>& steps, size_t limit)
     for (size_t k = 1; k < n; ++k) best = value(steps[k]) > value(steps[best]) ? k : best;
     return best;
   };
-  rows = {0, n - 1, peak_of([](const StepStats& s) { return s.live[0] + s.live[1] + s.live[2] + s.live[3]; }),
+  rows = {0, n - 1, peak_of([](const StepStats& s) { return s.live[0] + s.live[1] + s.live[2] + s.live[3] + s.live[4]; }),
           peak_of([](const StepStats& s) { return s.held_host; }),
           peak_of([](const StepStats& s) { return s.held_device; }),
           peak_of([](const StepStats& s) { return static_cast<int64_t>(s.held_host) + s.held_device; })};
@@ -733,10 +733,14 @@ void text_device_steps(const ProcessReport& p, std::ostringstream& out) {
   }
 }
 
-// Host memory per step.
+// Host memory per step; memory mapped outside the heap in a column of its
+// own when the process mapped any.
 void text_host_steps(const ProcessReport& p, std::ostringstream& out) {
   if (!p.steps.empty()) {
-    out << "\n  step   host live   host held         RSS    allocs     frees\n";
+    constexpr int kMapped = static_cast<int>(format::Kind::kMapped);
+    const bool mapped =
+        std::any_of(p.steps.begin(), p.steps.end(), [](const StepStats& s) { return s.live[kMapped] != 0; });
+    out << "\n  step   host live   host held" << (mapped ? "      mapped" : "") << "         RSS    allocs     frees\n";
     const size_t n = p.steps.size();
     for (size_t k = 0; k < n; ++k) {
       if (elided_row(k, n, out)) continue;
@@ -744,9 +748,11 @@ void text_host_steps(const ProcessReport& p, std::ostringstream& out) {
       // Figures memledger could not measure are not shown as if it had.
       const std::string live = p.allocator.traced ? human_bytes(double(s.live[0])) : "untraced";
       const std::string held = p.allocator.held_known ? human_bytes(double(s.held_host)) : "unknown";
-      char line[160];
-      std::snprintf(line, sizeof line, "  %4" PRIu64 "  %10s  %10s  %10s  %8" PRIu64 "  %8" PRIu64 "\n", s.index,
-                    live.c_str(), held.c_str(), human_bytes(double(s.rss)).c_str(), s.allocations, s.frees);
+      char column[32] = "";
+      if (mapped) std::snprintf(column, sizeof column, "  %10s", human_bytes(double(s.live[kMapped])).c_str());
+      char line[200];
+      std::snprintf(line, sizeof line, "  %4" PRIu64 "  %10s  %10s%s  %10s  %8" PRIu64 "  %8" PRIu64 "\n", s.index,
+                    live.c_str(), held.c_str(), column, human_bytes(double(s.rss)).c_str(), s.allocations, s.frees);
       out << line;
     }
   }

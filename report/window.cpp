@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <memory>
 
+#include "replay.h"
 #include "run_report.h"
 
 namespace memledger::report {
@@ -23,12 +24,8 @@ struct Block {
   int64_t bytes;
 };
 
-// The host heap, device-visible addresses and VMM physical handles are
-// separate address spaces (as in the replay of analysis.cpp).
-uint64_t block_key(uint8_t kind, uint8_t flags, uint64_t addr) {
-  const uint64_t space = kind == static_cast<uint8_t>(fmt::Kind::kHost) ? 0 : (flags & fmt::kAllocPhysical) ? 2 : 1;
-  return addr ^ (space << 60);
-}
+// The address spaces of the replay (replay.h, live_key).
+uint64_t block_key(uint8_t kind, uint8_t flags, uint64_t addr) { return live_key(kind, flags, addr); }
 
 uint64_t site_key(uint32_t stack, uint8_t kind) { return (static_cast<uint64_t>(stack) << 8) | kind; }
 

@@ -26,7 +26,7 @@
     "      --junit FILE | --json FILE | --markdown FILE   verdict for CI systems\n" \
     "      --debug-dir DIR                    look for binaries and debug info in DIR (repeatable)\n" \
     "  -q, --quiet                            print broken limits only\n" \
-    "  KIND: total (default), host, device, managed, pinned_host. SIZE: 4096, 512KiB, 1.5GiB, 10MB.\n" \
+    "  KIND: total (default), host, device, managed, pinned_host, mapped. SIZE: 4096, 512KiB, 1.5GiB, 10MB.\n" \
     "  Exit 0: all limits hold; 1: a limit is broken; 2: usage or input error.\n" \
     "\n" \
     "diff options (memledger diff A B [options]):\n" \
