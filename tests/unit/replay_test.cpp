@@ -253,3 +253,27 @@ TEST_CASE("replay: sampled host live at each step end, between samples and befor
     CHECK(out.steps[k].live[0] > out.steps[k - 1].live[0] + 1000);
   }
 }
+
+TEST_CASE("replay: mapped memory is its own kind and address space, held by no device", "[replay]") {
+  constexpr uint8_t kMapped = static_cast<uint8_t>(fmt::Kind::kMapped);
+  Trace trace;
+  EventBuilder b;
+  b.alloc(0x10000, 4096, 1);                  // a heap block
+  b.alloc(0x10000, 65536, 2, kMapped);        // a mapping at the same address: no clash
+  b.alloc(0x40000, 4096, 3, kDevice, 0, 1);
+  b.step();
+  b.free(0x10000, kMapped);
+  b.alloc(0x10000, 16384, 2, kMapped);        // what a partial unmap leaves
+  b.step();
+  ReplayOutput out = replay(trace, b.events);
+  REQUIRE(out.steps.size() == 2);
+  CHECK(out.double_allocations == 0);
+  CHECK(out.unknown_frees == 0);
+  CHECK(out.steps[0].live[0] == 4096);
+  CHECK(out.steps[0].live[kMapped] == 65536);
+  CHECK(out.steps[1].live[0] == 4096);
+  CHECK(out.steps[1].live[kMapped] == 16384);
+  // Only the device allocation is held by the device (rounded to 2 MiB).
+  CHECK(out.steps[1].held_device == 2 << 20);
+  CHECK(site(out, 2, kMapped).live == 16384);
+}
