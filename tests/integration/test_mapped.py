@@ -53,6 +53,9 @@ class MappedSteps(mltest.TestCase):
         self.assertRegex(text.stdout, r"64\.0 KiB/step .*mapped\n +leak_mapping at map_steps\.c")
         gate = self.memledger("check", run_dir, "--max-growth-per-step", "mapped=16KiB")
         self.assertEqual(gate.returncode, 1, mltest.TestCase.describe(gate))
+        self.assertIn("growth per step (mapped)", gate.stdout)
+        # The host heap does not grow: the mappings are not host bytes.
+        self.assertExit(self.memledger("check", run_dir, "--max-growth-per-step", "host=16KiB"), 0)
         html = self.memledger("report", run_dir, "--format", "html")
         self.assertExit(html, 0)
         self.assertIn("mapped live", html.stdout)
