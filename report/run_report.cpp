@@ -791,9 +791,12 @@ void text_exit_leaks(const ProcessReport& p, std::ostringstream& out) {
   // Sampled mode: bytes and counts are estimates (a count of allocations, not of samples).
   const bool estimated = p.leak_counts_estimated;
   const char* about = estimated ? "about " : "";
+  // Mapped memory at the same line as heap blocks is a row of its own, named
+  // so (pymalloc's arenas below a Python line, say); it is never sampled.
   auto row = [&](const SiteTotal& t) {
-    out << "  " << leak_bytes_text(double(t.bytes), t.estimated, t.bytes_error) << " in " << about << t.count << " at "
-        << site_name(t.site) << merged_text(t.stacks_merged, false)
+    const bool mapped = t.site.kind == static_cast<uint8_t>(format::Kind::kMapped);
+    out << "  " << leak_bytes_text(double(t.bytes), t.estimated, t.bytes_error) << " in " << (mapped ? "" : about)
+        << t.count << (mapped ? " mappings" : "") << " at " << site_name(t.site) << merged_text(t.stacks_merged, false)
         << (t.site.graph ? " (CUDA graph-owned, allocated by a graph launch)" : "") << "\n";
   };
   const bool first_step_is_startup = !p.steps.empty() && p.window_seconds == 0;

@@ -263,6 +263,9 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
       absl::flat_hash_map<uint64_t, uint32_t>().swap(live_);
       return;
     }
+    // Mapped memory follows its allocator's arenas (pymalloc maps and unmaps
+    // them as the heap's objects come and go), not the program's loop.
+    if (e.kind == static_cast<uint8_t>(fmt::Kind::kMapped)) continue;
     const uint64_t address = e.addr ^ (static_cast<uint64_t>(e.kind) << 58);
     if (e.type == EvType::kFree) {
       auto it = live_.find(address);

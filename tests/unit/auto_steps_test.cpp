@@ -71,3 +71,18 @@ TEST_CASE("automatic steps: no loop, no steps, and a note that says why", "[auto
   CHECK(plan.ends.empty());
   CHECK(plan.note.rfind("automatic steps: ", 0) == 0);
 }
+
+TEST_CASE("automatic steps: mapped memory takes no part in the inference", "[auto_steps]") {
+  constexpr uint8_t kMapped = static_cast<uint8_t>(memledger::format::Kind::kMapped);
+  const Trace trace;
+  // An allocator's arenas mapped and unmapped in a perfect rhythm, and no
+  // heap loop at all: nothing to infer steps from.
+  EventBuilder b;
+  for (int s = 0; s < 12; ++s) {
+    for (uint64_t i = 0; i < 4; ++i) b.alloc(0x7f0000000000 + i * 0x100000, 1 << 20, 20 + static_cast<uint32_t>(i), kMapped);
+    for (uint64_t i = 0; i < 4; ++i) b.free(0x7f0000000000 + i * 0x100000, kMapped);
+  }
+  const AllocationSequence sequence = sequence_of(trace, b.events);
+  CHECK(sequence.allocations() == 0);
+  CHECK(plan_steps(sequence).ends.empty());
+}
