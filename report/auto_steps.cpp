@@ -7,7 +7,7 @@ namespace memledger::report {
 StepPlan plan_steps(const AllocationSequence& sequence) {
   StepPlan plan;
   if (sequence.saw_steps()) return plan;  // markers decide
-  const InferredSteps inferred = infer_steps(sequence.symbols(), sequence.freed_at());
+  const InferredSteps inferred = infer_steps(sequence.symbols(), sequence.freed_at(), {}, sequence.places());
   if (inferred.ends.empty()) {
     plan.note = "automatic steps: " + inferred.description;
     return plan;

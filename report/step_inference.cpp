@@ -148,7 +148,7 @@ uint64_t mix(uint64_t x) {  // splitmix64's finaliser
 }  // namespace
 
 InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const std::vector<uint32_t>& freed_at,
-                          const StepInferenceOptions& options) {
+                          const StepInferenceOptions& options, const std::vector<uint32_t>& places) {
   InferredSteps out;
   const size_t n = symbols.size();
   absl::flat_hash_map<uint64_t, uint32_t> ids;
@@ -182,6 +182,18 @@ InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const std::vecto
   };
   prefer(groups, [&](const AnchorGroup& g) { return has_anchor(g, kUnderPython, true); });
   prefer(groups, [&](const AnchorGroup& g) { return has_anchor(g, kUnderImport, false); });
+  if (places.size() == n) {
+    prefer(groups, [&](const AnchorGroup& g) {
+      uint32_t first = 0;
+      for (uint32_t m : g.members) {
+        const uint32_t place = places[occurrences[m].front()];
+        if (place == 0) continue;
+        if (first != 0 && place != first) return true;
+        first = place;
+      }
+      return false;
+    });
+  }
   if (groups.empty()) {
     out.description = "no repeating allocation pattern found in " + std::to_string(n) + " allocations";
     return out;
@@ -256,6 +268,7 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
       // used, so stop collecting and give its memory back.
       saw_steps_ = true;
       std::vector<uint64_t>().swap(symbols_);
+      std::vector<uint32_t>().swap(places_);
       std::vector<uint64_t>().swap(event_index_);
       std::vector<Free>().swap(frees_);
       std::vector<uint32_t>().swap(freed_at_);
@@ -287,6 +300,7 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
     if (e.flags & kAllocByChance) symbol |= kNeverAnchor;
     symbol |= stack.traits;
     symbols_.push_back(symbol);
+    places_.push_back(stack.place);
     event_index_.push_back(events_ + i);
     freed_at_.push_back(kNeverFreed);
     live_[address] = static_cast<uint32_t>(symbols_.size() - 1);
@@ -300,13 +314,16 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
 // in the sequence is its native frames alone, and attributed frames do not
 // make it an allocation under Python.
 const AllocationSequence::StackInfo& AllocationSequence::stack_info(uint32_t stack) {
-  auto [it, inserted] = stack_info_.try_emplace(stack, StackInfo{0, stack});
+  auto [it, inserted] = stack_info_.try_emplace(stack, StackInfo{0, stack, 0});
   if (!inserted || stack == 0) return it->second;
   auto frames = trace_.stacks.find(stack);
   if (frames == trace_.stacks.end()) return it->second;
   bool attributed = false;
   uint64_t native = 0x9e3779b97f4a7c15ull;
   for (uint64_t word : frames->second) {
+    if (it->second.place == 0 && fmt::is_python_frame(word)) {
+      it->second.place = static_cast<uint32_t>(mix(word)) | 1;
+    }
     if (fmt::is_attributed_python_frame(word)) {
       attributed = true;
       continue;

@@ -70,8 +70,16 @@ inline constexpr uint64_t kNeverAnchor = uint64_t{1} << 63;
 inline constexpr uint64_t kUnderPython = uint64_t{1} << 62;
 inline constexpr uint64_t kUnderImport = uint64_t{1} << 61;
 inline constexpr uint32_t kNeverFreed = UINT32_MAX;
+//
+// `places` (optional, one per symbol): where Python was when the symbol was
+// allocated, as a hash of its innermost Python frame with its instruction
+// (0: no Python frame). A training loop steps through lines of Python; a
+// loop inside one native call (a framework registering its devices,
+// filling a table) allocates all its anchors under one Python instruction.
+// Among loops under Python, those whose anchors were allocated at two
+// places or more win.
 InferredSteps infer_steps(const std::vector<uint64_t>& symbols, const std::vector<uint32_t>& freed_at = {},
-                          const StepInferenceOptions& options = {});
+                          const StepInferenceOptions& options = {}, const std::vector<uint32_t>& places = {});
 
 // An inferred step event has this source (in `flags`); it is never written
 // to a trace.
@@ -98,6 +106,7 @@ class AllocationSequence {
   bool truncated() const { return truncated_; }
   const std::vector<uint64_t>& symbols() const { return symbols_; }
   const std::vector<uint32_t>& freed_at() const { return freed_at_; }
+  const std::vector<uint32_t>& places() const { return places_; }
   // Step ends as event positions: a step event goes before the event at
   // each position (a position past the last event: after it). Steps end
   // before the allocation that begins the next one. The last step ends
@@ -111,6 +120,7 @@ class AllocationSequence {
   struct StackInfo {
     uint64_t traits;    // kUnderPython, kUnderImport
     uint64_t identity;  // the stack id, or for an attributed stack its native frames
+    uint32_t place;     // its innermost Python frame, hashed (infer_steps' `places`); 0: none
   };
   const StackInfo& stack_info(uint32_t stack);
 
@@ -118,6 +128,7 @@ class AllocationSequence {
   size_t limit_;
   absl::flat_hash_map<uint32_t, StackInfo> stack_info_;
   std::vector<uint64_t> symbols_;
+  std::vector<uint32_t> places_;
   std::vector<uint64_t> event_index_;  // of each allocation
   std::vector<uint32_t> freed_at_;     // of each allocation: symbols_.size() at its free
   struct Free {

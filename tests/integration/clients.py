@@ -116,3 +116,18 @@ class ClientTestCase(mltest.TestCase):
         name, line = run.leak_site
         frames = ["%s:%s" % (os.path.basename(f.get("file") or ""), f.get("line")) for f in suspect["stack"]]
         self.assertIn("%s:%d" % (name, line), frames, "top suspect %s; stack %s" % (suspect["site"], frames[:12]))
+
+    def assertAttributedToTheLoop(self, suspect, run):
+        # XLA makes output buffers on its own threads, which never ran
+        # Python: the suspect's Python frames are the main thread's at that
+        # moment, marked as attributed. With asynchronous dispatch the main
+        # thread may be at the dispatching line or already waiting for the
+        # step: the line named is one of the loop's.
+        python = [f for f in suspect["stack"] if f["language"] == "python"]
+        self.assertTrue(python and all(f["attributed"] for f in python), suspect["stack"][:4])
+        self.assertTrue(suspect["site"].endswith("(attributed from the main thread)"), suspect["site"])
+        first = run.leak_site[1]
+        with open(os.path.join(CLIENTS_DIR, "jax_client.py")) as f:
+            last = next(n for n, text in enumerate(f, 1) if "# WAIT_FOR_STEP" in text)
+        self.assertEqual((python[0]["function"], os.path.basename(python[0]["file"])), ("main", "jax_client.py"))
+        self.assertIn(python[0]["line"], range(first, last + 1), suspect["site"])

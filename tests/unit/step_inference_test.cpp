@@ -192,6 +192,29 @@ Trace unmarked_training_run(int steps, uint64_t leak) {
 
 }  // namespace
 
+TEST_CASE("a loop inside one native call gives way to one that steps through Python", "[step_inference]") {
+  // A framework registers its devices: 395 times the same allocations, all
+  // under one Python instruction. Then the training loop: 20 steps whose
+  // anchors are allocated at several lines.
+  Sequence s;
+  std::vector<uint32_t> places;
+  auto add = [&](uint64_t symbol, uint32_t place) {
+    s.add(symbol);
+    places.push_back(place);
+  };
+  for (int device = 0; device < 395; ++device) {
+    for (uint64_t i = 0; i < 5; ++i) add(kSetup + i, 77);
+  }
+  for (int step = 0; step < 20; ++step) {
+    s.begin_iteration();
+    for (uint64_t i = 0; i < 6; ++i) add(kBody + i, static_cast<uint32_t>(100 + i));
+  }
+  CHECK(infer_steps(s.symbols).ends.size() == 395);  // without places: the longer loop
+  InferredSteps steps = infer_steps(s.symbols, {}, {}, places);
+  REQUIRE(steps.ends.size() == 20);
+  CHECK(all_but_last(steps.ends) == s.expected_ends());
+}
+
 TEST_CASE("a trace without markers gets auto steps and its leak is found", "[step_inference]") {
   const Trace trace = unmarked_training_run(20, 65536);
   ProcessReport r = analyze(trace, ExitInfo{}, AnalysisOptions{});
