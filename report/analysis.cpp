@@ -384,6 +384,8 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   r.notes = collect_notes(NotesInput{trace, sampled, r.sample_interval, r.events, stackless, r.unknown_frees,
                                      r.failed_allocations, r.ooms.size(), growth.note, hidden.note, r.cupti,
                                      namer.warnings(), pass.steps.note, &r.allocator});
+  const std::string rss = rss_without_live_note(r.steps, r.warmup_steps, r.window_seconds, !trace.python_codes.empty());
+  if (!rss.empty()) r.notes.push_back(rss);
   r.environment = read_environment(trace);
   judge_environment(r.environment, r.verdict, r.notes);
   return r;

@@ -1,5 +1,7 @@
 #include "notes.h"
 
+#include <algorithm>
+
 #include "analysis.h"
 
 namespace memledger::report {
@@ -65,6 +67,38 @@ void allocator_notes(const HostAllocator* allocator, std::vector<std::string>& n
 }
 
 }  // namespace
+
+std::string rss_without_live_note(const std::vector<StepStats>& steps, int warmup_steps, double window_seconds,
+                                  bool python) {
+  const size_t first = static_cast<size_t>(std::max(0, warmup_steps));
+  if (steps.size() < first + 3) return {};
+  std::vector<double> rss, explained;
+  for (size_t k = first; k < steps.size(); ++k) {
+    const StepStats& s = steps[k];
+    if (s.rss == 0) return {};  // not read
+    int64_t live = 0;
+    for (int64_t v : s.live) live += v;
+    rss.push_back(static_cast<double>(s.rss));
+    // Live bytes, or what the allocator holds for them when it holds more.
+    explained.push_back(std::max(static_cast<double>(live), static_cast<double>(s.held_host + (live - s.live[0]))));
+  }
+  const double rss_slope = fit_line(rss).slope;
+  const double explained_slope = std::max(0.0, fit_line(explained).slope);
+  const double span = static_cast<double>(rss.size() - 1);
+  if ((rss_slope - explained_slope) * span < kRssUnexplainedMin || rss_slope < 2 * explained_slope) return {};
+  const double per = window_seconds > 0 ? window_seconds : 1.0;
+  const std::string unit = window_seconds > 0 ? "/s" : "/step";
+  std::string note = "RSS grew " + human_bytes(rss_slope / per) + unit + " over " +
+                     (window_seconds > 0 ? "time windows " : "steps ") + std::to_string(first + 1) + "-" +
+                     std::to_string(steps.size()) + " while live and held bytes grew " +
+                     human_bytes(explained_slope / per) + unit + ": " +
+                     human_bytes((rss_slope - explained_slope) * span) + " of resident memory that no allocation explains";
+  note += python ? " (most often small Python objects: CPython keeps them in arenas of its own, mapped outside "
+                   "malloc, so many ints, strings or tuples grow RSS only; also memory a library maps itself, and "
+                   "thread stacks)"
+                 : " (memory a library maps outside the allocator, its own pools, or thread stacks)";
+  return note;
+}
 
 std::vector<std::string> collect_notes(const NotesInput& in) {
   std::vector<std::string> notes(in.trace.problems.begin(), in.trace.problems.end());

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis.h"
 #include "cupti_view.h"
 #include "trace_reader.h"
 
@@ -42,5 +43,14 @@ struct NotesInput {
 };
 
 std::vector<std::string> collect_notes(const NotesInput& in);
+
+// Resident memory that no allocation explains: RSS rising over the steps
+// after the warm-up by at least kRssUnexplainedMin more than live and held
+// bytes together, and at least twice as fast, said with the numbers and the
+// usual causes (in a Python process, CPython's own arenas for small
+// objects). Empty when it does not.
+inline constexpr double kRssUnexplainedMin = 32.0 * 1024 * 1024;
+std::string rss_without_live_note(const std::vector<StepStats>& steps, int warmup_steps, double window_seconds,
+                                  bool python);
 
 }  // namespace memledger::report

@@ -2,12 +2,14 @@
 with one planted leak of the kinds people hit, for memledger's integration
 tests.
 
-    tf_client.py [--steps N] [--leak callback|generator|none] [--markers callback|none]
+    tf_client.py [--steps N] [--leak callback|generator|py_function|none] [--markers callback|none]
 
 --leak callback: a callback keeps the model's predictions on a probe batch
     after every training batch (to plot them later): 500 KB per step.
 --leak generator: the tf.data generator keeps every batch array it creates
     in a list: 256 KiB per step (and a few batches ahead: tf.data prefetches).
+--leak py_function: the batches are made by a tf.py_function inside the
+    pipeline's map (on tf.data's own threads), which keeps every array it makes.
 --leak none: the clean control (the same callback and generator, nothing kept).
 --markers callback: memledger.keras.StepCallback ends each step; none: no
     marker (the report then infers the steps).
@@ -54,6 +56,23 @@ def make_dataset(keep):
     return tf.data.Dataset.from_generator(batches, output_signature=signature)
 
 
+def make_py_function_dataset(keep):
+    rng = np.random.default_rng(0)
+
+    def batch(index):
+        x = rng.standard_normal((BATCH, FEATURES), dtype=np.float32)  # LEAK_SITE(py_function)
+        keep.append(x)  # the planted leak: the function keeps every batch it makes
+        return x, rng.integers(0, CLASSES, BATCH)
+
+    def load(index):
+        x, y = tf.py_function(batch, [index], [tf.float32, tf.int64])
+        x.set_shape([BATCH, FEATURES])
+        y.set_shape([BATCH])
+        return x, y
+
+    return tf.data.Dataset.range(1 << 40).map(load)
+
+
 class ProbePredictions(tf.keras.callbacks.Callback):
     """Predicts a fixed probe batch after every training batch."""
 
@@ -75,7 +94,7 @@ class ProbePredictions(tf.keras.callbacks.Callback):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--leak", choices=("callback", "generator", "none"), default="callback")
+    parser.add_argument("--leak", choices=("callback", "generator", "py_function", "none"), default="callback")
     parser.add_argument("--markers", choices=("callback", "none"), default="callback")
     args = parser.parse_args()
 
@@ -94,7 +113,9 @@ def main():
     callbacks = [ProbePredictions(keep=args.leak == "callback")]
     if memledger is not None and args.markers == "callback":
         callbacks.append(memledger.keras.StepCallback())
-    history = model.fit(make_dataset(generator_kept), epochs=1, steps_per_epoch=args.steps,
+    py_function_kept = []
+    dataset = make_py_function_dataset(py_function_kept) if args.leak == "py_function" else make_dataset(generator_kept)
+    history = model.fit(dataset, epochs=1, steps_per_epoch=args.steps,
                         callbacks=callbacks, shuffle=False, verbose=0)
     print("LEAK_FILE=%s" % os.path.basename(__file__))
     print("LEAK_LINE=%d" % planted.leak_line(__file__, args.leak))

@@ -4,7 +4,12 @@ multiprocessing pool whose tasks keep their results in a module-level list.
 Run under `memledger run -- python3 workers_client.py ...` with default
 options; prints LEAK_BYTES (planted bytes per sample or task) and DONE.
 
---leak none is the clean control: the same work, nothing kept."""
+--leak none is the clean control: the same work, nothing kept.
+
+--mode objects: a dataset holding three million small Python objects, made
+in the main process and read by the DataLoader's workers. Nothing leaks, but
+CPython keeps small objects in arenas of its own, outside malloc: the main
+process's RSS grows while its heap does not."""
 
 import argparse
 import multiprocessing
@@ -36,11 +41,34 @@ class CachingDataset:
         return x, i % 10
 
 
+class ObjectsDataset:
+    """A map-style dataset over a list of Python objects made in the parent."""
+
+    def __init__(self, n):
+        self.n = n
+        self.objects = [str(i) * 3 for i in range(3_000_000)]
+        self.chunk = len(self.objects) // n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        import torch
+
+        time.sleep(0.004)
+        # Reading each object of the sample's chunk touches its page.
+        length = sum(len(s) for s in self.objects[i * self.chunk:(i + 1) * self.chunk])
+        return torch.full((64, 64), float(length)), i % 10
+
+
 def train_with_dataloader(args):
     import torch
     from torch.utils.data import DataLoader
 
-    dataset = CachingDataset(args.samples, args.leak == "cache")
+    if args.mode == "objects":
+        dataset = ObjectsDataset(args.samples)
+    else:
+        dataset = CachingDataset(args.samples, args.leak == "cache")
     loader = DataLoader(dataset, batch_size=16, num_workers=2, persistent_workers=True,
                         multiprocessing_context=args.start)
     model = torch.nn.Linear(64 * 64, 10)
@@ -77,13 +105,13 @@ def run_pool(args):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=("dataloader", "pool"), default="dataloader")
+    parser.add_argument("--mode", choices=("dataloader", "pool", "objects"), default="dataloader")
     parser.add_argument("--start", choices=("fork", "spawn", "forkserver"), default="fork")
     parser.add_argument("--leak", choices=("cache", "results", "none"), default="cache")
     parser.add_argument("--samples", type=int, default=800)
     args = parser.parse_args()
     print("LEAK_BYTES=%d" % (65536 if args.leak != "none" else 0), flush=True)
-    if args.mode == "dataloader":
+    if args.mode in ("dataloader", "objects"):
         train_with_dataloader(args)
     else:
         run_pool(args)

@@ -69,6 +69,12 @@ class AutoSteps(clients.ClientTestCase):
     def test_keras_generator_leak(self):
         self.check_client("tensorflow", "generator")
 
+    # The batches made by a tf.py_function on tf.data's own threads: Python
+    # runs there, so the leak is named at the function's own line.
+    def test_keras_py_function_leak(self):
+        run, top = self.check_client("tensorflow", "py_function")
+        self.assertNamesPlantedLine(top, run)
+
     def test_keras_clean(self):
         self.check_client("tensorflow", "none")
 

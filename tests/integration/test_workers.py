@@ -97,6 +97,18 @@ class Workers(clients.ClientTestCase):
         report, _ = self.run_workers("--mode", "dataloader", "--leak", "none")
         self.assert_clean(report, "DataLoader worker")
 
+    def test_small_objects_grow_rss_only(self):
+        clients.skip_unless(self, "torch")
+        report, text = self.run_workers("--mode", "objects", "--leak", "none")
+        self.assert_clean(report, "DataLoader worker")
+        root = report["processes"][report["job"]["rows"][0]["process"]]
+        rss = [n for n in root["notes"] if n.startswith("RSS grew")]
+        self.assertEqual(len(rss), 1, root["notes"])
+        self.assertRegex(rss[0], r"^RSS grew [\d.]+ MiB/s over time windows \d+-20 while live and held bytes grew "
+                                 r"[\d.]+ [KM]iB/s: [\d.]+ MiB of resident memory that no allocation explains "
+                                 r"\(most often small Python objects")
+        self.assertIn(rss[0], text)
+
     def test_pool(self):
         report, text = self.run_workers("--mode", "pool", "--leak", "results")
         self.assert_worker_leak(report, text, "Pool worker", "results")

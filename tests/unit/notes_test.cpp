@@ -112,3 +112,30 @@ TEST_CASE("notes: the host allocator, when host figures are incomplete or held b
   HostAllocator glibc{.name = "glibc", .reached = "the C library's own", .held_source = "mallinfo2"};
   CHECK(collect_notes(NotesInput{.trace = trace, .cupti = cupti, .allocator = &glibc}).size() == 1);
 }
+
+TEST_CASE("notes: RSS growing with no allocation to explain it is said, with the numbers", "[notes]") {
+  auto steps = [](int64_t rss_per_step, int64_t live_per_step) {
+    std::vector<StepStats> out;
+    for (int64_t k = 1; k <= 20; ++k) {
+      StepStats s;
+      s.index = static_cast<uint64_t>(k);
+      s.rss = static_cast<uint64_t>((100 << 20) + k * rss_per_step);
+      s.live[0] = (10 << 20) + k * live_per_step;
+      s.held_host = static_cast<uint64_t>(s.live[0] + (1 << 20));
+      out.push_back(s);
+    }
+    return out;
+  };
+  // 8 MiB a step of resident memory, 64 KiB a step of heap.
+  const std::string note = rss_without_live_note(steps(8 << 20, 64 << 10), 2, 0, true);
+  CHECK(note.rfind("RSS grew 8.0 MiB/step over steps 3-20 while live and held bytes grew 64.0 KiB/step: ", 0) == 0);
+  CHECK(note.find("small Python objects") != std::string::npos);
+  CHECK(rss_without_live_note(steps(8 << 20, 64 << 10), 2, 0, false).find("Python") == std::string::npos);
+  // Over time windows, per second.
+  CHECK(rss_without_live_note(steps(8 << 20, 0), 2, 0.5, false).rfind("RSS grew 16.0 MiB/s over time windows 3-20", 0) == 0);
+  // RSS that follows the heap, or grows by less than 32 MiB, is not.
+  CHECK(rss_without_live_note(steps(8 << 20, 8 << 20), 2, 0, true).empty());
+  CHECK(rss_without_live_note(steps(1 << 20, 0), 2, 0, true).empty());
+  // Level RSS: nothing to say.
+  CHECK(rss_without_live_note(steps(0, 0), 2, 0, true).empty());
+}
