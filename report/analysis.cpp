@@ -19,6 +19,7 @@
 #include "replay.h"
 #include "attributed.h"
 #include "site_groups.h"
+#include "growth_view.h"
 #include "step_inference.h"
 #include "verdict.h"
 
@@ -352,6 +353,8 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites * kStacksPerRow, sampled ? r.sample_interval : 0,
                                     pass.steps.by_time, [&](uint32_t stack) { return under_import(trace, stack); });
   LiveSets live = live_sets(replay, options.max_profile_sites);
+  GrowthView grown = growth_view(replay, growth.warmup_steps, options.growth_window, options.max_profile_sites);
+  grown.estimated = sampled;
   const HiddenAllocator hidden = find_hidden_allocator(trace.modules, replay.steps, replay.pool_allocs, !trace.vmm.empty());
   const StopVerdict stop = judge_stop(trace, exit_info, replay.ooms, replay.steps);
   const uint64_t stackless = replay.stackless;
@@ -377,6 +380,9 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   }
   r.exit_leaks = group_site_totals(std::move(r.exit_leaks), options.max_exit_sites);
   r.startup = group_site_totals(std::move(r.startup), options.max_exit_sites);
+  namer.name(grown.sites);
+  grown.sites = group_site_totals(std::move(grown.sites), options.max_exit_sites * 5);
+  r.growth_view = std::move(grown);
   // Device memory no hook saw, judged like a site (named already).
   for (LeakSuspect& s : find_not_hooked_growth(r.steps, options.warmup_steps, options.max_suspects)) {
     r.leak_suspects.push_back(std::move(s));

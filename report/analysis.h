@@ -16,12 +16,19 @@
 
 namespace memledger::report {
 
+// Two step ends, 1-based (from < to); from 0: the default window.
+struct GrowthWindow {
+  uint64_t from = 0;
+  uint64_t to = 0;
+};
+
 struct AnalysisOptions {
   int warmup_steps = -1;  // -1: automatic (a tenth of the steps, at least 1, at most 10)
   size_t max_suspects = 20;
   size_t max_exit_sites = 20;
   size_t max_profile_sites = 5000;  // sites kept in the live sets at the peak and at the end
   SymbolizerOptions symbolizer;
+  GrowthWindow growth_window;  // of the growth view; default: the warm-up's end to the last step
 };
 
 // How the process ended, as told by `memledger run` (waitpid) when known.
@@ -194,6 +201,15 @@ struct HostAllocator {
   bool held_known = true;   // false: the allocator offers no statistics (held host bytes unknown, not 0)
 };
 
+// What grew between two step ends, by site (growth_view.h).
+struct GrowthView {
+  uint64_t from_step = 0, to_step = 0;
+  std::vector<SiteTotal> sites;  // gained bytes, largest first
+  int64_t bytes = 0;             // of every site, listed or not
+  bool estimated = false;        // sampled host mode
+  std::string note;              // why there is none
+};
+
 struct ProcessReport {
   std::string trace_path;
   // Source "time": the length of each window (0 otherwise).
@@ -205,6 +221,7 @@ struct ProcessReport {
   // interpreter that way, else empty.
   std::string python_role;
   std::string start_method;
+  GrowthView growth_view;
   int pid = 0;
   int ppid = 0;
   std::string command;

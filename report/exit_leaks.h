@@ -13,10 +13,9 @@
 //      kind).
 #pragma once
 
-#include <functional>
-
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "analysis.h"

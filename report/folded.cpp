@@ -34,7 +34,12 @@ std::string folded_name(std::string name) {
 }  // namespace
 
 const std::vector<SiteTotal>& snapshot_sites(const ProcessReport& p, Snapshot at) {
-  return at == Snapshot::kPeak ? p.live_at_peak : p.live_at_end;
+  switch (at) {
+    case Snapshot::kPeak: return p.live_at_peak;
+    case Snapshot::kEnd: return p.live_at_end;
+    case Snapshot::kGrowth: return p.growth_view.sites;
+  }
+  return p.live_at_end;
 }
 
 bool is_python_frame(const Frame& f) {

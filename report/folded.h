@@ -10,8 +10,9 @@
 
 namespace memledger::report {
 
-// Which live set: at the moment the live total peaked, or at the end.
-enum class Snapshot { kPeak, kEnd };
+// Which live set: at the moment the live total peaked, or at the end; or
+// what grew between two step ends (ProcessReport::growth_view).
+enum class Snapshot { kPeak, kEnd, kGrowth };
 
 const std::vector<SiteTotal>& snapshot_sites(const ProcessReport& p, Snapshot at);
 

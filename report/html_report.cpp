@@ -390,9 +390,11 @@ void sort_flame(FlameNode& n) {
   for (auto& c : n.children) sort_flame(*c);
 }
 
-std::string flame_graph(const std::vector<SiteTotal>& sites, const std::string& title, const std::string& empty_note) {
+// `what`: how the caption says the total ("live", "grew").
+std::string flame_graph(const std::vector<SiteTotal>& sites, const std::string& title, const std::string& empty_note,
+                        const std::string& what = "live") {
   FlameNode root;
-  root.name = "all live memory";
+  root.name = what == "live" ? "all live memory" : "all growth";
   for (const SiteTotal& t : sites) {
     if (t.bytes <= 0) continue;
     root.bytes += t.bytes;
@@ -408,7 +410,8 @@ std::string flame_graph(const std::vector<SiteTotal>& sites, const std::string& 
   }
   std::ostringstream o;
   o << "<figure class=\"flame\"><figcaption><b>" << esc(title) << "</b> <span class=\"note\">"
-    << esc(bytes(double(root.bytes))) << " live; width is bytes, callers above callees; hover a frame for its figures</span></figcaption>\n";
+    << esc(bytes(double(root.bytes))) << " " << esc(what)
+    << "; width is bytes, callers above callees; hover a frame for its figures</span></figcaption>\n";
   if (root.bytes <= 0) {
     o << "<p class=\"note\">" << esc(empty_note) << "</p></figure>\n";
     return o.str();
@@ -644,6 +647,20 @@ std::string process_figures(const ProcessReport& p) {
 
 // `headline`: the stop verdict and key figures (left out when the top of the
 // page shows them already).
+// What grew between two step ends (the end of the warm-up and the last step
+// unless chosen): the first flame graph, with no start-up in it.
+void growth_view_html(const GrowthView& g, std::ostringstream& o) {
+  o << "<h3>What grew</h3>\n";
+  if (!g.note.empty()) {
+    o << "<p class=\"note\">No growth view: " << esc(g.note) << ".</p>\n";
+    return;
+  }
+  const std::string title = "Bytes gained between the end of step " + std::to_string(g.from_step) +
+                            " and the end of step " + std::to_string(g.to_step) + " by the sites that grew" +
+                            (g.estimated ? " (estimated)" : "");
+  o << flame_graph(g.sites, title, "No site grew between these steps.", "grew");
+}
+
 void process_section(const ProcessReport& p, size_t index, bool root, bool open, bool headline, std::ostringstream& o) {
   const std::string id = "p" + std::to_string(index);
   o << "<details class=\"process\" id=\"" << id << "\"" << (open ? " open" : "") << "><summary>Process " << p.pid;
@@ -688,6 +705,7 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
     o << "</div>\n";
   }
 
+  if (!p.steps.empty()) growth_view_html(p.growth_view, o);
   o << "<h3>Memory per step</h3>\n";
   process_charts(p, o);
 

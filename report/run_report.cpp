@@ -417,6 +417,13 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
       {"duration_ns", p.duration_ns},
       {"steps", steps},
       {"step_rows", step_rows_json(p.steps.size(), rows, max_step_rows)},
+      {"growth_view",
+       {{"from_step", p.growth_view.from_step},
+        {"to_step", p.growth_view.to_step},
+        {"bytes", p.growth_view.bytes},
+        {"estimated", p.growth_view.estimated},
+        {"note", p.growth_view.note},
+        {"sites", site_totals_json(p.growth_view.sites)}}},
       {"leak_suspects", suspects},
       {"exit_leaks",
        {{"bytes", p.exit_leak_bytes},
@@ -786,6 +793,19 @@ void text_suspects(const ProcessReport& p, bool full_stacks, std::ostringstream&
   }
 }
 
+// What grew between two step ends: the total and the three largest rows.
+void text_growth_view(const ProcessReport& p, std::ostringstream& out) {
+  const GrowthView& g = p.growth_view;
+  if (p.steps.empty() || !g.note.empty() || g.sites.empty()) return;
+  out << "\nwhat grew from the end of step " << g.from_step << " to the end of step " << g.to_step << ": "
+      << human_bytes(double(g.bytes)) << (g.estimated ? " estimated" : "") << " (flame graph in the HTML report)\n";
+  for (size_t k = 0; k < g.sites.size() && k < 3; ++k) {
+    const SiteTotal& t = g.sites[k];
+    out << "  " << human_bytes(double(t.bytes)) << (g.estimated ? " estimated" : "") << " at " << site_name(t.site)
+        << merged_text(t.stacks_merged, false) << "\n";
+  }
+}
+
 // Exit leaks, and the start-up allocations kept apart from them.
 void text_exit_leaks(const ProcessReport& p, std::ostringstream& out) {
   // Sampled mode: bytes and counts are estimates (a count of allocations, not of samples).
@@ -865,6 +885,7 @@ std::string render_text(const RunReport& run, bool full_stacks) {
     text_device_steps(p, out);
     text_host_steps(p, out);
     text_suspects(p, full_stacks, out);
+    text_growth_view(p, out);
     text_exit_leaks(p, out);
     text_cupti(p, out);
     if (!p.notes.empty()) {

@@ -29,6 +29,7 @@
 #include "chrome_trace.h"
 #include "file_io.h"
 #include "folded.h"
+#include "growth_view.h"
 #include "html_report.h"
 #include "leak_mode.h"
 #include "pprof.h"
@@ -76,7 +77,10 @@ constexpr int kExitInput = 1;
     "                            pprof (gzip'd profile.proto: go tool pprof, speedscope),\n" \
     "                            folded (flame graph tools; also 'collapsed'),\n" \
     "                            chrome (trace event JSON for Perfetto's UI)\n" \
-    "      --at peak|end         folded: the live set at the peak (default) or at the end\n" \
+    "      --at peak|end|growth  folded: the live set at the peak (default) or at the end, or what grew\n" \
+    "                            between two step ends (the growth view)\n" \
+    "      --growth-window A:B   the growth view's steps: what grew between the end of step A and the\n" \
+    "                            end of step B (default: the warm-up's end to the last step)\n" \
     "  -o, --output FILE         write the report to FILE instead of standard output\n" \
     "      --warmup-steps N      steps ignored before judging growth (default: a tenth, 1 to 10)\n" \
     "      --debug-dir DIR       also look for binaries and debug info in DIR (repeatable)\n" \
@@ -770,6 +774,7 @@ int cmd_report(int argc, char** argv) {
   static const option long_options[] = {
       {"format", required_argument, nullptr, 'f'},
       {"at", required_argument, nullptr, 'a'},
+      {"growth-window", required_argument, nullptr, 'g'},
       {"output", required_argument, nullptr, 'o'},
       {"warmup-steps", required_argument, nullptr, 'w'},
       {"debug-dir", required_argument, nullptr, 'd'},
@@ -795,10 +800,19 @@ int cmd_report(int argc, char** argv) {
           at = memledger::report::Snapshot::kPeak;
         } else if (std::strcmp(optarg, "end") == 0) {
           at = memledger::report::Snapshot::kEnd;
+        } else if (std::strcmp(optarg, "growth") == 0) {
+          at = memledger::report::Snapshot::kGrowth;
         } else {
-          return usage_error(std::string("--at must be peak or end, not '") + optarg + "'", "report");
+          return usage_error(std::string("--at must be peak, end or growth, not '") + optarg + "'", "report");
         }
         break;
+      case 'g': {
+        std::string error;
+        if (!memledger::report::parse_growth_window(optarg, options.growth_window, error)) {
+          return usage_error(error, "report");
+        }
+        break;
+      }
       case 'o': output = optarg; break;
       case 'w': {
         auto n = parse_count(optarg);

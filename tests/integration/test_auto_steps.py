@@ -16,9 +16,13 @@ STEPS = 20
 
 
 class AutoSteps(clients.ClientTestCase):
-    def assertAutoSteps(self, report, steps, text=None):
+    def assertAutoSteps(self, report, steps, text=None, first_step_may_merge=False):
         self.assertEqual(report["step_source"], "auto", report["notes"])
-        self.assertEqual(len(report["steps"]), steps, report["step_inference"])
+        if first_step_may_merge:
+            self.assertIn(len(report["steps"]), (steps - 1, steps), report["step_inference"])
+            steps = len(report["steps"])
+        else:
+            self.assertEqual(len(report["steps"]), steps, report["step_inference"])
         self.assertTrue(all(s["source"] == "auto" for s in report["steps"]))
         self.assertRegex(report["step_inference"], r"^inferred period \d+ allocations per step")
         if text is not None:
@@ -45,13 +49,13 @@ class AutoSteps(clients.ClientTestCase):
         self.assertEqual(r["step_source"], "marker")
         self.assertEqual(r["step_inference"], "")
 
-    def check_client(self, framework, leak, options=()):
+    def check_client(self, framework, leak, options=(), first_step_may_merge=False):
         clients.skip_unless(self, framework)
         run_dir = os.path.join(self.tmpdir(), framework + "-" + leak)
         run = clients.run_client(self, framework, run_dir, "--steps", STEPS, "--leak", leak, "--markers", "none",
                                  options=options)
         self.assertCompleted(run)
-        self.assertAutoSteps(run.report, STEPS)
+        self.assertAutoSteps(run.report, STEPS, first_step_may_merge=first_step_may_merge)
         if leak == "none":
             self.assertEqual([s["site"] for s in run.report["leak_suspects"]], [])
             return run, None
@@ -89,13 +93,16 @@ class AutoSteps(clients.ClientTestCase):
     # Outputs kept on XLA's threads, named at the loop's line by attribution,
     # in both host modes. In full mode, JAX registering its CPU devices
     # repeats more of what it allocates than the loop does, but under one
-    # Python instruction: the loop steps through Python and wins.
+    # Python instruction: the loop steps through Python and wins. Full mode
+    # records the first step's tracing and compilation in full, and now and
+    # then a loop of the later steps' allocations outscores the one that
+    # includes it: the first step is then part of start-up (19 steps).
     def test_jax_outputs_kept(self):
         run, top = self.check_client("jax", "outputs")
         self.assertAttributedToTheLoop(top, run)
 
     def test_jax_outputs_kept_full(self):
-        run, top = self.check_client("jax", "outputs", options=("--host", "full"))
+        run, top = self.check_client("jax", "outputs", options=("--host", "full"), first_step_may_merge=True)
         self.assertAttributedToTheLoop(top, run)
 
 

@@ -359,7 +359,7 @@ class Exports(mltest.TestCase):
         self.assertIn("--format must be text, json, html, pprof, folded or chrome, not 'svg'", proc.stderr)
         proc = self.memledger("report", self.run_dir, "--format", "folded", "--at", "middle")
         self.assertExit(proc, 2)
-        self.assertIn("--at must be peak or end", proc.stderr)
+        self.assertIn("--at must be peak, end or growth", proc.stderr)
 
 
 if __name__ == "__main__":
