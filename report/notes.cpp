@@ -93,10 +93,10 @@ std::string rss_without_live_note(const std::vector<StepStats>& steps, int warmu
                      std::to_string(steps.size()) + " while live and held bytes grew " +
                      human_bytes(explained_slope / per) + unit + ": " +
                      human_bytes((rss_slope - explained_slope) * span) + " of resident memory that no allocation explains";
-  note += python ? " (most often small Python objects: CPython keeps them in arenas of its own, mapped outside "
-                   "malloc, so many ints, strings or tuples grow RSS only; also memory a library maps itself, and "
-                   "thread stacks)"
-                 : " (memory a library maps outside the allocator, its own pools, or thread stacks)";
+  note += " (files or shared memory mapped into the process, address space reserved and made usable later";
+  note += python ? ", thread stacks, or a native extension's own memory; CPython's small-object arenas are counted as "
+                   "mapped memory)"
+                 : ", thread stacks, or a library's own memory)";
   return note;
 }
 

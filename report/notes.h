@@ -46,9 +46,8 @@ std::vector<std::string> collect_notes(const NotesInput& in);
 
 // Resident memory that no allocation explains: RSS rising over the steps
 // after the warm-up by at least kRssUnexplainedMin more than live and held
-// bytes together, and at least twice as fast, said with the numbers and the
-// usual causes (in a Python process, CPython's own arenas for small
-// objects). Empty when it does not.
+// bytes together (all kinds, mapped included), and at least twice as fast,
+// said with the numbers and the usual causes. Empty when it does not.
 inline constexpr double kRssUnexplainedMin = 32.0 * 1024 * 1024;
 std::string rss_without_live_note(const std::vector<StepStats>& steps, int warmup_steps, double window_seconds,
                                   bool python);

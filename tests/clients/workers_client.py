@@ -7,9 +7,8 @@ options; prints LEAK_BYTES (planted bytes per sample or task) and DONE.
 --leak none is the clean control: the same work, nothing kept.
 
 --mode objects: a dataset holding three million small Python objects, made
-in the main process and read by the DataLoader's workers. Nothing leaks, but
-CPython keeps small objects in arenas of its own, outside malloc: the main
-process's RSS grows while its heap does not."""
+in the main process and read by the DataLoader's workers. Nothing leaks;
+CPython keeps small objects in arenas of its own, mapped outside malloc."""
 
 import argparse
 import multiprocessing

@@ -97,18 +97,17 @@ class Workers(clients.ClientTestCase):
         report, _ = self.run_workers("--mode", "dataloader", "--leak", "none")
         self.assert_clean(report, "DataLoader worker")
 
-    def test_small_objects_grow_rss_only(self):
+    def test_small_objects_are_mapped_memory(self):
+        # Three million small objects live in CPython's own arenas, mapped
+        # outside malloc: counted as mapped memory, so the RSS they take is
+        # explained and no note says otherwise; made once, they are no leak.
         clients.skip_unless(self, "torch")
-        report, text = self.run_workers("--mode", "objects", "--leak", "none")
+        report, _ = self.run_workers("--mode", "objects", "--leak", "none")
         self.workers(report, "DataLoader worker")
         root = report["processes"][report["job"]["rows"][0]["process"]]
         self.assertEqual([s["site"] for s in root["leak_suspects"]], [])
-        rss = [n for n in root["notes"] if n.startswith("RSS grew")]
-        self.assertEqual(len(rss), 1, root["notes"])
-        self.assertRegex(rss[0], r"^RSS grew [\d.]+ MiB/s over time windows \d+-20 while live and held bytes grew "
-                                 r"[\d.]+ [KM]iB/s: [\d.]+ MiB of resident memory that no allocation explains "
-                                 r"\(most often small Python objects")
-        self.assertIn(rss[0], text)
+        self.assertGreater(root["steps"][-1]["live"].get("mapped", 0), 64 << 20, root["steps"][-1])
+        self.assertEqual([n for n in root["notes"] if n.startswith("RSS grew")], [])
 
     def test_pool(self):
         report, text = self.run_workers("--mode", "pool", "--leak", "results")
