@@ -156,15 +156,17 @@ TEST_CASE("procedures repeated a few times (compilations) are not the loop", "[s
 
 namespace {
 
-// A trace without step markers: each step allocates temporaries and frees
-// them, leaks `leak` bytes, and the teardown frees everything.
-Trace unmarked_training_run(int steps, uint64_t leak) {
+// A full-mode trace of one process, its events pushed one at a time, a
+// microsecond apart.
+struct SyntheticTrace {
   Trace trace;
-  trace.path = "synthetic";
-  trace.header["pid"] = "100";
-  trace.header["host_mode"] = "full";
   uint64_t seq = 0;
-  auto push = [&](EvType type, uint64_t addr, uint64_t size, uint32_t stack) {
+  SyntheticTrace() {
+    trace.path = "synthetic";
+    trace.header["pid"] = "100";
+    trace.header["host_mode"] = "full";
+  }
+  void push(EvType type, uint64_t addr, uint64_t size, uint32_t stack) {
     TraceEvent e;
     e.type = type;
     e.seq = ++seq;
@@ -173,7 +175,16 @@ Trace unmarked_training_run(int steps, uint64_t leak) {
     e.size = size;
     e.stack = stack;
     trace.events.push_back(e);
-  };
+  }
+};
+
+// A trace without step markers: each step allocates temporaries and frees
+// them, leaks `leak` bytes, and the teardown frees everything.
+Trace unmarked_training_run(int steps, uint64_t leak) {
+  SyntheticTrace synthetic;
+  Trace& trace = synthetic.trace;
+  uint64_t& seq = synthetic.seq;
+  auto push = [&](EvType type, uint64_t addr, uint64_t size, uint32_t stack) { synthetic.push(type, addr, size, stack); };
   for (uint64_t i = 0; i < 50; ++i) push(EvType::kAlloc, 0x100000 + i * 0x100, 64 + i, 1);  // start-up
   std::vector<uint64_t> leaked;
   for (int step = 0; step < steps; ++step) {
@@ -244,22 +255,11 @@ TEST_CASE("a worker thread's allocations with attributed Python frames still mak
   // step, so each step's allocations have stacks of their own. They are the
   // same allocations: their native frames decide.
   namespace fmt = memledger::format;
-  Trace trace;
-  trace.path = "synthetic";
-  trace.header["pid"] = "100";
-  trace.header["host_mode"] = "full";
-  uint64_t seq = 0;
+  SyntheticTrace synthetic;
+  Trace& trace = synthetic.trace;
+  const uint64_t& seq = synthetic.seq;
   uint32_t next_stack = 100;
-  auto push = [&](EvType type, uint64_t addr, uint64_t size, uint32_t stack) {
-    TraceEvent e;
-    e.type = type;
-    e.seq = ++seq;
-    e.ts = seq * 1000;
-    e.addr = addr;
-    e.size = size;
-    e.stack = stack;
-    trace.events.push_back(e);
-  };
+  auto push = [&](EvType type, uint64_t addr, uint64_t size, uint32_t stack) { synthetic.push(type, addr, size, stack); };
   constexpr int kSteps = 20;
   for (int step = 0; step < kSteps; ++step) {
     for (uint64_t i = 0; i < 6; ++i) {
