@@ -7,10 +7,13 @@ its two workers (fork and spawn start methods), and a multiprocessing.Pool
 whose tasks keep their results. Each worker has no step of any kind, so the
 report judges it over equal time windows: the whole-job verdict names the
 growing worker by its role and the planted line, with a rate per second.
-The clean controls do the same work and keep nothing: no suspect anywhere."""
+Two gloo ranks launched as torchrun does, one of which grows: its steps are
+found without markers and the verdict names the rank. The clean controls do
+the same work and keep nothing: no suspect anywhere."""
 
 import os
 import re
+import socket
 
 import clients
 import mltest
@@ -108,6 +111,41 @@ class Workers(clients.ClientTestCase):
         self.assertEqual([s["site"] for s in root["leak_suspects"]], [])
         self.assertGreater(root["steps"][-1]["live"].get("mapped", 0), 64 << 20, root["steps"][-1])
         self.assertEqual([n for n in root["notes"] if n.startswith("RSS grew")], [])
+
+    def run_ranks(self, leak):
+        """Two gloo ranks started as torchrun starts them (its own launcher is
+        broken on Debian's PyTorch 1.13 under Python 3.11)."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        script = os.path.join(clients.CLIENTS_DIR, "ranks_client.py")
+        launch = ("export MASTER_ADDR=127.0.0.1 MASTER_PORT=%d WORLD_SIZE=2; " % port +
+                  " ".join("RANK=%d LOCAL_RANK=%d %s %s --leak %s &" % (r, r, clients.PYTHON_TORCH, script, leak)
+                           for r in (0, 1)) + " wait")
+        run_dir = os.path.join(self.tmpdir(), "ranks")
+        proc = self.memledger("run", "-q", "-o", run_dir, "--", "/bin/sh", "-c", launch,
+                              env=mltest.clean_env(**clients.QUIET), timeout=240)
+        self.assertExit(proc, 0)
+        self.assertEqual(proc.stdout.count("DONE"), 2, proc.stdout)
+        return self.load_report(run_dir), script
+
+    def test_torchrun_ranks(self):
+        clients.skip_unless(self, "torch")
+        report, script = self.run_ranks("rank1")
+        with open(script) as f:
+            line = next(n for n, text in enumerate(f, 1) if "# LEAK_SITE(rank1)" in text)
+        conclusion = report["job"]["conclusion"]
+        self.assertRegex(conclusion, r"^rank 1 \(pid \d+\) grows fastest: 256\.0 KiB/step in 1 suspect, top site "
+                                     r".* at ranks_client\.py:%d; 1 of \d+ processes grows$" % line)
+        ranks = {r["label"].split(" (")[0]: r for r in report["job"]["rows"] if r["label"].startswith("rank")}
+        self.assertEqual(sorted(ranks), ["rank 0", "rank 1"])
+        self.assertEqual(ranks["rank 0"]["suspects"], 0)
+        self.assertIn("rank 1 of 2", ranks["rank 1"]["role"])
+
+    def test_torchrun_ranks_clean(self):
+        clients.skip_unless(self, "torch")
+        report, _ = self.run_ranks("none")
+        self.assertRegex(report["job"]["conclusion"], r"^no process grows")
 
     def test_pool(self):
         report, text = self.run_workers("--mode", "pool", "--leak", "results")
