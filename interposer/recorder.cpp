@@ -29,6 +29,7 @@
 #include "signals.h"
 #include "spin_lock.h"
 #include "trace_writer.h"
+#include "unwinder.h"
 
 namespace memledger::interposer {
 __thread ThreadState tls_state __attribute__((tls_model("initial-exec")));
@@ -267,6 +268,10 @@ void Recorder::start() {
   if (filter != MAP_FAILED) g_filter = static_cast<std::atomic<uint8_t>*>(filter);
 
   unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
+  if (!unwinder_configure(getenv("MEMLEDGER_UNWINDER"))) {
+    message("MEMLEDGER_UNWINDER is not one of fast, libunwind, check: using fast");
+    unwinder_configure("fast");
+  }
   // A Python executable (or its libpython) is loaded by now; an embedded
   // interpreter loaded later is found by the writer when modules change.
   const char* python = getenv("MEMLEDGER_PYTHON_FRAMES");
@@ -311,6 +316,15 @@ void Recorder::finish() {
   // last cycle; then hooks pass through.
   trace_writer().stop();
   lifecycle_.store(Lifecycle::kFinished, std::memory_order_release);
+  if (unwinder_checking()) {
+    uint64_t checked, handed_over, differed;
+    unwinder_check_counts(&checked, &handed_over, &differed);
+    char text[200];
+    snprintf(text, sizeof text, "unwinder check (pid %d): %llu stacks, %llu handed to libunwind, %llu differed",
+             static_cast<int>(pid_), static_cast<unsigned long long>(checked),
+             static_cast<unsigned long long>(handed_over), static_cast<unsigned long long>(differed));
+    message(text);
+  }
 }
 
 void Recorder::disable(const char* why) {
@@ -458,7 +472,7 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
   if (want > static_cast<int>(StackTable::kMaxNativeDepth + 16)) want = StackTable::kMaxNativeDepth + 16;
   int n = 0;
   if (enter_loader_section()) {
-    n = unw_backtrace(frames, want);
+    n = fast_backtrace(frames, want);
     leave_loader_section();
   }
   // Drop memledger's own frames (the hook, this function, libunwind).

@@ -31,6 +31,7 @@
 #include "recorder.h"
 #include "trace_encoding.h"
 #include "trace_format.h"
+#include "unwinder.h"
 
 namespace memledger::interposer {
 namespace {
@@ -736,6 +737,8 @@ void TraceWriter::cycle(bool final) {
             s.first = false;
             if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
               if (info->dlpi_adds == s.st->dl_adds && info->dlpi_subs == s.st->dl_subs) return 1;
+              // An object went away: what is loaded at its addresses next is unwound afresh.
+              if (info->dlpi_subs != s.st->dl_subs && s.st->dl_subs != ~0ull) unwinder_modules_unloaded();
               s.st->dl_adds = info->dlpi_adds;
               s.st->dl_subs = info->dlpi_subs;
             }

@@ -1,0 +1,549 @@
+#include "unwinder.h"
+
+#include <atomic>
+#include <cstddef>
+#include <cstring>
+#include <link.h>
+
+#define UNW_LOCAL_ONLY
+#include <libunwind.h>
+
+namespace memledger::interposer {
+namespace {
+
+// DWARF register numbers on x86-64 (System V psABI, figure 3.36).
+constexpr int kRegRbp = 6;
+constexpr int kRegRsp = 7;
+constexpr int kRegReturn = 16;
+
+// One address's rule, packed in one word so that a reader sees it whole
+// (0: not known yet):
+//   bit 0       a rule is stored
+//   bits 1..2   Kind
+//   bit 3       the CFA is rbp + cfa_offset (else rsp + cfa_offset)
+//   bit 4       the caller's rbp was saved at CFA + rbp_offset (else it is rbp now)
+//   bits 8..15  generation: rules of an older one are learnt again
+//   bits 16..31 rbp_offset (signed)
+//   bits 32..63 cfa_offset (signed)
+// The return address is always at CFA - 8 (a rule saying otherwise is kUnsupported).
+enum class Kind : uint64_t { kStandard = 0, kOutermost = 1, kUnsupported = 2 };
+
+struct Rule {
+  Kind kind = Kind::kUnsupported;
+  bool cfa_rbp = false;
+  bool rbp_saved = false;
+  int16_t rbp_offset = 0;
+  int32_t cfa_offset = 0;
+};
+
+std::atomic<uint32_t> g_generation{0};
+
+uint64_t pack(const Rule& r, uint32_t generation) {
+  return 1 | static_cast<uint64_t>(r.kind) << 1 | static_cast<uint64_t>(r.cfa_rbp) << 3 |
+         static_cast<uint64_t>(r.rbp_saved) << 4 | static_cast<uint64_t>(generation & 0xff) << 8 |
+         static_cast<uint64_t>(static_cast<uint16_t>(r.rbp_offset)) << 16 |
+         static_cast<uint64_t>(static_cast<uint32_t>(r.cfa_offset)) << 32;
+}
+
+// The rules, shared by every thread: open addressing on the address, slots
+// claimed once and never freed. A full neighbourhood leaves the address
+// uncached (its rule is worked out at each walk): correct, only slower.
+struct Slot {
+  std::atomic<uint64_t> pc;
+  std::atomic<uint64_t> rule;
+};
+constexpr size_t kSlots = size_t{1} << 17;  // 2 MiB, touched as used
+constexpr int kProbes = 16;
+Slot g_slots[kSlots];
+
+inline size_t slot_of(uint64_t pc) { return static_cast<size_t>((pc * 0x9e3779b97f4a7c15ull) >> 47) & (kSlots - 1); }
+
+// --- Reading .eh_frame (DWARF 5 section 6.4, LSB "Exception Frames") -----
+
+struct Reader {
+  const uint8_t* p;
+  uint8_t u8() { return *p++; }
+  template <typename T>
+  T fixed() {
+    T v;
+    memcpy(&v, p, sizeof v);
+    p += sizeof v;
+    return v;
+  }
+  uint64_t uleb() {
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      const uint8_t b = *p++;
+      v |= static_cast<uint64_t>(b & 0x7f) << shift;
+      if ((b & 0x80) == 0) break;
+    }
+    return v;
+  }
+  int64_t sleb() {
+    int64_t v = 0;
+    int shift = 0;
+    uint8_t b;
+    do {
+      b = *p++;
+      if (shift < 64) v |= static_cast<int64_t>(b & 0x7f) << shift;
+      shift += 7;
+    } while (b & 0x80);
+    if (shift < 64 && (b & 0x40)) v |= -(int64_t{1} << shift);
+    return v;
+  }
+};
+
+// A DW_EH_PE-encoded pointer; `data_base` for datarel (.eh_frame_hdr).
+bool read_encoded(Reader& r, uint8_t encoding, uint64_t data_base, uint64_t* out) {
+  if (encoding == 0xff) return false;  // DW_EH_PE_omit
+  const uint64_t at = reinterpret_cast<uint64_t>(r.p);
+  uint64_t v;
+  switch (encoding & 0x0f) {
+    case 0x00: v = r.fixed<uint64_t>(); break;                                     // absptr
+    case 0x01: v = r.uleb(); break;                                                // uleb128
+    case 0x02: v = r.fixed<uint16_t>(); break;                                     // udata2
+    case 0x03: v = r.fixed<uint32_t>(); break;                                     // udata4
+    case 0x04: v = r.fixed<uint64_t>(); break;                                     // udata8
+    case 0x09: v = static_cast<uint64_t>(r.sleb()); break;                         // sleb128
+    case 0x0a: v = static_cast<uint64_t>(static_cast<int64_t>(r.fixed<int16_t>())); break;  // sdata2
+    case 0x0b: v = static_cast<uint64_t>(static_cast<int64_t>(r.fixed<int32_t>())); break;  // sdata4
+    case 0x0c: v = r.fixed<uint64_t>(); break;                                     // sdata8
+    default: return false;
+  }
+  switch (encoding & 0x70) {
+    case 0x00: break;                 // absolute
+    case 0x10: v += at; break;        // pcrel
+    case 0x30: v += data_base; break;  // datarel
+    default: return false;            // textrel, funcrel, aligned: not used on x86-64 Linux
+  }
+  if (encoding & 0x80) v = *reinterpret_cast<const uint64_t*>(v);  // indirect
+  *out = v;
+  return true;
+}
+
+// Where a register's caller value is, as far as the rules need to know.
+enum class Where : uint8_t { kSame, kCfaOffset, kUndefined, kOther };
+struct RegRule {
+  Where where = Where::kSame;
+  int64_t offset = 0;
+};
+struct CfaState {
+  uint64_t cfa_reg = kRegRsp;
+  int64_t cfa_offset = 8;
+  bool cfa_expression = false;
+  RegRule rbp, rsp, ret;
+};
+
+struct Cie {
+  uint64_t code_align = 1;
+  int64_t data_align = -8;
+  uint64_t return_reg = kRegReturn;
+  uint8_t fde_encoding = 0;  // absptr
+  bool augmented = false;    // 'z': FDEs carry an augmentation length
+  bool signal_frame = false;
+  const uint8_t* instructions = nullptr;
+  const uint8_t* end = nullptr;
+};
+
+RegRule* rule_for(CfaState& s, uint64_t reg) {
+  if (reg == kRegRbp) return &s.rbp;
+  if (reg == kRegRsp) return &s.rsp;
+  if (reg == kRegReturn) return &s.ret;
+  return nullptr;  // a register the walk does not read
+}
+
+// DW_CFA_restore: the rule the CIE's initial instructions gave.
+void restore_rule(CfaState& s, const CfaState& initial, uint64_t reg) {
+  if (reg == kRegRbp) s.rbp = initial.rbp;
+  if (reg == kRegRsp) s.rsp = initial.rsp;
+  if (reg == kRegReturn) s.ret = initial.ret;
+}
+
+// Runs call-frame instructions over `s` while the location is at most
+// `target` (libunwind's run_cfi_program). False on what the rules cannot
+// follow: a malformed program, an unknown instruction.
+bool run_cfi(const Cie& cie, const uint8_t* p, const uint8_t* end, uint64_t loc, uint64_t target,
+             const CfaState& initial, CfaState& s) {
+  constexpr int kStackDepth = 8;
+  CfaState saved[kStackDepth];
+  int depth = 0;
+  Reader r{p};
+  while (r.p < end && loc <= target) {
+    uint8_t op = r.u8();
+    const uint8_t operand = op & 0x3f;
+    if (op & 0xc0) op &= 0xc0;
+    switch (op) {
+      case 0x40: loc += operand * cie.code_align; break;  // advance_loc
+      case 0x80: {                                       // offset
+        const int64_t off = static_cast<int64_t>(r.uleb()) * cie.data_align;
+        if (RegRule* rr = rule_for(s, operand)) *rr = {Where::kCfaOffset, off};
+        break;
+      }
+      case 0xc0: restore_rule(s, initial, operand); break;  // restore
+      case 0x00: break;  // nop
+      case 0x01: {       // set_loc
+        uint64_t v;
+        if (!read_encoded(r, cie.fde_encoding, 0, &v)) return false;
+        loc = v;
+        break;
+      }
+      case 0x02: loc += r.u8() * cie.code_align; break;
+      case 0x03: loc += r.fixed<uint16_t>() * cie.code_align; break;
+      case 0x04: loc += r.fixed<uint32_t>() * cie.code_align; break;
+      case 0x05: {  // offset_extended
+        const uint64_t reg = r.uleb();
+        const int64_t off = static_cast<int64_t>(r.uleb()) * cie.data_align;
+        if (RegRule* rr = rule_for(s, reg)) *rr = {Where::kCfaOffset, off};
+        break;
+      }
+      case 0x06: restore_rule(s, initial, r.uleb()); break;  // restore_extended
+      case 0x07: {  // undefined
+        if (RegRule* rr = rule_for(s, r.uleb())) *rr = {Where::kUndefined, 0};
+        break;
+      }
+      case 0x08: {  // same_value
+        if (RegRule* rr = rule_for(s, r.uleb())) *rr = {Where::kSame, 0};
+        break;
+      }
+      case 0x09: {  // register
+        const uint64_t reg = r.uleb();
+        r.uleb();
+        if (RegRule* rr = rule_for(s, reg)) *rr = {Where::kOther, 0};
+        break;
+      }
+      case 0x0a:  // remember_state
+        if (depth == kStackDepth) return false;
+        saved[depth++] = s;
+        break;
+      case 0x0b:  // restore_state (the CFA rule with the registers', as libunwind does)
+        if (depth == 0) return false;
+        s = saved[--depth];
+        break;
+      case 0x0c:  // def_cfa
+        s.cfa_reg = r.uleb();
+        s.cfa_offset = static_cast<int64_t>(r.uleb());
+        s.cfa_expression = false;
+        break;
+      case 0x0d: s.cfa_reg = r.uleb(); s.cfa_expression = false; break;  // def_cfa_register
+      case 0x0e: s.cfa_offset = static_cast<int64_t>(r.uleb()); break;   // def_cfa_offset
+      case 0x0f: {  // def_cfa_expression
+        const uint64_t len = r.uleb();
+        r.p += len;
+        s.cfa_expression = true;
+        break;
+      }
+      case 0x10:    // expression
+      case 0x16: {  // val_expression
+        const uint64_t reg = r.uleb();
+        const uint64_t len = r.uleb();
+        r.p += len;
+        if (RegRule* rr = rule_for(s, reg)) *rr = {Where::kOther, 0};
+        break;
+      }
+      case 0x11: {  // offset_extended_sf
+        const uint64_t reg = r.uleb();
+        const int64_t off = r.sleb() * cie.data_align;
+        if (RegRule* rr = rule_for(s, reg)) *rr = {Where::kCfaOffset, off};
+        break;
+      }
+      case 0x12:  // def_cfa_sf
+        s.cfa_reg = r.uleb();
+        s.cfa_offset = r.sleb() * cie.data_align;
+        s.cfa_expression = false;
+        break;
+      case 0x13: s.cfa_offset = r.sleb() * cie.data_align; break;  // def_cfa_offset_sf
+      case 0x14:                                                 // val_offset
+      case 0x15: {                                               // val_offset_sf
+        const uint64_t reg = r.uleb();
+        if (op == 0x14) {
+          r.uleb();
+        } else {
+          r.sleb();
+        }
+        if (RegRule* rr = rule_for(s, reg)) *rr = {Where::kOther, 0};
+        break;
+      }
+      case 0x2e: r.uleb(); break;  // GNU_args_size
+      case 0x2f: {                 // GNU_negative_offset_extended
+        const uint64_t reg = r.uleb();
+        const int64_t off = -static_cast<int64_t>(r.uleb()) * cie.data_align;
+        if (RegRule* rr = rule_for(s, reg)) *rr = {Where::kCfaOffset, off};
+        break;
+      }
+      default: return false;
+    }
+  }
+  return true;
+}
+
+bool parse_cie(const uint8_t* at, Cie& cie) {
+  Reader r{at};
+  uint64_t length = r.fixed<uint32_t>();
+  if (length == 0xffffffffu) length = r.fixed<uint64_t>();
+  if (length == 0) return false;
+  cie.end = r.p + length;
+  if (r.fixed<uint32_t>() != 0) return false;  // an .eh_frame CIE has id 0
+  const uint8_t version = r.u8();
+  if (version != 1 && version != 3) return false;
+  const char* augmentation = reinterpret_cast<const char*>(r.p);
+  r.p += strlen(augmentation) + 1;
+  cie.code_align = r.uleb();
+  cie.data_align = r.sleb();
+  cie.return_reg = version == 1 ? r.u8() : r.uleb();
+  if (augmentation[0] != '\0' && augmentation[0] != 'z') return false;  // "eh" and other old forms
+  const uint8_t* data_end = nullptr;
+  if (augmentation[0] == 'z') {
+    cie.augmented = true;
+    const uint64_t len = r.uleb();
+    data_end = r.p + len;
+    for (const char* c = augmentation + 1; *c != '\0'; ++c) {
+      if (*c == 'R') {
+        cie.fde_encoding = r.u8();
+      } else if (*c == 'L') {
+        r.u8();
+      } else if (*c == 'P') {
+        const uint8_t enc = r.u8();
+        uint64_t ignored;
+        if (!read_encoded(r, enc & 0x7f, 0, &ignored)) return false;  // not followed (indirect)
+      } else if (*c == 'S') {
+        cie.signal_frame = true;
+      } else {
+        return false;
+      }
+    }
+    r.p = data_end;
+  }
+  cie.instructions = r.p;
+  return cie.instructions <= cie.end;
+}
+
+// Finds the object holding `pc` and its .eh_frame_hdr.
+struct ObjectLookup {
+  uint64_t pc;
+  const uint8_t* hdr = nullptr;
+};
+
+int find_object(dl_phdr_info* info, size_t, void* data) {
+  auto* lookup = static_cast<ObjectLookup*>(data);
+  const ElfW(Phdr)* eh = nullptr;
+  bool inside = false;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type == PT_LOAD) {
+      const uint64_t begin = info->dlpi_addr + ph.p_vaddr;
+      if (lookup->pc >= begin && lookup->pc < begin + ph.p_memsz) inside = true;
+    } else if (ph.p_type == PT_GNU_EH_FRAME) {
+      eh = &ph;
+    }
+  }
+  if (!inside) return 0;
+  if (eh != nullptr) lookup->hdr = reinterpret_cast<const uint8_t*>(info->dlpi_addr + eh->p_vaddr);
+  return 1;
+}
+
+// The rule for a return address `pc` (the call is at pc - 1).
+Rule compute_rule(uint64_t pc) {
+  Rule rule;  // kUnsupported
+  const uint64_t target = pc - 1;
+  ObjectLookup lookup{target};
+  dl_iterate_phdr(find_object, &lookup);
+  if (lookup.hdr == nullptr || lookup.hdr[0] != 1) return rule;
+  const uint8_t* hdr = lookup.hdr;
+  // The binary search table: (initial location, FDE address) pairs, each
+  // datarel sdata4 from the header (the only form GNU ld and lld write).
+  if (hdr[3] != 0x3b) return rule;
+  Reader r{hdr + 4};
+  uint64_t eh_frame, count;
+  const uint64_t base = reinterpret_cast<uint64_t>(hdr);
+  if (!read_encoded(r, hdr[1], base, &eh_frame) || !read_encoded(r, hdr[2], base, &count) || count == 0) {
+    return rule;
+  }
+  const int32_t* table = reinterpret_cast<const int32_t*>(r.p);
+  size_t lo = 0, hi = count;  // the last entry whose location is <= target
+  while (hi - lo > 1) {
+    const size_t mid = lo + (hi - lo) / 2;
+    if (base + static_cast<int64_t>(table[2 * mid]) <= target) {
+      lo = mid;
+    } else {
+      hi = mid;
+    }
+  }
+  if (base + static_cast<int64_t>(table[2 * lo]) > target) return rule;
+  const uint8_t* fde = hdr + table[2 * lo + 1];
+
+  Reader f{fde};
+  uint64_t length = f.fixed<uint32_t>();
+  if (length == 0 || length == 0xffffffffu) return rule;
+  const uint8_t* fde_end = f.p + length;
+  const uint8_t* id_at = f.p;
+  const uint32_t cie_offset = f.fixed<uint32_t>();
+  if (cie_offset == 0) return rule;
+  Cie cie;
+  if (!parse_cie(id_at - cie_offset, cie) || cie.signal_frame || cie.return_reg != kRegReturn) return rule;
+  uint64_t start, range;
+  if (!read_encoded(f, cie.fde_encoding, 0, &start) || !read_encoded(f, cie.fde_encoding & 0x0f, 0, &range)) {
+    return rule;
+  }
+  if (target < start || target >= start + range) return rule;  // in no function's FDE
+  if (cie.augmented) f.p += f.uleb();
+
+  CfaState initial;
+  if (!run_cfi(cie, cie.instructions, cie.end, 0, UINT64_MAX, initial, initial)) return rule;
+  CfaState s = initial;
+  if (!run_cfi(cie, f.p, fde_end, start, target, initial, s)) return rule;
+
+  if (s.ret.where == Where::kUndefined || s.rbp.where == Where::kUndefined) {
+    // The psABI's end of the call chain (_start, a thread's clone).
+    rule.kind = Kind::kOutermost;
+    return rule;
+  }
+  if (s.cfa_expression || (s.cfa_reg != kRegRsp && s.cfa_reg != kRegRbp)) return rule;
+  if (s.cfa_offset < INT32_MIN || s.cfa_offset > INT32_MAX) return rule;
+  if (s.ret.where != Where::kCfaOffset || s.ret.offset != -8) return rule;
+  if (s.rsp.where != Where::kSame) return rule;
+  if (s.rbp.where == Where::kCfaOffset) {
+    if (s.rbp.offset < INT16_MIN || s.rbp.offset > INT16_MAX) return rule;
+    rule.rbp_saved = true;
+    rule.rbp_offset = static_cast<int16_t>(s.rbp.offset);
+  } else if (s.rbp.where != Where::kSame) {
+    return rule;
+  }
+  rule.kind = Kind::kStandard;
+  rule.cfa_rbp = s.cfa_reg == kRegRbp;
+  rule.cfa_offset = static_cast<int32_t>(s.cfa_offset);
+  return rule;
+}
+
+// The rule for return address `pc`, from the table or worked out now.
+inline uint64_t rule_of(uint64_t pc) {
+  const uint32_t generation = g_generation.load(std::memory_order_relaxed) & 0xff;
+  size_t i = slot_of(pc);
+  for (int probe = 0; probe < kProbes; ++probe, i = (i + 1) & (kSlots - 1)) {
+    Slot& slot = g_slots[i];
+    uint64_t seen = slot.pc.load(std::memory_order_acquire);
+    if (seen == pc) {
+      const uint64_t rule = slot.rule.load(std::memory_order_acquire);
+      if (rule != 0 && ((rule >> 8) & 0xff) == generation) return rule;
+      const uint64_t fresh = pack(compute_rule(pc), generation);
+      slot.rule.store(fresh, std::memory_order_release);
+      return fresh;
+    }
+    if (seen == 0) {
+      const uint64_t fresh = pack(compute_rule(pc), generation);
+      if (slot.pc.compare_exchange_strong(seen, pc, std::memory_order_acq_rel)) {
+        slot.rule.store(fresh, std::memory_order_release);
+        return fresh;
+      }
+      if (seen == pc) return fresh;  // another thread took it for the same address
+    }
+  }
+  return pack(compute_rule(pc), generation);
+}
+
+enum class Mode : uint8_t { kFast, kLibunwind, kCheck };
+Mode g_mode = Mode::kFast;
+std::atomic<uint64_t> g_checked{0}, g_handed_over{0}, g_differed{0};
+constexpr int kMaxFrames = 256;  // more than a capture asks for (StackTable::kMaxNativeDepth + 16)
+
+}  // namespace
+
+void unwinder_modules_unloaded() { g_generation.fetch_add(1, std::memory_order_release); }
+
+bool unwinder_configure(const char* choice) {
+  if (choice == nullptr || *choice == '\0' || strcmp(choice, "fast") == 0) {
+    g_mode = Mode::kFast;
+  } else if (strcmp(choice, "libunwind") == 0) {
+    g_mode = Mode::kLibunwind;
+  } else if (strcmp(choice, "check") == 0) {
+    g_mode = Mode::kCheck;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool unwinder_checking() { return g_mode == Mode::kCheck; }
+
+namespace {
+
+// Walks from a frame whose return address, stack pointer (its callee's CFA)
+// and frame pointer are given, recording the return address first, as
+// libunwind's tdep_trace does. -1: a frame the rules do not cover.
+inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max) {
+  int depth = 0;
+  if (max <= 0) return 0;
+  frames[depth++] = reinterpret_cast<void*>(rip);
+  while (depth < max) {
+    const uint64_t rule = rule_of(rip);
+    const Kind kind = static_cast<Kind>((rule >> 1) & 3);
+    if (kind == Kind::kOutermost) break;
+    if (kind != Kind::kStandard) return -1;
+    const uint64_t cfa = ((rule & 8) ? rbp : rsp) + static_cast<int64_t>(static_cast<int32_t>(rule >> 32));
+    // A caller's frame lies above its callee's: anything else is unwind
+    // information that does not describe this stack (libunwind decides).
+    if (cfa <= rsp) return -1;
+    rip = *reinterpret_cast<const uint64_t*>(cfa - 8);
+    if (rule & 16) rbp = *reinterpret_cast<const uint64_t*>(cfa + static_cast<int16_t>(rule >> 16));
+    rsp = cfa;
+    if (rip < 0x4000) break;  // libunwind's end of a bogus chain
+    frames[depth++] = reinterpret_cast<void*>(rip);
+  }
+  return depth;
+}
+
+}  // namespace
+
+// Both entry points keep a frame pointer (the library is built with
+// -fno-omit-frame-pointer; the attribute says it where it matters): their
+// caller's registers are read from it. The frame pointer holds the saved
+// rbp, the return address sits above it, and the CFA above that.
+__attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace_no_fallback(void** frames,
+                                                                                            int max) {
+  const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
+  return walk(fp[1], reinterpret_cast<uint64_t>(fp + 2), fp[0], frames, max);
+}
+
+namespace {
+
+// libunwind's stack, from the caller of fast_backtrace() on: its first two
+// frames are the returns into this function and into fast_backtrace().
+__attribute__((noinline)) int libunwind_backtrace(void** frames, int max) {
+  void* all[kMaxFrames + 2];
+  if (max > kMaxFrames) max = kMaxFrames;
+  const int n = unw_backtrace(all, max + 2);
+  const int depth = n > 2 ? n - 2 : 0;
+  memcpy(frames, all + 2, static_cast<size_t>(depth) * sizeof(void*));
+  return depth;
+}
+
+}  // namespace
+
+__attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(void** frames, int max) {
+  if (g_mode == Mode::kFast) {
+    const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
+    const int walked = walk(fp[1], reinterpret_cast<uint64_t>(fp + 2), fp[0], frames, max);
+    if (walked >= 0) return walked;
+  } else if (g_mode == Mode::kCheck) {
+    void* mine[kMaxFrames];
+    if (max > kMaxFrames) max = kMaxFrames;
+    const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
+    const int walked = walk(fp[1], reinterpret_cast<uint64_t>(fp + 2), fp[0], mine, max);
+    const int depth = libunwind_backtrace(frames, max);
+    g_checked.fetch_add(1, std::memory_order_relaxed);
+    if (walked < 0) {
+      g_handed_over.fetch_add(1, std::memory_order_relaxed);
+    } else if (walked != depth || memcmp(mine, frames, static_cast<size_t>(depth) * sizeof(void*)) != 0) {
+      g_differed.fetch_add(1, std::memory_order_relaxed);
+    }
+    return depth;
+  }
+  return libunwind_backtrace(frames, max);
+}
+
+void unwinder_check_counts(uint64_t* checked, uint64_t* handed_over, uint64_t* differed) {
+  *checked = g_checked.load(std::memory_order_relaxed);
+  *handed_over = g_handed_over.load(std::memory_order_relaxed);
+  *differed = g_differed.load(std::memory_order_relaxed);
+}
+
+}  // namespace memledger::interposer

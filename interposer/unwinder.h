@@ -1,0 +1,51 @@
+// The native stack of the calling thread, as libunwind's unw_backtrace()
+// gives it, at a fraction of its cost.
+//
+// Each return address is unwound by its DWARF call-frame information (the
+// .eh_frame the compiler emits whether or not a function keeps a frame
+// pointer), reduced to one rule per address: where the canonical frame
+// address is (stack or frame pointer plus an offset), where the caller's
+// frame pointer was saved, whether this is the outermost frame. Rules are
+// computed once per address from the module's .eh_frame_hdr search table and
+// kept in a table shared by all threads, so a warm walk costs one hashed
+// look-up and one or two loads per frame. This is libunwind's own fast trace
+// (src/x86_64/Gtrace.c) without its per-call cursor set-up and per-thread
+// caches.
+//
+// Anything the rules do not express exactly (a signal frame, a stack
+// realigned by an expression, a register rule, code without unwind
+// information such as a JIT's) sends the whole walk to unw_backtrace(), so
+// the result is always libunwind's (tests/unwind/unwind_test.cpp compares
+// them on frames with and without frame pointers mixed in one stack).
+#pragma once
+
+#include <cstdint>
+
+namespace memledger::interposer {
+
+// Fills `frames` with up to `max` return addresses, innermost first,
+// starting with the one into the caller of this function: the array
+// unw_backtrace() would give if called in its place. Returns the count.
+// The caller holds a loader section (Recorder::enter_loader_section): a
+// first sight of an address reads the loaded objects' list.
+int fast_backtrace(void** frames, int max);
+
+// The walk alone, for tests: -1 where fast_backtrace() hands over to
+// libunwind.
+int fast_backtrace_no_fallback(void** frames, int max);
+
+// Loaded objects went away (dlclose): rules learnt for their addresses
+// must not be applied to what is loaded there next.
+void unwinder_modules_unloaded();
+
+// MEMLEDGER_UNWINDER (README, "Stacks"): "fast" (the default), "libunwind"
+// (unw_backtrace() for every stack: the reference, for comparisons) or
+// "check" (both for every stack, libunwind's kept, the differences
+// counted and printed at exit). False for anything else.
+bool unwinder_configure(const char* choice);
+bool unwinder_checking();
+// "check": stacks taken, stacks the rules handed over to libunwind, and
+// stacks whose frames differed from libunwind's.
+void unwinder_check_counts(uint64_t* checked, uint64_t* handed_over, uint64_t* differed);
+
+}  // namespace memledger::interposer

@@ -1,0 +1,182 @@
+// The unwinder (interposer/unwinder.h) against libunwind's unw_backtrace()
+// on stacks that mix frames with and without frame pointers, frames whose
+// CFA is rbp-based, frames in the C library (qsort's callback), a thread's
+// outermost frame and a signal handler's frame.
+#include <catch2/catch.hpp>
+
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <pthread.h>
+#include <string>
+#include <vector>
+
+#define UNW_LOCAL_ONLY
+#include <libunwind.h>
+
+#include "chain.h"
+#include "unwinder.h"
+
+using memledger::interposer::fast_backtrace;
+using memledger::interposer::fast_backtrace_no_fallback;
+
+namespace {
+
+struct Capture {
+  std::vector<void*> libunwind, fast, walk;
+  int walk_result = 0;
+};
+
+constexpr int kMax = 256;
+
+// Both unwinders from one function: their first frames are returns into it
+// from different calls, so the stacks are compared from the second frame on.
+__attribute__((noinline)) int capture_here(Capture& c) {
+  void* a[kMax];
+  void* b[kMax];
+  void* w[kMax];
+  const int na = unw_backtrace(a, kMax);
+  const int nb = fast_backtrace(b, kMax);
+  const int nw = fast_backtrace_no_fallback(w, kMax);
+  c.libunwind.assign(a + (na > 0 ? 1 : 0), a + na);
+  c.fast.assign(b + (nb > 0 ? 1 : 0), b + nb);
+  c.walk_result = nw;
+  if (nw > 0) c.walk.assign(w + 1, w + nw);
+  return na + nb;
+}
+
+int leaf_capture(void* arg) { return capture_here(*static_cast<Capture*>(arg)); }
+
+std::string describe(const std::vector<void*>& frames) {
+  std::string s;
+  char buf[32];
+  for (void* f : frames) {
+    snprintf(buf, sizeof buf, " %p", f);
+    s += buf;
+  }
+  return s;
+}
+
+void check_same(const Capture& c) {
+  INFO("libunwind:" << describe(c.libunwind));
+  INFO("fast:     " << describe(c.fast));
+  REQUIRE(c.libunwind.size() > 3);
+  CHECK(c.fast == c.libunwind);
+}
+
+// A pattern's chain, run from a fresh frame.
+Capture run_chain(const char* pattern) {
+  Capture c;
+  chain_nofp(pattern, leaf_capture, &c);
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("the unwinder gives libunwind's stack through frames with and without frame pointers", "[unwind]") {
+  for (const char* pattern : {"", "f", "n", "v", "fnv", "nnnn", "fffff", "nfnfnvnfvvn",
+                              "vnfvnfvnfvnfvnfvnfvnfvnfvnfvnfvnfvnf"}) {
+    INFO("pattern '" << pattern << "'");
+    const Capture c = run_chain(pattern);
+    check_same(c);
+    // Every frame of these is covered by the rules: no hand-over to libunwind.
+    CHECK(c.walk_result > 0);
+    CHECK(c.walk == c.libunwind);
+    // The chain's own frames are all there: one per link, plus the leaf's.
+    CHECK(c.libunwind.size() >= strlen(pattern) + 3);
+  }
+}
+
+TEST_CASE("the unwinder is the same on a warm rule table", "[unwind]") {
+  std::vector<void*> first;
+  for (int i = 0; i < 4; ++i) {
+    const Capture again = run_chain("fnvfnv");
+    check_same(again);
+    if (i == 0) first = again.fast;
+    CHECK(again.fast == first);
+  }
+}
+
+namespace {
+Capture* g_sort_capture;
+int compare_and_capture(const void* a, const void* b) {
+  if (g_sort_capture != nullptr) {
+    chain_vla("nf", leaf_capture, g_sort_capture);
+    g_sort_capture = nullptr;
+  }
+  return *static_cast<const int*>(a) - *static_cast<const int*>(b);
+}
+int sort_leaf(void* arg) {
+  int values[] = {5, 3, 9, 1, 7, 2, 8};
+  g_sort_capture = static_cast<Capture*>(arg);
+  qsort(values, sizeof values / sizeof values[0], sizeof values[0], compare_and_capture);
+  return values[0];
+}
+}  // namespace
+
+TEST_CASE("the unwinder walks through the C library (qsort's callback)", "[unwind]") {
+  Capture c;
+  chain_fp("nv", sort_leaf, &c);
+  check_same(c);
+  CHECK(c.walk == c.libunwind);
+}
+
+namespace {
+void* thread_main(void* arg) {
+  chain_nofp("vfn", leaf_capture, arg);
+  return nullptr;
+}
+}  // namespace
+
+TEST_CASE("the unwinder ends a thread's stack where libunwind does", "[unwind]") {
+  Capture c;
+  pthread_t thread;
+  REQUIRE(pthread_create(&thread, nullptr, thread_main, &c) == 0);
+  pthread_join(thread, nullptr);
+  check_same(c);
+  CHECK(c.walk == c.libunwind);
+}
+
+namespace {
+Capture g_signal_capture;
+void on_signal(int) { chain_nofp("fv", leaf_capture, &g_signal_capture); }
+int raise_leaf(void*) { return raise(SIGUSR1); }
+}  // namespace
+
+TEST_CASE("a signal frame is handed to libunwind", "[unwind]") {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  REQUIRE(sigaction(SIGUSR1, &sa, nullptr) == 0);
+  chain_vla("nf", raise_leaf, nullptr);
+  signal(SIGUSR1, SIG_DFL);
+  const Capture& c = g_signal_capture;
+  check_same(c);
+  // The walk alone stops at the signal trampoline; the fallback goes on
+  // past it into the interrupted chain.
+  CHECK(c.walk_result == -1);
+  CHECK(c.libunwind.size() > 8);
+}
+
+TEST_CASE("a short buffer gets the innermost frames", "[unwind]") {
+  Capture full = run_chain("fnvfnv");
+  void* frames[4];
+  struct Short {
+    void** frames;
+    int n;
+  } s{frames, 0};
+  chain_nofp(
+      "fnvfnv",
+      [](void* arg) {
+        auto* sh = static_cast<Short*>(arg);
+        sh->n = fast_backtrace(sh->frames, 4);
+        return sh->n;
+      },
+      &s);
+  REQUIRE(s.n == 4);
+  // frames[0] is the return into the lambda; the three after it are the
+  // chain's innermost links, as in the full capture (from its second frame).
+  CHECK(frames[1] == full.fast[1]);
+  CHECK(frames[2] == full.fast[2]);
+  CHECK(frames[3] == full.fast[3]);
+}
