@@ -468,21 +468,14 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
   uintptr_t words[PythonFrames::kMaxFrames + StackTable::kMaxNativeDepth + 16];
   const uint32_t python = with_python ? python_frames().capture(words, PythonFrames::kMaxFrames) : 0;
   void** frames = reinterpret_cast<void**>(words + python);
-  int want = static_cast<int>(config_.stack_depth + 16 + skip_extra);
-  if (want > static_cast<int>(StackTable::kMaxNativeDepth + 16)) want = StackTable::kMaxNativeDepth + 16;
+  const int want = static_cast<int>(config_.stack_depth + skip_extra);
   int n = 0;
   if (enter_loader_section()) {
-    n = fast_backtrace(frames, want);
+    // memledger's own frames (the hook, this function) are left out.
+    n = fast_backtrace(frames, want, self_begin_, self_end_);
     leave_loader_section();
   }
-  // Drop memledger's own frames (the hook, this function, libunwind).
-  int first = 0;
-  while (first < n) {
-    uintptr_t ip = reinterpret_cast<uintptr_t>(frames[first]);
-    if (ip < self_begin_ || ip >= self_end_) break;
-    ++first;
-  }
-  first += static_cast<int>(skip_extra);
+  const int first = static_cast<int>(skip_extra);
   uint32_t depth = first < n ? static_cast<uint32_t>(n - first) : 0;
   if (depth > config_.stack_depth) depth = config_.stack_depth;
   if (python + depth == 0) return 0;

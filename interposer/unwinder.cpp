@@ -505,39 +505,72 @@ __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace_
 
 namespace {
 
-// libunwind's stack, from the caller of fast_backtrace() on: its first two
-// frames are the returns into this function and into fast_backtrace().
-__attribute__((noinline)) int libunwind_backtrace(void** frames, int max) {
+// libunwind's stack, from the caller of fast_backtrace() on (its first two
+// frames are the returns into this function and into fast_backtrace()),
+// without the leading frames in [skip_begin, skip_end).
+__attribute__((noinline)) int libunwind_backtrace(void** frames, int max, uintptr_t skip_begin,
+                                                  uintptr_t skip_end) {
   void* all[kMaxFrames + 2];
-  if (max > kMaxFrames) max = kMaxFrames;
-  const int n = unw_backtrace(all, max + 2);
-  const int depth = n > 2 ? n - 2 : 0;
-  memcpy(frames, all + 2, static_cast<size_t>(depth) * sizeof(void*));
+  const int n = unw_backtrace(all, kMaxFrames + 2);
+  int first = 2;
+  while (first < n && reinterpret_cast<uintptr_t>(all[first]) >= skip_begin &&
+         reinterpret_cast<uintptr_t>(all[first]) < skip_end) {
+    ++first;
+  }
+  int depth = n > first ? n - first : 0;
+  if (depth > max) depth = max;
+  memcpy(frames, all + first, static_cast<size_t>(depth) * sizeof(void*));
   return depth;
+}
+
+// The caller's registers, past its leading frames in [skip_begin,
+// skip_end): code built with frame pointers (the hooks), left by the
+// frame-pointer chain. False when that chain is not plausible.
+inline bool skip_own_frames(const uint64_t* fp, uintptr_t skip_begin, uintptr_t skip_end, uint64_t* rip,
+                            uint64_t* rsp, uint64_t* rbp) {
+  *rbp = fp[0];
+  *rip = fp[1];
+  *rsp = reinterpret_cast<uint64_t>(fp + 2);
+  for (int n = 0; *rip >= skip_begin && *rip < skip_end; ++n) {
+    // The function at rip keeps its frame base in rbp: the saved rbp and
+    // the return address sit there, its CFA above them.
+    if (*rbp < *rsp || (*rbp & 7) != 0 || n == 64) return false;
+    const uint64_t* frame = reinterpret_cast<const uint64_t*>(*rbp);
+    *rip = frame[1];
+    *rsp = *rbp + 16;
+    *rbp = frame[0];
+  }
+  return true;
 }
 
 }  // namespace
 
-__attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(void** frames, int max) {
+__attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(void** frames, int max,
+                                                                              uintptr_t skip_begin,
+                                                                              uintptr_t skip_end) {
+  if (max > kMaxFrames) max = kMaxFrames;
+  if (g_mode == Mode::kLibunwind) return libunwind_backtrace(frames, max, skip_begin, skip_end);
+  const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
+  uint64_t rip, rsp, rbp;
   if (g_mode == Mode::kFast) {
-    const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
-    const int walked = walk(fp[1], reinterpret_cast<uint64_t>(fp + 2), fp[0], frames, max);
-    if (walked >= 0) return walked;
-  } else if (g_mode == Mode::kCheck) {
-    void* mine[kMaxFrames];
-    if (max > kMaxFrames) max = kMaxFrames;
-    const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
-    const int walked = walk(fp[1], reinterpret_cast<uint64_t>(fp + 2), fp[0], mine, max);
-    const int depth = libunwind_backtrace(frames, max);
-    g_checked.fetch_add(1, std::memory_order_relaxed);
-    if (walked < 0) {
-      g_handed_over.fetch_add(1, std::memory_order_relaxed);
-    } else if (walked != depth || memcmp(mine, frames, static_cast<size_t>(depth) * sizeof(void*)) != 0) {
-      g_differed.fetch_add(1, std::memory_order_relaxed);
+    if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) {
+      const int walked = walk(rip, rsp, rbp, frames, max);
+      if (walked >= 0) return walked;
     }
-    return depth;
+    return libunwind_backtrace(frames, max, skip_begin, skip_end);
   }
-  return libunwind_backtrace(frames, max);
+  // kCheck
+  void* mine[kMaxFrames];
+  int walked = -1;
+  if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) walked = walk(rip, rsp, rbp, mine, max);
+  const int depth = libunwind_backtrace(frames, max, skip_begin, skip_end);
+  g_checked.fetch_add(1, std::memory_order_relaxed);
+  if (walked < 0) {
+    g_handed_over.fetch_add(1, std::memory_order_relaxed);
+  } else if (walked != depth || memcmp(mine, frames, static_cast<size_t>(depth) * sizeof(void*)) != 0) {
+    g_differed.fetch_add(1, std::memory_order_relaxed);
+  }
+  return depth;
 }
 
 void unwinder_check_counts(uint64_t* checked, uint64_t* handed_over, uint64_t* differed) {

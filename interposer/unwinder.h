@@ -25,10 +25,12 @@ namespace memledger::interposer {
 
 // Fills `frames` with up to `max` return addresses, innermost first,
 // starting with the one into the caller of this function: the array
-// unw_backtrace() would give if called in its place. Returns the count.
-// The caller holds a loader section (Recorder::enter_loader_section): a
-// first sight of an address reads the loaded objects' list.
-int fast_backtrace(void** frames, int max);
+// unw_backtrace() would give if called in its place, less its leading
+// frames in [skip_begin, skip_end) (memledger's own: code that keeps frame
+// pointers, left by their chain). Returns the count. The caller holds a
+// loader section (Recorder::enter_loader_section): a first sight of an
+// address reads the loaded objects' list.
+int fast_backtrace(void** frames, int max, uintptr_t skip_begin = 0, uintptr_t skip_end = 0);
 
 // The walk alone, for tests: -1 where fast_backtrace() hands over to
 // libunwind.
