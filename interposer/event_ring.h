@@ -11,6 +11,8 @@
 #include <sys/types.h>
 #include <type_traits>
 
+#include "stack_table.h"
+
 namespace memledger::interposer {
 
 enum class EventType : uint8_t {
@@ -76,6 +78,8 @@ struct ThreadRing {
   std::atomic<int64_t> host_live{0};
   std::atomic<uint64_t> host_allocs{0};
   std::atomic<uint64_t> host_frees{0};
+  // The owning thread's last stack path (StackTable::intern).
+  StackTable::PathCache path_cache;
   Event events[kCapacity];
 };
 

@@ -480,7 +480,10 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
   if (depth > config_.stack_depth) depth = config_.stack_depth;
   if (python + depth == 0) return 0;
   if (first > 0) memmove(words + python, words + python + first, depth * sizeof(uintptr_t));
-  return stacks_.intern(words, python + depth);
+  // The thread's own ring holds its path cache (threads without one go without).
+  ThreadState& t = tls_state;
+  StackTable::PathCache* cache = t.status == 1 && t.ring != nullptr ? &t.ring->path_cache : nullptr;
+  return stacks_.intern(words, python + depth, python, cache);
 }
 
 bool Recorder::is_sampled(uintptr_t addr) {

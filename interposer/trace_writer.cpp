@@ -352,7 +352,6 @@ struct TraceWriter::State {
   std::vector<Event, UninitAllocator<Event>> merged;  // merge_runs' other buffer
   Vector<size_t> run_ends;       // batch: one run per ring, each in sequence order
   Vector<uint8_t> stack_written;  // by id
-  uint32_t stack_low = 1;         // every id below is written
   Vector<uint8_t> code_written;   // Python code objects, by id
   uint32_t code_low = 1;
   uint32_t python_generation = 0;
@@ -839,25 +838,30 @@ void TraceWriter::cycle(bool final) {
   }
   while (st.code_low <= code_count && st.code_written[st.code_low]) ++st.code_low;
 
+  // Stacks are written as events first refer to them (step 6).
   StackTable& stacks = rec.stacks();
-  const uint32_t count = stacks.count();
-  if (st.stack_written.size() < count + 1) st.stack_written.resize(count + 1, 0);
-  for (uint32_t id = st.stack_low; id <= count; ++id) {
-    if (st.stack_written[id]) continue;
-    const uintptr_t* frames;
-    uint32_t depth;
-    if (!stacks.get(id, &frames, &depth)) continue;
-    enc.tag(format::Tag::kStack);
-    enc.u(id);
-    enc.u(depth);
+  auto write_stack = [&](uint32_t id) {
+    if (id == 0) return;
+    if (id >= st.stack_written.size()) {
+      const uint32_t count = stacks.count();
+      st.stack_written.resize((id > count ? id : count) + 1, 0);
+    }
+    if (st.stack_written[id]) return;
+    uintptr_t frames[StackTable::kMaxDepth];
+    const uint32_t depth = stacks.get(id, frames);
+    if (depth == 0) return;
+    uint8_t* p = enc.begin(1 + 2 * 10 + depth * 10);
+    *p++ = static_cast<uint8_t>(format::Tag::kStack);
+    p = Encoder::put(p, id);
+    p = Encoder::put(p, depth);
     uint64_t prev = 0;
     for (uint32_t i = 0; i < depth; ++i) {
-      enc.s(static_cast<int64_t>(frames[i] - prev));
+      p = Encoder::put_signed(p, static_cast<int64_t>(frames[i] - prev));
       prev = frames[i];
     }
+    enc.end(p);
     st.stack_written[id] = 1;
-  }
-  while (st.stack_low <= count && st.stack_written[st.stack_low]) ++st.stack_low;
+  };
 
   // 5. Strings (step labels).
   {
@@ -876,6 +880,7 @@ void TraceWriter::cycle(bool final) {
     const uint64_t ts = e.ts >= st.start_mono_ns ? e.ts - st.start_mono_ns : 0;
     switch (e.type) {
       case EventType::kAlloc: {
+        write_stack(e.stack);
         uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
         *p++ = static_cast<uint8_t>(format::Tag::kAlloc);
         p = enc.put_seq_ts(p, e.seq, ts);
@@ -902,6 +907,7 @@ void TraceWriter::cycle(bool final) {
         break;
       }
       case EventType::kReserve:
+        write_stack(e.stack);
         enc.tag(format::Tag::kReserve);
         enc.seq_ts(e.seq, ts);
         enc.u(e.tid);
@@ -1023,23 +1029,7 @@ void TraceWriter::cycle(bool final) {
     enc.s(signal_.code);
     enc.u(signal_.fault_addr);
     enc.u(signal_.stack);
-    // The stack may have been interned after step 4: make sure it is written.
-    if (signal_.stack != 0) {
-      const uintptr_t* frames;
-      uint32_t depth;
-      if (stacks.get(signal_.stack, &frames, &depth) &&
-          (signal_.stack >= st.stack_written.size() || !st.stack_written[signal_.stack])) {
-        enc.tag(format::Tag::kStack);
-        enc.u(signal_.stack);
-        enc.u(depth);
-        uint64_t prev = 0;
-        for (uint32_t i = 0; i < depth; ++i) {
-          enc.s(static_cast<int64_t>(frames[i] - prev));
-          prev = frames[i];
-        }
-        if (signal_.stack < st.stack_written.size()) st.stack_written[signal_.stack] = 1;
-      }
-    }
+    write_stack(signal_.stack);
     signal_.pending.store(2, std::memory_order_release);
   }
   if (exec_pending_.load(std::memory_order_acquire) == 1) {
