@@ -87,26 +87,26 @@ uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t py
   CacheUse use(cache);
   if (depth > kMaxDepth) depth = kMaxDepth;
   if (python > depth) python = depth;
-  // The path: Python frames outermost first, then native frames outermost first.
-  uintptr_t path[kMaxDepth];
-  for (uint32_t i = 0; i < python; ++i) path[i] = frames[python - 1 - i];
-  for (uint32_t i = python; i < depth; ++i) path[i] = frames[depth - 1 - (i - python)];
+  // The path: Python frames outermost first, then native frames outermost
+  // first (read from `frames` in place: most of it is only compared).
+  auto path = [&](uint32_t i) { return i < python ? frames[python - 1 - i] : frames[depth - 1 - (i - python)]; };
 
   uint32_t shared = 0;
   uint32_t node = 0;
   if (cache != nullptr) {
     const uint32_t limit = cache->depth < depth ? cache->depth : depth;
-    while (shared < limit && cache->words[shared] == path[shared]) ++shared;
+    while (shared < limit && cache->words[shared] == path(shared)) ++shared;
     if (shared > 0) node = cache->nodes[shared - 1];
   }
   for (uint32_t i = shared; i < depth; ++i) {
-    node = child(node, path[i]);
+    const uintptr_t word = path(i);
+    node = child(node, word);
     if (node == 0) {
       if (cache != nullptr) cache->depth = i;  // what is cached is still right
       return 0;
     }
     if (cache != nullptr) {
-      cache->words[i] = path[i];
+      cache->words[i] = word;
       cache->nodes[i] = node;
     }
   }

@@ -351,7 +351,7 @@ struct TraceWriter::State {
   std::vector<Event, UninitAllocator<Event>> batch;
   std::vector<Event, UninitAllocator<Event>> merged;  // merge_runs' other buffer
   Vector<size_t> run_ends;       // batch: one run per ring, each in sequence order
-  Vector<uint8_t> stack_written;  // by id
+  Vector<uint64_t> stack_written;  // one bit per stack id
   Vector<uint8_t> code_written;   // Python code objects, by id
   uint32_t code_low = 1;
   uint32_t python_generation = 0;
@@ -842,11 +842,13 @@ void TraceWriter::cycle(bool final) {
   StackTable& stacks = rec.stacks();
   auto write_stack = [&](uint32_t id) {
     if (id == 0) return;
-    if (id >= st.stack_written.size()) {
+    if (id / 64 >= st.stack_written.size()) {
       const uint32_t count = stacks.count();
-      st.stack_written.resize((id > count ? id : count) + 1, 0);
+      st.stack_written.resize((id > count ? id : count) / 64 + 1, 0);
     }
-    if (st.stack_written[id]) return;
+    uint64_t& written = st.stack_written[id / 64];
+    const uint64_t bit = uint64_t{1} << (id % 64);
+    if (written & bit) return;
     uintptr_t frames[StackTable::kMaxDepth];
     const uint32_t depth = stacks.get(id, frames);
     if (depth == 0) return;
@@ -860,7 +862,7 @@ void TraceWriter::cycle(bool final) {
       prev = frames[i];
     }
     enc.end(p);
-    st.stack_written[id] = 1;
+    written |= bit;
   };
 
   // 5. Strings (step labels).
