@@ -13,12 +13,13 @@
 #include "libc_symbols.h"
 
 namespace memledger::interposer {
-namespace {
 
 // dlsym's own allocations (its error string, the first call's TLS) while
 // the look-up runs. A few KiB in practice; the blocks are never freed.
-constexpr size_t kArenaBytes = 256 * 1024;
 alignas(64) unsigned char g_arena[kArenaBytes];
+
+namespace {
+
 std::atomic<size_t> g_arena_used{0};
 
 uintptr_t self_base() {
@@ -146,11 +147,6 @@ void* arena_alloc(size_t size, size_t alignment) {
       return g_arena + start;
     }
   }
-}
-
-bool in_arena(const void* ptr) {
-  auto p = static_cast<const unsigned char*>(ptr);
-  return p >= g_arena && p < g_arena + kArenaBytes;
 }
 
 size_t arena_size(const void* ptr) { return static_cast<const size_t*>(ptr)[-1]; }

@@ -42,7 +42,13 @@ unsigned long long objects_loaded();
 
 // The bootstrap arena: blocks handed out while the look-up runs.
 void* arena_alloc(size_t size, size_t alignment = 16);
-bool in_arena(const void* ptr);
+inline constexpr size_t kArenaBytes = 256 * 1024;
+extern unsigned char g_arena[kArenaBytes];
+// Asked by every free: inline.
+inline bool in_arena(const void* ptr) {
+  auto p = static_cast<const unsigned char*>(ptr);
+  return p >= g_arena && p < g_arena + kArenaBytes;
+}
 size_t arena_size(const void* ptr);
 
 // What the process's allocator is and how memledger reaches it, found at

@@ -581,7 +581,12 @@ void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usab
 void Recorder::on_host_free(ThreadState& t, void* ptr, size_t usable) {
   ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
   add_totals(ring ? ring : shared_ring_, ring == nullptr, -static_cast<int64_t>(usable), 0, 1);
-  if (config_.host_mode == HostMode::kSampled && !forget_sampled(reinterpret_cast<uintptr_t>(ptr))) return;
+  if (config_.host_mode == HostMode::kSampled) {
+    // Almost every free: the counting filter says "not sampled" here, without a call.
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
+    if (g_filter == nullptr || g_filter[filter_index(addr)].load(std::memory_order_relaxed) == 0) return;
+    if (!forget_sampled(addr)) return;
+  }
   Event e{};
   e.type = EventType::kFree;
   e.kind = static_cast<uint8_t>(format::Kind::kHost);
