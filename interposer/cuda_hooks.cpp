@@ -22,6 +22,7 @@
 #include "cuda_abi.h"
 #include "cuda_stack.h"
 #include "cupti_bridge.h"
+#include "library_hooks.h"
 #include "graph_ledger.h"
 #include "live_ledger.h"
 #include "recorder.h"
@@ -1656,7 +1657,7 @@ extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlsym_imp
                                    : memledger_libc_dlsym(handle, name);
   if (p == nullptr || name == nullptr || name[0] != 'c') return p;
   HookGuard guard;
-  return wrap_looked_up(name, p);
+  return wrap_looked_up(name, memledger::interposer::wrap_library_lookup(name, p));
 }
 
 extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlvsym_impl(void* handle, const char* name,
@@ -1665,7 +1666,7 @@ extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlvsym_im
                                    : memledger_libc_dlvsym(handle, name, version);
   if (p == nullptr || name == nullptr || name[0] != 'c') return p;
   HookGuard guard;
-  return wrap_looked_up(name, p);
+  return wrap_looked_up(name, memledger::interposer::wrap_library_lookup(name, p));
 }
 
 __asm__(

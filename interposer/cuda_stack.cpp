@@ -4,10 +4,15 @@
 #include <link.h>
 #include <pthread.h>
 
+#include <cerrno>
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "libc_symbols.h"
 #include "recorder.h"
@@ -54,6 +59,7 @@ struct State {
   bool driver_noted = false;
   bool devices_noted = false;
   bool init_error_noted = false;
+  bool release_noted = false;
 };
 State g_state;
 
@@ -191,6 +197,78 @@ void note_devices(void* driver) {
   }
 }
 
+// The first "N.N" or "N.N.N" token at or after `p` (a driver release such
+// as 580.65.06); false when there is none.
+bool release_token(const char* p, char* out, size_t size) {
+  while (*p != '\0' && *p != '\n') {
+    while (*p == ' ' || *p == '\t') ++p;
+    const char* start = p;
+    int dots = 0;
+    bool digit = false;
+    while ((*p >= '0' && *p <= '9') || *p == '.') {
+      dots += *p == '.';
+      digit = digit || *p != '.';
+      ++p;
+    }
+    if (digit && dots >= 1 && dots <= 2 && start[0] != '.' && p[-1] != '.' && (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\0')) {
+      std::snprintf(out, size, "%.*s", static_cast<int>(p - start), start);
+      return true;
+    }
+    while (*p != '\0' && *p != '\n' && *p != ' ' && *p != '\t') ++p;
+  }
+  return false;
+}
+
+// The NVIDIA kernel module's release from /proc/driver/nvidia/version
+// ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  ...", or
+// "... Open Kernel Module for x86_64  580.65.06 ..."). The environment
+// variable MEMLEDGER_TEST_NVIDIA_VERSION_FILE names another file in its
+// place: for tests only, on machines without the driver.
+bool kernel_module_release(char* out, size_t size) {
+  const char* path = getenv("MEMLEDGER_TEST_NVIDIA_VERSION_FILE");
+  if (path == nullptr || *path == '\0') path = "/proc/driver/nvidia/version";
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char text[1024];
+  ssize_t n;
+  do {
+    n = read(fd, text, sizeof text - 1);
+  } while (n < 0 && errno == EINTR);
+  close(fd);
+  if (n <= 0) return false;
+  text[n] = '\0';
+  const char* module = std::strstr(text, "Kernel Module");
+  if (module == nullptr) return false;
+  const char* for_arch = std::strstr(module, " for ");  // the open module names its architecture first
+  const char* eol = std::strchr(module, '\n');
+  const char* from = module + 13;
+  if (for_arch != nullptr && (eol == nullptr || for_arch < eol)) {
+    from = for_arch + 5;
+    while (*from != '\0' && *from != ' ' && *from != '\n') ++from;
+  }
+  return release_token(from, out, size);
+}
+
+// The release in the file name libcuda.so.1 resolves to (libcuda.so.580.65.06).
+bool library_release(const char* path, char* out, size_t size) {
+  char real[PATH_MAX];
+  if (realpath(path, real) == nullptr) return false;
+  const char* slash = std::strrchr(real, '/');
+  const char* base = slash ? slash + 1 : real;
+  if (std::strncmp(base, "libcuda.so.", 11) != 0) return false;
+  return release_token(base + 11, out, size) && std::strchr(out, '.') != nullptr;
+}
+
+// The driver's release, once: the kernel module's and libcuda's (they
+// differ after an upgrade without a reboot: "Driver/library version
+// mismatch").
+void note_release(const char* libcuda) {
+  g_state.release_noted = true;
+  char release[64];
+  if (kernel_module_release(release, sizeof release)) recorder().on_info("cuda.driver_release", release);
+  if (library_release(libcuda, release, sizeof release)) recorder().on_info("cuda.driver_library_release", release);
+}
+
 bool already_noted(uint64_t h) {
   for (int i = 0; i < g_state.library_count; ++i) {
     if (g_state.libraries[i] == h) return true;
@@ -214,6 +292,7 @@ void note_library(const Found& f) {
       g_state.driver_noted = true;
       recorder().on_info("cuda.driver", version);
     }
+    if (f.family == Family::kDriver && !g_state.release_noted) note_release(f.path);
     g_state.libraries[g_state.library_count++] = h;
   }
   if (f.family == Family::kDriver && !g_state.devices_noted) note_devices(handle);
@@ -232,7 +311,7 @@ __attribute__((constructor)) void forget_in_children() {
   pthread_atfork(nullptr, nullptr, [] {
     g_state.lock.reset();
     g_state.library_count = 0;
-    g_state.driver_noted = g_state.devices_noted = g_state.init_error_noted = false;
+    g_state.driver_noted = g_state.devices_noted = g_state.init_error_noted = g_state.release_noted = false;
   });
 }
 

@@ -41,8 +41,9 @@ inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
 // to kStep. Version 4 added attributed Python frames (kPythonAttributedBit).
 // Version 5 added kInfo (the CUDA stack and the frameworks' builds).
 // Version 6 added the memory kind kMapped (anonymous mmap outside the heap).
+// Version 7 added kPressure (host memory pressure) and the header key cgroup.
 // Readers accept every version up to their own.
-inline constexpr uint32_t kVersion = 6;
+inline constexpr uint32_t kVersion = 7;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
 inline constexpr uint32_t kFrameCompressed = 1u << 0;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // sanity bound for readers
@@ -76,7 +77,10 @@ static_assert(sizeof(FrameHeader) == 24);
 //   program reaches it, one phrase), allocator_held (the statistic kSample's
 //   heap_held and heap_in_use come from; "none": the allocator offers none,
 //   and both fields are 0 meaning unknown), host_untraced=1 (the program's
-//   malloc bypasses memledger: the host heap is not traced).
+//   malloc bypasses memledger: the host heap is not traced), cgroup (version
+//   7: the memory cgroup directory whose limit, usage and OOM kills the
+//   samples read, e.g. /sys/fs/cgroup/job or /sys/fs/cgroup/memory/job;
+//   absent when none is readable).
 
 // Memory kinds; the numbering is stable.
 enum class Kind : uint8_t {
@@ -232,16 +236,38 @@ enum class Tag : uint8_t {
   // (see kInfoKeys); a key may come again, the last value counts.
   // ts_ns, key string id, value string id
   kInfo = 29,
+  // Host memory pressure (version 7), taken with kSample: every 100 ms, and
+  // at step ends at most one per 50 ms (/proc/vmstat, the costly file, at
+  // most once per 100 ms: records without it lack kPressureVmstat).
+  // ts_ns, present (kPressure* bits: which sources could be read; the fields
+  // of an absent source are 0), mem_total, mem_available, swap_total,
+  // swap_free (bytes, /proc/meminfo), swap_in, swap_out (pages swapped in
+  // and out since boot, /proc/vmstat pswpin, pswpout), psi_some_avg10,
+  // psi_full_avg10 (hundredths of a percent), psi_some_total,
+  // psi_full_total (microseconds stalled since boot; /proc/pressure/memory),
+  // cgroup_oom_kills (processes of the memory cgroup killed by the OOM
+  // killer: oom_kill of memory.events, v2, or memory.oom_control, v1).
+  kPressure = 30,
 };
+
+// kPressure's `present` bits.
+inline constexpr uint32_t kPressureMeminfo = 1u << 0;
+inline constexpr uint32_t kPressureVmstat = 1u << 1;
+inline constexpr uint32_t kPressurePsi = 1u << 2;
+inline constexpr uint32_t kPressureCgroupEvents = 1u << 3;
 
 // kInfo keys. The preload library writes the first four, the Python module
 // (tools/python) the framework ones through memledger_note():
 //   cuda.driver         cuDriverGetVersion's value ("12020")
+//   cuda.driver_release the NVIDIA kernel module's release ("580.65.06")
+//   cuda.driver_library_release  the release in libcuda's file name
 //   cuda.device.N       "TOTAL_BYTES NAME" of GPU ordinal N
 //   cuda.library        "PATH\tVERSION": a loaded CUDA-family library and what
 //                       its own version call returned ("" when it has none)
 //   cuda.init_error     "CALL ERROR": the first CUDA call of the process
 //                       failed with a driver-version error
+//   cuda.create_error   "CALL STATUS NAME\tPATH": cudnnCreate or cublasCreate_v2
+//                       failed (library_hooks.cpp)
 //   framework.NAME.FIELD  e.g. framework.torch.cuda = "12.1" or "None"
 //   python.exception    "TYPE: MESSAGE" of the exception that ended Python
 

@@ -26,6 +26,7 @@
 
 #include "internal_alloc.h"
 #include "next_allocator.h"
+#include "pressure_sampler.h"
 #include "python_frames.h"
 #include "spin_lock.h"
 #include "recorder.h"
@@ -43,6 +44,9 @@ using Vector = std::vector<T, InternalAllocator<T>>;
 
 constexpr uint64_t kFlushEveryNs = 50'000'000;    // well inside the promised 100 ms
 constexpr uint64_t kSampleEveryNs = 100'000'000;
+// Pressure at step ends: at most one per kPressureMinGapNs (tight loops end
+// steps far more often), /proc/vmstat at most once per kSampleEveryNs.
+constexpr uint64_t kPressureMinGapNs = 50'000'000;
 constexpr uint64_t kStatusEveryNs = 250'000'000;
 constexpr size_t kFrameTarget = 1u << 20;
 
@@ -88,55 +92,6 @@ ssize_t read_small_file(const char* path, char* buf, size_t size) {
 uint64_t parse_u64(const char* s) {
   uint64_t v = 0;
   while (*s >= '0' && *s <= '9') v = v * 10 + static_cast<uint64_t>(*s++ - '0');
-  return v;
-}
-
-struct CgroupPaths {
-  char limit[512] = {};
-  char usage[512] = {};
-};
-
-// Finds the memory limit files of this process's cgroup (v2, then v1).
-CgroupPaths find_cgroup() {
-  CgroupPaths paths;
-  char buf[4096];
-  if (read_small_file("/proc/self/cgroup", buf, sizeof buf) <= 0) return paths;
-  char* line = buf;
-  while (line && *line) {
-    char* next = strchr(line, '\n');
-    if (next) *next++ = '\0';
-    if (strncmp(line, "0::", 3) == 0) {
-      const char* rel = line + 3;
-      snprintf(paths.limit, sizeof paths.limit, "/sys/fs/cgroup%s/memory.max", rel);
-      snprintf(paths.usage, sizeof paths.usage, "/sys/fs/cgroup%s/memory.current", rel);
-      if (access(paths.limit, R_OK) == 0) return paths;
-      snprintf(paths.limit, sizeof paths.limit, "/sys/fs/cgroup/memory.max");
-      snprintf(paths.usage, sizeof paths.usage, "/sys/fs/cgroup/memory.current");
-      if (access(paths.limit, R_OK) == 0) return paths;
-      paths.limit[0] = paths.usage[0] = '\0';
-    } else {
-      const char* colon = strchr(line, ':');
-      const char* colon2 = colon ? strchr(colon + 1, ':') : nullptr;
-      if (colon && colon2 && strstr(colon, "memory") != nullptr && colon2 > colon) {
-        snprintf(paths.limit, sizeof paths.limit, "/sys/fs/cgroup/memory%s/memory.limit_in_bytes", colon2 + 1);
-        snprintf(paths.usage, sizeof paths.usage, "/sys/fs/cgroup/memory%s/memory.usage_in_bytes", colon2 + 1);
-        if (access(paths.limit, R_OK) == 0) return paths;
-        paths.limit[0] = paths.usage[0] = '\0';
-      }
-    }
-    line = next;
-  }
-  return paths;
-}
-
-uint64_t read_cgroup_value(const char* path) {
-  if (path[0] == '\0') return 0;
-  char buf[64];
-  if (read_small_file(path, buf, sizeof buf) <= 0) return 0;
-  if (strncmp(buf, "max", 3) == 0) return 0;
-  uint64_t v = parse_u64(buf);
-  // cgroup v1 reports "no limit" as a huge page-aligned number.
-  if (v >= (uint64_t{1} << 62)) return 0;
   return v;
 }
 
@@ -369,7 +324,10 @@ struct TraceWriter::State {
   bool have_step = false;
   int64_t step_live_history[16] = {};
   uint64_t step_history_count = 0;
-  CgroupPaths cgroup;
+  PressureSampler pressure;
+  uint64_t last_pressure_ns = 0;
+  uint64_t last_vmstat_ns = 0;
+  bool pressure_taken = false;
   ZSTD_CCtx* zstd = nullptr;
   Encoder enc{buffer};
   uint64_t start_mono_ns = 0;
@@ -519,6 +477,8 @@ bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error
   const char* held = allocator.held_source[0] ? allocator.held_source : "none";
   add("allocator_held", held, strlen(held));
   if (allocator.untraced) add_num("host_untraced", 1);
+  st.pressure.open();
+  if (st.pressure.cgroup_dir()[0] != '\0') add("cgroup", st.pressure.cgroup_dir(), strlen(st.pressure.cgroup_dir()));
 
   format::FileHeader fh;
   memcpy(fh.magic, format::kFileMagic, sizeof fh.magic);
@@ -539,7 +499,6 @@ bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error
   // ends within kStatusEveryNs (a shell's /bin/true) never needs one.
   snprintf(status_path_, sizeof status_path_, "%s/status.%d", config.dir, pid);
 
-  st.cgroup = find_cgroup();
   st.interval_ns = static_cast<uint64_t>(config.step_interval_s * 1e9);
   st.next_interval_step_ns = st.interval_ns ? st.start_mono_ns + st.interval_ns : 0;
   if (st.zstd == nullptr) {
@@ -659,6 +618,7 @@ void TraceWriter::reset_after_fork() {
   status_.close();
   strings().lock.reset();
   if (state_ != nullptr) {
+    state_->pressure.close();
     ZSTD_CCtx* zstd = state_->zstd;
     state_->~State();
     state_ = new (state_) State();
@@ -702,6 +662,26 @@ void merge_runs(TraceWriter::State& st) {
     st.run_ends.resize(kept);
     st.batch.swap(st.merged);
   }
+}
+
+// A kPressure record (trace_format.h).
+void encode_pressure(Encoder& enc, PressureSampler& sampler, uint64_t ts, bool with_vmstat) {
+  PressureReading r;
+  sampler.read(&r, with_vmstat);
+  enc.tag(format::Tag::kPressure);
+  enc.u(ts);
+  enc.u(r.present);
+  enc.u(r.mem.total);
+  enc.u(r.mem.available);
+  enc.u(r.mem.swap_total);
+  enc.u(r.mem.swap_free);
+  enc.u(r.swap_in);
+  enc.u(r.swap_out);
+  enc.u(r.psi.some_avg10);
+  enc.u(r.psi.full_avg10);
+  enc.u(r.psi.some_total);
+  enc.u(r.psi.full_total);
+  enc.u(r.cgroup_oom_kills);
 }
 
 }  // namespace
@@ -1069,12 +1049,21 @@ void TraceWriter::cycle(bool final) {
     enc.u(rss);
     enc.u(held);
     enc.u(in_use);
-    enc.u(read_cgroup_value(st.cgroup.limit));
-    enc.u(read_cgroup_value(st.cgroup.usage));
+    uint64_t cgroup_limit = 0, cgroup_usage = 0;
+    st.pressure.read_cgroup(&cgroup_limit, &cgroup_usage);
+    enc.u(cgroup_limit);
+    enc.u(cgroup_usage);
     enc.s(live_total);
     enc.u(allocs);
     enc.u(frees);
     st.last_sample_ns = now;
+    if (final || !st.pressure_taken || now - st.last_pressure_ns >= kPressureMinGapNs) {
+      const bool vmstat = final || !st.pressure_taken || now - st.last_vmstat_ns >= kSampleEveryNs;
+      encode_pressure(enc, st.pressure, now - st.start_mono_ns, vmstat);
+      st.last_pressure_ns = now;
+      if (vmstat) st.last_vmstat_ns = now;
+      st.pressure_taken = true;
+    }
   }
 
   if (final) {

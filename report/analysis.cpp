@@ -15,6 +15,7 @@
 #include "exit_leaks.h"
 #include "growth.h"
 #include "environment.h"
+#include "pressure.h"
 #include "notes.h"
 #include "replay.h"
 #include "attributed.h"
@@ -394,6 +395,8 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   if (!rss.empty()) r.notes.push_back(rss);
   r.environment = read_environment(trace);
   judge_environment(r.environment, r.verdict, r.notes);
+  r.host_pressure = summarize_pressure(trace);
+  judge_pressure(r.host_pressure, r.verdict, r.notes);
   return r;
 }
 

@@ -31,12 +31,17 @@ struct AnalysisOptions {
   GrowthWindow growth_window;  // of the growth view; default: the warm-up's end to the last step
 };
 
+struct KernelLog;  // kernel_log.h
+
 // How the process ended, as told by `memledger run` (waitpid) when known.
 struct ExitInfo {
   bool known = false;
   bool signaled = false;
   int code = 0;
   int signo = 0;
+  // What the kernel said after the run (OOM killer lines, cgroup OOM kill
+  // counts), for every process of it; null without `memledger run`.
+  const KernelLog* kernel = nullptr;
 };
 
 // A holder of device memory the program does not use right now: a pool's
@@ -158,18 +163,43 @@ struct CudaLibrary {
 
 struct Environment {
   std::string driver;                // the CUDA version the driver supports ("12.2"; "" unknown)
+  std::string driver_release;        // the NVIDIA kernel module's release ("580.65.06"; "" unknown)
+  std::string driver_library_release;  // the release libcuda's file name carries (libcuda.so.580.65.06)
   std::vector<std::string> devices;  // "0: NAME, 80.0 GiB"
   std::vector<CudaLibrary> libraries;
   // Framework name -> (field, value) pairs as the Python module found them.
   std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> frameworks;
   std::string init_error;        // "cudaGetDeviceCount 35": a CUDA call refused for the driver's version
+  // "cudnnCreate 1002 CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH\tPATH": a
+  // library's handle-creating call that failed, with the library's file.
+  std::vector<std::string> create_errors;
   std::string python_exception;  // "torch.OutOfMemoryError: CUDA out of memory. ..."
   std::vector<std::string> findings;
 
   bool empty() const {
-    return driver.empty() && devices.empty() && libraries.empty() && frameworks.empty() && init_error.empty() &&
-           python_exception.empty();
+    return driver.empty() && driver_release.empty() && driver_library_release.empty() && devices.empty() && libraries.empty() && frameworks.empty() && init_error.empty() &&
+           create_errors.empty() && python_exception.empty();
   }
+};
+
+// The host's memory over the run (pressure.h), from the kPressure records.
+struct HostPressure {
+  bool sampled = false;  // the trace has pressure records
+  bool psi = false;      // /proc/pressure/memory was readable
+  bool swap_counters = false;  // /proc/vmstat was readable
+  uint64_t mem_total = 0;
+  uint64_t min_available = 0;     // lowest MemAvailable
+  uint64_t min_available_ts = 0;  // when (ns since the trace's start)
+  uint64_t last_available = 0;
+  uint64_t swap_total = 0;
+  uint64_t max_swap_used = 0;
+  double max_swap_in = 0;   // bytes/s between two records
+  double max_psi_some = 0;  // avg10, percent
+  double max_psi_full = 0;
+  std::string cgroup;            // the memory cgroup's directory (trace header)
+  uint64_t cgroup_oom_kills = 0;  // OOM kills the cgroup counted while the process ran
+  double freeze_seconds = 0;     // the trailing stretch of thrashing (0: none)
+  std::string freeze;            // the finding, when there is one
 };
 
 struct Peak {
@@ -271,6 +301,7 @@ struct ProcessReport {
   uint64_t profile_sites_dropped = 0;  // smallest sites left out past max_profile_sites
   CuptiView cupti;  // CUPTI's view of device memory beside the hooks' (or why there is none)
   Environment environment;
+  HostPressure host_pressure;
 };
 
 // Analyses a trace whose events are in memory (read_trace(path)).

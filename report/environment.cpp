@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -184,6 +185,61 @@ std::vector<std::string> framework_findings(const Environment& env) {
   return out;
 }
 
+// A library's handle-creating call that failed ("cudnnCreate 1002
+// CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH\tPATH"), with its version and
+// what to do.
+std::string create_error_finding(const Environment& env, const std::string& error) {
+  const size_t tab = error.find('\t');
+  const std::string what = error.substr(0, tab), path = tab == std::string::npos ? "" : error.substr(tab + 1);
+  const size_t s1 = what.find(' ');
+  const size_t s2 = s1 == std::string::npos ? s1 : what.find(' ', s1 + 1);
+  const std::string call = what.substr(0, s1);
+  const std::string code = s1 == std::string::npos ? "" : what.substr(s1 + 1, s2 == std::string::npos ? s2 : s2 - s1 - 1);
+  const std::string name = s2 == std::string::npos ? "" : what.substr(s2 + 1);
+  const bool cudnn = call.rfind("cudnn", 0) == 0;
+  std::string library = cudnn ? "cuDNN" : "cuBLAS";
+  for (const CudaLibrary& l : env.libraries) {
+    if (l.path == path && !l.version.empty()) library += " " + l.version;
+  }
+  if (!path.empty()) library += " (" + base_name(path) + ")";
+  std::string versions;
+  if (const CudaLibrary* rt = newest_runtime(env)) versions += "runtime " + rt->version;
+  if (!env.driver.empty()) versions += std::string(versions.empty() ? "" : ", ") + "driver for CUDA " + env.driver;
+  const std::string stack = versions.empty() ? "" : " (" + versions + ")";
+  std::string why;
+  if (name.find("VERSION_MISMATCH") != std::string::npos || name.find("INCOMPATIBLE") != std::string::npos) {
+    why = library + " does not fit the rest of the CUDA stack" + stack + ": its parts, or the runtime and driver it " +
+          "was built for, are of other versions than the ones loaded; install one " + (cudnn ? "cuDNN" : "cuBLAS") +
+          ", built for the CUDA major of the runtime and the framework (and remove other copies from the library path)";
+  } else if (name.find("ARCH_MISMATCH") != std::string::npos) {
+    why = library + " does not support this GPU" + stack + ": install a build of it for this GPU's architecture";
+  } else if (name.find("NOT_INITIALIZED") != std::string::npos) {
+    why = library + " could not start" + stack + ": the CUDA runtime or driver it needs failed to initialise, or is " +
+          "older than it was built for, or the GPU had no memory left for it; see the driver and runtime above";
+  } else {
+    why = library + " could not make a handle" + stack + "; see the versions above";
+  }
+  return call + " failed with " + (name.empty() ? "status" : name) + " (" + code + "): " + why;
+}
+
+// The driver's release: the kernel module's, else libcuda's file name's.
+std::string driver_release_of(const Environment& env) {
+  return env.driver_release.empty() ? env.driver_library_release : env.driver_release;
+}
+
+// The kernel module and libcuda of different releases: the driver refuses
+// to start ("Driver/library version mismatch", CUDA error 803).
+std::string release_finding(const Environment& env) {
+  if (env.driver_release.empty() || env.driver_library_release.empty() ||
+      env.driver_release == env.driver_library_release) {
+    return "";
+  }
+  return "the NVIDIA kernel module is release " + env.driver_release + " but libcuda is release " +
+         env.driver_library_release +
+         ": the driver refuses to start when they differ (\"Driver/library version mismatch\"); reboot after a "
+         "driver upgrade, or reinstall the driver so that both are the same release";
+}
+
 // The first frame of the crash stack in a known library: a CUDA one?
 std::string crash_finding(const Environment& env, const Verdict& v) {
   if (v.kind != "crash") return "";
@@ -201,7 +257,9 @@ std::string crash_finding(const Environment& env, const Verdict& v) {
                        : name == "libcublas" || name == "libcublasLt" ? "cuBLAS"
                                                   : nullptr;
     if (what == nullptr) return "";
-    std::string text = std::string("crashed inside ") + what + " (" + base_name(f.module);
+    std::string release = name == "libcuda" ? driver_release_of(env) : "";
+    std::string text = std::string("crashed inside ") + what + (release.empty() ? "" : " " + release) + " (" +
+                       base_name(f.module);
     for (const CudaLibrary& l : env.libraries) {
       if (l.path == f.module && !l.version.empty() && name != "libcuda") text += " " + l.version;
     }
@@ -234,6 +292,45 @@ bool mentions_cuda(const std::string& text) {
   return false;
 }
 
+// The framework that raised an exception, by its type's module.
+std::string framework_of_exception(const std::string& e) {
+  if (e.rfind("torch.", 0) == 0) return "PyTorch";
+  if (e.rfind("tensorflow.", 0) == 0 || e.rfind("keras.", 0) == 0) return "TensorFlow";
+  if (e.rfind("jax", 0) == 0 || e.find("XlaRuntimeError") != std::string::npos) return "JAX";
+  return "";
+}
+
+// The allocation the framework could not make, as its message says:
+// PyTorch "Tried to allocate 2.00 GiB", XLA (JAX; TensorFlow with XLA) "Out
+// of memory allocating N bytes" or "... while trying to allocate N bytes",
+// TensorFlow "OOM when allocating tensor with shape[...] and type T".
+std::string failed_request(const std::string& e) {
+  if (const size_t at = e.find("Tried to allocate "); at != std::string::npos) {
+    const size_t end = e.find_first_of(".;(", e.find(' ', at + 18) + 1);
+    std::string size = e.substr(at + 18, end == std::string::npos ? std::string::npos : end - at - 18);
+    while (!size.empty() && size.back() == ' ') size.pop_back();
+    return size;
+  }
+  for (const char* key : {"Out of memory allocating ", "Out of memory while trying to allocate "}) {
+    const size_t at = e.find(key);
+    if (at == std::string::npos) continue;
+    const char* p = e.c_str() + at + std::strlen(key);
+    char* end = nullptr;
+    const double bytes = std::strtod(p, &end);
+    if (end != p && std::strncmp(end, " bytes", 6) == 0) return human_bytes(bytes);
+  }
+  if (const size_t at = e.find("OOM when allocating tensor with shape"); at != std::string::npos) {
+    const size_t open = e.find('[', at), close = e.find(']', at);
+    if (open != std::string::npos && close != std::string::npos && close > open) {
+      std::string text = "a tensor of shape " + e.substr(open, close - open + 1);
+      const size_t type = e.find(" and type ", close);
+      if (type == close + 1) text += " (" + e.substr(type + 10, e.find(' ', type + 10) - type - 10) + ")";
+      return text;
+    }
+  }
+  return "";
+}
+
 // The framework's own out-of-memory error, in the verdict.
 void name_framework_oom(const Environment& env, Verdict& v) {
   if (env.python_exception.empty() || !is_oom_exception(env.python_exception)) return;
@@ -243,9 +340,13 @@ void name_framework_oom(const Environment& env, Verdict& v) {
   } else if (ended_badly(v)) {
     const bool device = std::any_of(env.libraries.begin(), env.libraries.end(),
                                     [](const CudaLibrary& l) { return l.name == "libcuda"; });
+    const std::string framework = framework_of_exception(env.python_exception);
+    const std::string request = failed_request(env.python_exception);
     v.kind = device ? "cuda_oom" : "framework_oom";
-    v.summary = std::string(device ? "GPU out of memory" : "out of memory") + " in the framework: the program raised " +
-                shown + "; no allocation that reached the CUDA API failed (the framework's allocator refused it) (" +
+    v.summary = std::string(device ? "GPU out of memory" : "out of memory") + " in " +
+                (framework.empty() ? std::string("the framework") : framework) +
+                (request.empty() ? "" : " (" + request + " could not be allocated)") + ": the program raised " + shown +
+                "; no allocation that reached the CUDA API failed (the framework's allocator refused it) (" +
                 v.summary + ")";
   }
 }
@@ -259,6 +360,10 @@ Environment read_environment(const Trace& trace) {
     const std::string key = string_of(trace, i.key), value = string_of(trace, i.value);
     if (key == "cuda.driver") {
       env.driver = value;
+    } else if (key == "cuda.driver_release") {
+      env.driver_release = value;
+    } else if (key == "cuda.driver_library_release") {
+      env.driver_library_release = value;
     } else if (key.rfind("cuda.device.", 0) == 0) {
       const size_t space = value.find(' ');
       const double total = std::atof(value.substr(0, space).c_str());
@@ -269,6 +374,10 @@ Environment read_environment(const Trace& trace) {
       if (paths.insert(lib.path).second) env.libraries.push_back(std::move(lib));
     } else if (key == "cuda.init_error") {
       env.init_error = value;
+    } else if (key == "cuda.create_error") {
+      if (std::find(env.create_errors.begin(), env.create_errors.end(), value) == env.create_errors.end()) {
+        env.create_errors.push_back(value);
+      }
     } else if (key.rfind("framework.", 0) == 0) {
       add_framework_field(env, key, value);
     } else if (key == "python.exception") {
@@ -286,9 +395,13 @@ void judge_environment(Environment& env, Verdict& verdict, std::vector<std::stri
   // nothing about why).
   const std::string crash = crash_finding(env, verdict);
   if (!crash.empty()) env.findings.push_back(crash);
+  for (const std::string& e : env.create_errors) env.findings.push_back(create_error_finding(env, e));
+  const std::string release = release_finding(env);
+  if (!release.empty() && !env.init_error.empty()) env.findings.push_back(release);
   const std::string driver = driver_finding(env);
   if (!driver.empty()) env.findings.push_back(driver);
   const size_t sure = env.findings.size();
+  if (!release.empty() && env.init_error.empty()) env.findings.push_back(release);
   for (std::string& f : two_majors(env)) env.findings.push_back(std::move(f));
   for (std::string& f : framework_findings(env)) env.findings.push_back(std::move(f));
   name_framework_oom(env, verdict);
@@ -308,8 +421,13 @@ void judge_environment(Environment& env, Verdict& verdict, std::vector<std::stri
 
 std::vector<std::string> environment_lines(const Environment& env) {
   std::vector<std::string> out;
-  if (!env.driver.empty() || !env.devices.empty()) {
-    std::string line = "CUDA driver: " + (env.driver.empty() ? std::string("version unknown") : "supports CUDA " + env.driver);
+  if (!env.driver.empty() || !env.devices.empty() || !driver_release_of(env).empty()) {
+    std::string line = "CUDA driver: ";
+    if (!env.driver_release.empty()) line += env.driver_release + ", ";
+    if (!env.driver_library_release.empty() && env.driver_library_release != env.driver_release) {
+      line += "libcuda " + env.driver_library_release + ", ";
+    }
+    line += env.driver.empty() ? std::string("version unknown") : "supports CUDA " + env.driver;
     if (!env.devices.empty()) {
       line += "; GPUs:";
       for (size_t i = 0; i < env.devices.size(); ++i) line += (i ? "; " : " ") + env.devices[i];
@@ -334,6 +452,13 @@ std::vector<std::string> environment_lines(const Environment& env) {
     out.push_back(line);
   }
   if (!env.init_error.empty()) out.push_back("first CUDA call refused: " + env.init_error);
+  for (const std::string& e : env.create_errors) {
+    const std::string what = e.substr(0, e.find('\t'));
+    const size_t s1 = what.find(' '), s2 = s1 == std::string::npos ? s1 : what.find(' ', s1 + 1);
+    out.push_back(what.substr(0, s1) + " failed: " +
+                  (s2 == std::string::npos ? what.substr(s1 == std::string::npos ? what.size() : s1 + 1)
+                                           : what.substr(s2 + 1) + " (" + what.substr(s1 + 1, s2 - s1 - 1) + ")"));
+  }
   if (!env.python_exception.empty()) out.push_back("Python ended with: " + env.python_exception.substr(0, 300));
   return out;
 }

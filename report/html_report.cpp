@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "environment.h"
+#include "pressure.h"
 #include "folded.h"
 #include "job_report.h"
 #include "trace_format.h"
@@ -679,6 +680,9 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
     o << "<h3>Environment</h3><div class=\"card\"><ul>";
     for (const std::string& line : environment_lines(p.environment)) o << "<li>" << esc(line) << "</li>";
     o << "</ul></div>\n";
+  }
+  if (const std::string line = pressure_line(p.host_pressure); !line.empty()) {
+    o << "<p class=\"note\">" << esc(line) << "</p>\n";
   }
   if (headline) o << process_figures(p);
 

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "environment.h"
+#include "pressure.h"
 #include "file_io.h"
 #include "job_report.h"
 #include "sampling.h"
@@ -25,6 +26,7 @@ struct RunFile {
   int root_pid = 0;
   ExitInfo exit;
   std::string untraced;  // why no process was traced, when `memledger run` could tell
+  KernelLog kernel;      // "kernel": what the kernel said after the run
 };
 
 RunFile read_run_file(const fs::path& dir, std::vector<std::string>& problems) {
@@ -43,6 +45,7 @@ RunFile read_run_file(const fs::path& dir, std::vector<std::string>& problems) {
     if (j.contains("command")) rf.command = j["command"].get<std::vector<std::string>>();
     rf.root_pid = j.value("root_pid", 0);
     rf.untraced = j.value("untraced", "");
+    if (j.contains("kernel")) rf.kernel = kernel_log_from_json(j["kernel"]);
     if (j.contains("exit") && j["exit"].is_object()) {
       const json& e = j["exit"];
       rf.exit.known = true;
@@ -295,9 +298,30 @@ json environment_json(const Environment& e) {
     for (const auto& [field, value] : fields) f[field] = value;
     frameworks[name] = std::move(f);
   }
-  return {{"driver_cuda", e.driver},     {"devices", e.devices},       {"libraries", libraries},
-          {"frameworks", frameworks},     {"init_error", e.init_error}, {"python_exception", e.python_exception},
+  return {{"driver_cuda", e.driver},     {"driver_release", e.driver_release},
+          {"driver_library_release", e.driver_library_release}, {"devices", e.devices},       {"libraries", libraries},
+          {"frameworks", frameworks},     {"init_error", e.init_error}, {"create_errors", e.create_errors}, {"python_exception", e.python_exception},
           {"findings", e.findings},       {"lines", environment_lines(e)}};
+}
+
+// The host's memory over the run (pressure.h).
+json host_memory_json(const HostPressure& h) {
+  return {{"sampled", h.sampled},
+          {"mem_total", h.mem_total},
+          {"min_available", h.min_available},
+          {"min_available_ts_ns", h.min_available_ts},
+          {"last_available", h.last_available},
+          {"swap_total", h.swap_total},
+          {"max_swap_used", h.max_swap_used},
+          {"max_swap_in_per_s", h.max_swap_in},
+          {"psi", h.psi},
+          {"max_psi_some_avg10", h.max_psi_some},
+          {"max_psi_full_avg10", h.max_psi_full},
+          {"cgroup", h.cgroup},
+          {"cgroup_oom_kills", h.cgroup_oom_kills},
+          {"freeze_seconds", h.freeze_seconds},
+          {"freeze", h.freeze},
+          {"line", pressure_line(h)}};
 }
 
 json step_json(const ProcessReport& p, const StepStats& s) {
@@ -463,6 +487,7 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
       {"notes", notes},
       {"cupti", cupti_json(p.cupti)},
       {"environment", environment_json(p.environment)},
+      {"host_memory", host_memory_json(p.host_pressure)},
   };
 }
 
@@ -495,6 +520,7 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options, cons
   if (outcome != nullptr) {
     rf.root_pid = outcome->root_pid;
     rf.exit = outcome->exit;
+    if (outcome->kernel.checked) rf.kernel = outcome->kernel;
   }
   std::sort(files.begin(), files.end());
 
@@ -540,6 +566,7 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options, cons
   for (size_t i = 0; i < traces.size(); ++i) {
     ExitInfo exit_info;
     if (i == root && rf.exit.known) exit_info = rf.exit;
+    exit_info.kernel = rf.kernel.checked ? &rf.kernel : nullptr;
     run.processes.push_back(analyze_stream(traces[i], exit_info, options));
     // The process exited, but its trace has neither the exit nor the end:
     // tracing was lost before the end (the trace file became unwritable).
@@ -670,6 +697,7 @@ void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
     out << "environment:\n";
     for (const std::string& line : environment_lines(p.environment)) out << "  " << line << "\n";
   }
+  if (const std::string line = pressure_line(p.host_pressure); !line.empty()) out << line << "\n";
   out << "host mode: " << p.host_mode;
   if (p.host_mode == "sampled") out << " (mean interval " << human_bytes(double(p.sample_interval)) << ")";
   out << "; duration " << fixed(double(p.duration_ns) / 1e9, 2) << " s; " << p.events << " events\n";

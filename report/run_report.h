@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "analysis.h"
+#include "kernel_log.h"
 
 namespace memledger::report {
 
@@ -22,10 +23,12 @@ struct RunReport {
 };
 
 // What `memledger run` knows of the run first-hand, whether or not run.json
-// could be written (a full disk): the root's pid and its waitpid status.
+// could be written (a full disk): the root's pid and its waitpid status,
+// and what the kernel said once it had ended.
 struct RunOutcome {
   int root_pid = 0;
   ExitInfo exit;
+  KernelLog kernel;
 };
 
 // Loads RUN_DIR (every trace.*.mlt in it, plus run.json) or a single trace

@@ -465,6 +465,26 @@ class RecordDecoder {
         t_.samples.push_back(s);
         break;
       }
+      case fmt::Tag::kPressure: {
+        TracePressure p;
+        p.ts = c.varint();
+        p.present = static_cast<uint32_t>(c.varint());
+        p.mem_total = c.varint();
+        p.mem_available = c.varint();
+        p.swap_total = c.varint();
+        p.swap_free = c.varint();
+        p.swap_in = c.varint();
+        p.swap_out = c.varint();
+        p.psi_some_avg10 = static_cast<uint32_t>(std::min<uint64_t>(c.varint(), 10000));
+        p.psi_full_avg10 = static_cast<uint32_t>(std::min<uint64_t>(c.varint(), 10000));
+        p.psi_some_total = c.varint();
+        p.psi_full_total = c.varint();
+        p.cgroup_oom_kills = c.varint();
+        if (!c.ok()) return false;
+        note_ts(p.ts);
+        t_.pressure.push_back(p);
+        break;
+      }
       case fmt::Tag::kThread: {
         c.varint();
         c.string();
@@ -672,6 +692,7 @@ void sort_by_time(Trace& trace, bool side_records = true) {
     if (!std::is_sorted(v.begin(), v.end(), less)) std::stable_sort(v.begin(), v.end(), less);
   };
   sort_if_needed(trace.samples, by_ts);
+  sort_if_needed(trace.pressure, by_ts);
   sort_if_needed(trace.signals, by_ts);
   sort_if_needed(trace.host_totals, [](const auto& a, const auto& b) { return a.seq < b.seq; });
   if (!side_records) return;
@@ -750,6 +771,7 @@ void absorb_side_records(Trace& into, Trace& from) {
   };
   append(into.modules, from.modules);
   append(into.samples, from.samples);
+  append(into.pressure, from.pressure);
   append(into.host_totals, from.host_totals);
   append(into.vmm, from.vmm);
   append(into.device_samples, from.device_samples);
@@ -1065,6 +1087,16 @@ void dump_trace(const std::string& path, std::FILE* out) {
                    " host_frees=%" PRIu64 "\n",
                    s.ts, s.rss, s.heap_held, s.heap_in_use, s.cgroup_limit, s.cgroup_usage, s.host_live,
                    s.host_allocs, s.host_frees);
+    }
+    for (const TracePressure& p : one.pressure) {
+      std::fprintf(out,
+                   "pressure ts=%" PRIu64 " present=0x%x mem_total=%" PRIu64 " mem_available=%" PRIu64
+                   " swap_total=%" PRIu64 " swap_free=%" PRIu64 " swap_in=%" PRIu64 " swap_out=%" PRIu64
+                   " psi_some_avg10=%u.%02u psi_full_avg10=%u.%02u psi_some_total=%" PRIu64 " psi_full_total=%" PRIu64
+                   " cgroup_oom_kills=%" PRIu64 "\n",
+                   p.ts, p.present, p.mem_total, p.mem_available, p.swap_total, p.swap_free, p.swap_in, p.swap_out,
+                   p.psi_some_avg10 / 100, p.psi_some_avg10 % 100, p.psi_full_avg10 / 100, p.psi_full_avg10 % 100,
+                   p.psi_some_total, p.psi_full_total, p.cgroup_oom_kills);
     }
     for (const TraceSignal& s : one.signals) {
       std::fprintf(out, "signal ts=%" PRIu64 " tid=%u signo=%d code=%d fault_addr=0x%" PRIx64 " stack=%u\n", s.ts,

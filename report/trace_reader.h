@@ -55,6 +55,25 @@ struct TraceSample {
   uint64_t host_frees = 0;
 };
 
+// Host memory pressure at one moment (kPressure, version 7): the machine's
+// and the memory cgroup's. `present` (format::kPressure* bits) says which
+// sources were read; the fields of the others are 0.
+struct TracePressure {
+  uint64_t ts = 0;
+  uint32_t present = 0;
+  uint64_t mem_total = 0;
+  uint64_t mem_available = 0;
+  uint64_t swap_total = 0;
+  uint64_t swap_free = 0;
+  uint64_t swap_in = 0;   // pages swapped in since boot
+  uint64_t swap_out = 0;  // pages swapped out since boot
+  uint32_t psi_some_avg10 = 0;  // hundredths of a percent
+  uint32_t psi_full_avg10 = 0;
+  uint64_t psi_some_total = 0;  // microseconds since boot
+  uint64_t psi_full_total = 0;
+  uint64_t cgroup_oom_kills = 0;
+};
+
 // Device address space and VMM mappings (not memory by themselves).
 struct TraceVmmEvent {
   enum class Type : uint8_t { kReserve, kUnreserve, kMap, kUnmap };
@@ -153,6 +172,7 @@ struct Trace {
   std::string python_note;
   std::vector<TraceEvent> events;  // sorted by seq
   std::vector<TraceSample> samples;
+  std::vector<TracePressure> pressure;  // sorted by ts
   std::vector<TraceHostTotals> host_totals;  // sorted by seq
   std::vector<TraceVmmEvent> vmm;
   std::vector<TraceDeviceSample> device_samples;

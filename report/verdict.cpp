@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "pressure.h"
+
 namespace memledger::report {
 
 std::string signal_name(int signo) {
@@ -18,20 +20,22 @@ bool is_crash_signal(int signo) {
   return signo == SIGSEGV || signo == SIGBUS || signo == SIGABRT || signo == SIGFPE || signo == SIGILL;
 }
 
-// Killed from outside: the OOM killer when the last sample was near the
-// cgroup limit, else someone else.
-void killed(Verdict& v, const std::string& how) {
-  const bool near_limit =
-      v.cgroup_limit != 0 && (v.last_rss >= v.cgroup_limit * 9 / 10 || v.cgroup_usage >= v.cgroup_limit * 95 / 100);
-  if (near_limit) {
+// Killed from outside: the kernel's OOM killer when the kernel log names
+// the process, or when the last samples were near the cgroup's limit, near
+// the end of the system's memory, or the cgroup counted an OOM kill after
+// them (pressure.h); else someone else.
+void killed(Verdict& v, const std::string& how, const Trace& trace, const ExitInfo& exit_info) {
+  const OomKillEvidence e = oom_kill_evidence(trace, exit_info.kernel);
+  std::string why;
+  for (const std::string& r : e.reasons) why += (why.empty() ? "" : ", ") + r;
+  if (e.likely) {
     v.kind = "host_oom_kill";
-    v.summary = how + ": host out of memory (OOM killer) likely: last RSS " + human_bytes(double(v.last_rss)) +
-                " against a cgroup limit of " + human_bytes(double(v.cgroup_limit));
+    v.summary = how + ": killed by the kernel's OOM killer" + (e.confirmed ? "" : " (likely)") + ": " + e.figures +
+                (why.empty() ? "" : "; " + why) + "; " + e.kernel;
   } else {
     v.kind = "killed";
-    v.summary = how + (v.cgroup_limit ? "; last RSS " + human_bytes(double(v.last_rss)) + " of a cgroup limit of " +
-                                            human_bytes(double(v.cgroup_limit)) + ", not near the limit"
-                                      : "; last RSS " + human_bytes(double(v.last_rss)) + ", no cgroup memory limit");
+    v.summary = how + "; " + e.figures + (v.cgroup_limit ? ", not near the limit" : "") +
+                (exit_info.kernel != nullptr ? "; " + e.kernel : "");
   }
 }
 
@@ -49,7 +53,7 @@ void cuda_oom(Verdict& v, const OomEvent& oom, const std::vector<StepStats>& ste
 
 // Ended by signal `signo` (not a CUDA OOM); `sig`: the trace's first
 // signal record, if any.
-void by_signal(StopVerdict& out, int signo, const TraceSignal* sig) {
+void by_signal(StopVerdict& out, int signo, const TraceSignal* sig, const Trace& trace, const ExitInfo& exit_info) {
   Verdict& v = out.verdict;
   v.signo = signo;
   v.signal_name = signal_name(signo);
@@ -67,7 +71,7 @@ void by_signal(StopVerdict& out, int signo, const TraceSignal* sig) {
       out.crash_stack = sig->stack;
     }
   } else if (signo == SIGKILL) {
-    killed(v, "killed by SIGKILL");
+    killed(v, "killed by SIGKILL", trace, exit_info);
   } else {
     v.kind = "signal";
     v.summary = "terminated by " + v.signal_name;
@@ -91,8 +95,10 @@ void without_signal(Verdict& v, const Trace& trace, const ExitInfo& exit_info) {
     v.kind = "exit";
     v.summary = "exited (status not recorded)";
   } else {
-    killed(v, "stopped without warning (SIGKILL or a crash of the tracer's writer); the trace covers up to " +
-                  std::to_string(trace.last_ts / 1000000) + " ms");
+    killed(v,
+           "stopped without warning (SIGKILL or a crash of the tracer's writer); the trace covers up to " +
+               std::to_string(trace.last_ts / 1000000) + " ms",
+           trace, exit_info);
   }
 }
 
@@ -123,7 +129,7 @@ StopVerdict judge_stop(const Trace& trace, const ExitInfo& exit_info, const std:
     v.signo = signo;
     if (signo) v.signal_name = signal_name(signo);
   } else if (signo != 0) {
-    by_signal(out, signo, sig);
+    by_signal(out, signo, sig, trace, exit_info);
   } else {
     without_signal(v, trace, exit_info);
   }

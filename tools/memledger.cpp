@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -405,7 +406,7 @@ StatusTotals read_status(const fs::path& dir) {
 // file cannot be made. Says why on stderr when the final version cannot be
 // written (`status` given).
 bool write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, const int* status, double seconds,
-                    const std::string& untraced = "") {
+                    const std::string& untraced = "", const memledger::report::KernelLog* kernel = nullptr) {
   nlohmann::json j;
   j["schema"] = "memledger-run";
   j["schema_version"] = 1;
@@ -420,6 +421,7 @@ bool write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, cons
     j["exit"] = {{"code", WEXITSTATUS(*status)}};
   }
   if (!untraced.empty()) j["untraced"] = untraced;
+  if (kernel != nullptr) j["kernel"] = memledger::report::kernel_log_json(*kernel);
   const std::string text = j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   const std::string path = (dir / "run.json").string();
   std::string error, ignored;
@@ -429,6 +431,38 @@ bool write_run_file(const fs::path& dir, const RunOptions& opts, pid_t pid, cons
   }
   if (status != nullptr) std::fprintf(stderr, "memledger: %s\n", error.c_str());
   return false;
+}
+
+// What the kernel said once the command had ended: the OOM killer's lines
+// in the kernel log since the run started (1 s earlier, for the log's own
+// clock) that name a traced process, and the OOM kill count of each memory
+// cgroup a trace names.
+memledger::report::KernelLog kernel_after_run(const fs::path& dir, uint64_t start_us) {
+  memledger::report::KernelLog log =
+      memledger::report::read_kernel_log("/dev/kmsg", start_us > 1000000 ? start_us - 1000000 : 0);
+  std::vector<int> pids;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("trace.", 0) != 0 || entry.path().extension() != ".mlt") continue;
+    try {
+      const memledger::report::Trace trace = memledger::report::read_trace(entry.path().string(), false);
+      pids.push_back(trace.pid());
+      const std::string cgroup = trace.header_value("cgroup");
+      uint64_t count = 0;
+      if (!cgroup.empty() && !log.cgroup_oom_kills.count(cgroup) &&
+          memledger::report::read_cgroup_oom_kills(cgroup, &count)) {
+        log.cgroup_oom_kills[cgroup] = count;
+      }
+    } catch (const TraceError&) {
+      // The report says what is wrong with that trace.
+    }
+  }
+  // Other processes of the machine are none of this run's business.
+  std::erase_if(log.oom_kills, [&](const memledger::report::OomKillLine& l) {
+    return std::find(pids.begin(), pids.end(), l.pid) == pids.end();
+  });
+  return log;
 }
 
 int exit_code_of(int status) {
@@ -624,6 +658,9 @@ int cmd_run(int argc, char** argv) {
     return 1;
   }
   const auto start = std::chrono::steady_clock::now();
+  timespec start_mono{};
+  clock_gettime(CLOCK_MONOTONIC, &start_mono);
+  const uint64_t start_us = static_cast<uint64_t>(start_mono.tv_sec) * 1000000 + static_cast<uint64_t>(start_mono.tv_nsec) / 1000;
   pid_t pid = fork();
   if (pid < 0) {
     std::perror("memledger: fork");
@@ -745,7 +782,8 @@ int cmd_run(int argc, char** argv) {
     }
     // Files the run folder should hold but does not are an error of memledger
     // run (exit 1) unless the command's own failure is there to report.
-    bool complete = write_run_file(dir, opts, pid, &status, seconds, untraced);
+    const memledger::report::KernelLog kernel = kernel_after_run(dir, start_us);
+    bool complete = write_run_file(dir, opts, pid, &status, seconds, untraced, &kernel);
     if (opts.report && (any_trace || untraced.empty())) {
       // The exit status from waitpid, also when run.json could not be written.
       memledger::report::RunOutcome outcome;
@@ -754,6 +792,7 @@ int cmd_run(int argc, char** argv) {
       outcome.exit.signaled = WIFSIGNALED(status);
       outcome.exit.signo = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
       outcome.exit.code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+      outcome.kernel = kernel;
       complete = build_report(dir, opts.quiet, outcome) != ReportOutcome::kNotWritten && complete;
     }
     if (!opts.quiet) std::fprintf(stderr, "memledger: run folder: %s\n", dir.c_str());

@@ -24,6 +24,8 @@ from test_cuda_hooks import DRIVER_DIR, SIM_DIR, sim_env, sim_program
 
 RUNTIME_13 = SIM_DIR / "runtime" / "libcudart.so.13"
 RUNTIME_12 = SIM_DIR / "runtime" / "cuda12" / "libcudart.so.12"
+SIM_CUDNN = SIM_DIR / "libraries" / "libcudnn.so.9"
+SIM_CUBLAS = SIM_DIR / "libraries" / "libcublas.so.13"
 
 
 @unittest.skipUnless((DRIVER_DIR / "libcuda.so.1").exists(), "the simulated CUDA is not built (no CUDA 13 headers)")
@@ -136,6 +138,119 @@ class CudaEnvironment(TestCase):
                       "driver for CUDA 13.0; see the versions in the environment block", verdict["summary"])
         self.assertIn("fault_inside_driver", " ".join(f.get("function", "") for f in verdict["crash_stack"]))
 
+    def run_with_release(self, module_release, library_release):
+        """The simulated driver loaded as libcuda.so.LIBRARY_RELEASE (through
+        a libcuda.so.1 link, as a driver installs it), with a kernel module
+        version file of MODULE_RELEASE in place of /proc/driver/nvidia/version
+        (MEMLEDGER_TEST_NVIDIA_VERSION_FILE; None: no such file)."""
+        folder = tempfile.mkdtemp(prefix="memledger-release-")
+        self.addCleanup(shutil.rmtree, folder, ignore_errors=True)
+        real = os.path.join(folder, "libcuda.so." + library_release)
+        shutil.copy(DRIVER_DIR / "libcuda.so.1", real)
+        os.symlink(os.path.basename(real), os.path.join(folder, "libcuda.so.1"))
+        version = os.path.join(folder, "version")
+        if module_release is not None:
+            with open(version, "w") as f:
+                f.write("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  %s  Release Build  "
+                        "(dvs-builder@U16-I3-B03-4-3)  Tue Jul 22 18:49:56 UTC 2025\n"
+                        "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14+deb12u1)\n" % module_release)
+        script = textwrap.dedent(f"""
+            import ctypes
+            ctypes.CDLL({os.path.join(folder, "libcuda.so.1")!r})
+            rt = ctypes.CDLL({str(RUNTIME_13)!r})
+            assert rt.cudaGetDeviceCount(ctypes.byref(ctypes.c_int())) == 0
+        """)
+        return self.run_traced([sys.executable, "-c", script], MEMLEDGER_TEST_NVIDIA_VERSION_FILE=version)
+
+    def test_driver_release(self):
+        proc, report, text = self.run_with_release("580.65.06", "580.65.06")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        env = report["environment"]
+        self.assertEqual((env["driver_release"], env["driver_library_release"]), ("580.65.06", "580.65.06"))
+        self.assertIn("environment:\n  CUDA driver: 580.65.06, supports CUDA 13.0; GPUs: ", text)
+        self.assertEqual(env["findings"], [])
+        # Without the kernel module's file, libcuda's file name tells.
+        proc, report, text = self.run_with_release(None, "575.57.08")
+        self.assertEqual(report["environment"]["driver_release"], "")
+        self.assertIn("CUDA driver: libcuda 575.57.08, supports CUDA 13.0", text)
+
+    def test_kernel_module_and_libcuda_of_different_releases(self):
+        proc, report, text = self.run_with_release("580.65.06", "575.57.08")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("CUDA driver: 580.65.06, libcuda 575.57.08, supports CUDA 13.0", text)
+        finding = "the NVIDIA kernel module is release 580.65.06 but libcuda is release 575.57.08"
+        self.assertEqual([f for f in report["environment"]["findings"] if f.startswith(finding)], 
+                         [f for f in report["notes"] if f.startswith(finding)])
+        self.assertEqual(len([f for f in report["notes"] if f.startswith(finding)]), 1, report["notes"])
+
+    def test_crash_inside_the_driver_names_its_release(self):
+        folder = tempfile.mkdtemp(prefix="memledger-release-")
+        self.addCleanup(shutil.rmtree, folder, ignore_errors=True)
+        version = os.path.join(folder, "version")
+        with open(version, "w") as f:
+            f.write("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.65.06  Sun Jul 27 07:09:50 UTC 2025\n")
+        proc, report, _ = self.run_traced([sim_program("cuda_driver_linked"), "2", "1048576", "normal"],
+                                          SIMCUDA_CRASH_IN_ALLOC="1", MEMLEDGER_TEST_NVIDIA_VERSION_FILE=version)
+        self.assertEqual(proc.returncode, 128 + 11, proc.stderr)
+        self.assertIn("crashed inside the CUDA driver 580.65.06 (libcuda.so.1); driver for CUDA 13.0",
+                      report["verdict"]["summary"])
+
+    def create_handle(self, library, call, exit_on_failure, **env):
+        """Initialises the simulated runtime, then calls the library's
+        handle-creating call through ctypes (dlsym, as TensorFlow and XLA
+        reach cuDNN and cuBLAS)."""
+        script = textwrap.dedent(f"""
+            import ctypes, sys
+            rt = ctypes.CDLL({str(RUNTIME_13)!r})
+            assert rt.cudaGetDeviceCount(ctypes.byref(ctypes.c_int())) == 0
+            lib = ctypes.CDLL({str(library)!r})
+            handle = ctypes.c_void_p()
+            status = getattr(lib, {call!r})(ctypes.byref(handle))
+            print("STATUS", status)
+            sys.exit(1 if status and {exit_on_failure!r} else 0)
+        """)
+        return self.run_traced([sys.executable, "-c", script], **env)
+
+    @unittest.skipUnless(SIM_CUDNN.exists(), "the simulated cuDNN is not built (no cuDNN headers)")
+    def test_cudnn_create_version_mismatch(self):
+        proc, report, text = self.create_handle(SIM_CUDNN, "cudnnCreate", True, SIMCUDA_CUDNN_CREATE_STATUS="1002")
+        self.assertIn("STATUS 1002", proc.stdout)
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        env = report["environment"]
+        self.assertEqual(env["create_errors"],
+                         ["cudnnCreate 1002 CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH\t%s" % SIM_CUDNN])
+        cudnn = self.library(report, "libcudnn")
+        self.assertRegex(cudnn[0]["version"], r"^9\.\d+\.\d+$")
+        verdict = report["verdict"]
+        self.assertEqual(verdict["kind"], "cuda_mismatch", verdict["summary"])
+        self.assertTrue(verdict["summary"].startswith(
+            "cudnnCreate failed with CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH (1002): cuDNN %s (libcudnn.so.9) does "
+            "not fit the rest of the CUDA stack (runtime 13.0, driver for CUDA 13.0)" % cudnn[0]["version"]),
+            verdict["summary"])
+        self.assertTrue(verdict["summary"].endswith("(exited with code 1)"), verdict["summary"])
+        self.assertIn("  cudnnCreate failed: CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH (1002)\n", text)
+
+    @unittest.skipUnless(SIM_CUBLAS.exists(), "the simulated cuBLAS is not built (no cuBLAS headers)")
+    def test_cublas_create_not_initialized_survived(self):
+        # The program goes on without cuBLAS: a note, the verdict stays the exit.
+        proc, report, _ = self.create_handle(SIM_CUBLAS, "cublasCreate_v2", False, SIMCUDA_CUBLAS_CREATE_STATUS="1")
+        self.assertIn("STATUS 1", proc.stdout)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertEqual(report["verdict"]["summary"], "clean exit (code 0)")
+        version = self.library(report, "libcublas")[0]["version"]
+        finding = ("cublasCreate_v2 failed with CUBLAS_STATUS_NOT_INITIALIZED (1): cuBLAS %s (libcublas.so.13) could "
+                   "not start (runtime 13.0, driver for CUDA 13.0)" % version)
+        self.assertEqual([n for n in report["notes"] if n.startswith("cublasCreate_v2 failed")][0][:len(finding)],
+                         finding)
+
+    @unittest.skipUnless(SIM_CUDNN.exists(), "the simulated cuDNN is not built (no cuDNN headers)")
+    def test_cudnn_create_that_succeeds_is_no_finding(self):
+        proc, report, _ = self.create_handle(SIM_CUDNN, "cudnnCreate", True)
+        self.assertIn("STATUS 0", proc.stdout)
+        self.assertEqual(report["environment"]["create_errors"], [])
+        self.assertEqual(report["environment"]["findings"], [])
+        self.assertRegex(self.library(report, "libcudnn")[0]["version"], r"^9\.")
+
     def test_crash_outside_cuda_names_no_library(self):
         script = "import ctypes; ctypes.CDLL(%r).cudaGetDeviceCount(ctypes.byref(ctypes.c_int())); " \
                  "ctypes.string_at(16)" % str(RUNTIME_13)
@@ -163,6 +278,8 @@ class FrameworkOutOfMemory(TestCase):
         verdict = report["verdict"]
         # No CUDA here: the framework's own allocator refused it.
         self.assertEqual(verdict["kind"], "framework_oom", verdict["summary"])
+        self.assertTrue(verdict["summary"].startswith("out of memory in JAX (256.0 TiB could not be allocated): the "
+                                                      "program raised "), verdict["summary"])
         self.assertIn("RESOURCE_EXHAUSTED: Out of memory allocating 281474976710656 bytes", verdict["summary"])
         self.assertIn("(exited with code 1)", verdict["summary"])
         jax = report["environment"]["frameworks"]["jax"]

@@ -94,6 +94,11 @@ class ExportedSymbols(mltest.TestCase):
         self.assertGreater(len(hooks), 10)
         for name in hooks:
             self.assertEqual(self.dynamic.get(name), "T", name)
+        # The CUDA libraries' handle-creating calls (cuDNN, cuBLAS).
+        library_hooks = self.hook_names_at_run_time("memledger_cuda_library_hook_names")
+        self.assertEqual(library_hooks, ["cudnnCreate", "cublasCreate_v2"])
+        for name in library_hooks:
+            self.assertEqual(self.dynamic.get(name), "T", name)
 
     def test_no_shared_library_dependencies_but_libc(self):
         needed = set(re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", tool("readelf", "-d", mltest.LIBRARY)))

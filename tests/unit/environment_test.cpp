@@ -108,8 +108,8 @@ TEST_CASE("environment: a framework's out-of-memory exception names the verdict"
   Verdict v = exited(1);
   judge_environment(env, v, notes);
   CHECK(v.kind == "cuda_oom");
-  CHECK(contains(v.summary, "GPU out of memory in the framework: the program raised torch.OutOfMemoryError: CUDA out "
-                            "of memory. Tried to allocate 2.00 GiB"));
+  CHECK(contains(v.summary, "GPU out of memory in PyTorch (2.00 GiB could not be allocated): the program raised "
+                            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"));
   // A CUDA OOM the hooks saw gets the exception appended.
   Verdict oom;
   oom.kind = "cuda_oom";
@@ -117,4 +117,32 @@ TEST_CASE("environment: a framework's out-of-memory exception names the verdict"
   judge_environment(env, oom, notes);
   CHECK(oom.summary == "CUDA out of memory: 2.0 GiB requested on device 0; the program raised "
                        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB");
+}
+
+TEST_CASE("environment: TensorFlow's and JAX's out-of-memory errors name the framework and the request",
+          "[environment]") {
+  const std::pair<const char*, const char*> cases[] = {
+      {"tensorflow.python.framework.errors_impl.ResourceExhaustedError: {{function_node __wrapped__Mul}} OOM when "
+       "allocating tensor with shape[1024,1024,4096] and type float on /job:localhost/replica:0/task:0/device:GPU:0 "
+       "by allocator GPU_0_bfc [Op:Mul]",
+       "GPU out of memory in TensorFlow (a tensor of shape [1024,1024,4096] (float) could not be allocated): the "
+       "program raised tensorflow.python.framework.errors_impl.ResourceExhaustedError: "},
+      {"jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+       "17179869184 bytes.",
+       "GPU out of memory in JAX (16.0 GiB could not be allocated): the program raised "
+       "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED"},
+      {"jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory allocating 281474976710656 bytes",
+       "GPU out of memory in JAX (256.0 TiB could not be allocated): "},
+      {"builtins.MemoryError: out of memory", "GPU out of memory in the framework: the program raised builtins."},
+  };
+  for (const auto& [exception, expected] : cases) {
+    Trace t = with_facts({{"cuda.library", "/x/libcuda.so.1\t13.0"}, {"python.exception", exception}});
+    Environment env = read_environment(t);
+    std::vector<std::string> notes;
+    Verdict v = exited(1);
+    judge_environment(env, v, notes);
+    CHECK(v.kind == "cuda_oom");
+    CHECK(contains(v.summary, expected));
+    CHECK(contains(v.summary, "(exited with code 1)"));
+  }
 }
