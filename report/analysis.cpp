@@ -18,6 +18,7 @@
 #include "pressure.h"
 #include "notes.h"
 #include "replay.h"
+#include "roles.h"
 #include "attributed.h"
 #include "site_groups.h"
 #include "growth_view.h"
@@ -229,6 +230,24 @@ class SiteNamer {
     }
     return site;
   }
+  // Gives a stack's frames one at a time without keeping them: the frame
+  // budget is for the frames the report shows, and the roles stage reads
+  // the stacks of every site that is live at a step end.
+  FrameWalk walk(uint32_t stack) {
+    return [this, stack](const std::function<bool(const Frame&)>& visit) {
+      auto it = trace_.stacks.find(stack);
+      if (it == trace_.stacks.end()) return;
+      if (!symbolizer_) {
+        symbolizer_ = std::make_unique<Symbolizer>(trace_.modules, options_);
+        symbolizer_->set_python(&trace_.python_codes, trace_.python_module);
+      }
+      for (size_t i = 0; i < it->second.size(); ++i) {
+        for (const Frame& f : symbolizer_->resolve(it->second[i], i > 0)) {
+          if (!visit(f)) return;
+        }
+      }
+    };
+  }
   void name(std::vector<SiteTotal>& totals) {
     for (SiteTotal& t : totals) t.site = name(t.site.stack, t.site.kind);
   }
@@ -384,6 +403,9 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   namer.name(grown.sites);
   grown.sites = group_site_totals(std::move(grown.sites), options.max_exit_sites * 5);
   r.growth_view = std::move(grown);
+  assign_roles(
+      r, replay, RoleTable(options.role_rules), [&](uint32_t stack) { return namer.walk(stack); },
+      [&](uint32_t stack, uint8_t kind) { return namer.name(stack, kind); }, sampled);
   // Device memory no hook saw, judged like a site (named already).
   for (LeakSuspect& s : find_not_hooked_growth(r.steps, options.warmup_steps, options.max_suspects)) {
     r.leak_suspects.push_back(std::move(s));

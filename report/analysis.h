@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cupti_view.h"
+#include "role_rules.h"
 #include "symbolizer.h"
 #include "trace_format.h"
 #include "trace_reader.h"
@@ -29,6 +30,7 @@ struct AnalysisOptions {
   size_t max_profile_sites = 5000;  // sites kept in the live sets at the peak and at the end
   SymbolizerOptions symbolizer;
   GrowthWindow growth_window;  // of the growth view; default: the warm-up's end to the last step
+  std::vector<RoleRule> role_rules;  // tried before the built-in ones (a policy file's [roles])
 };
 
 struct KernelLog;  // kernel_log.h
@@ -81,6 +83,10 @@ struct Site {
   // Its allocations include CUDA graph allocations (format::kAllocGraph):
   // memory a graph launch allocated, the stack being the capture site.
   bool graph = false;
+  // What its allocations are (roles.h): "activation", ...; empty when not
+  // classified. role_rule: what the rule that decided recognises.
+  std::string role = {};
+  std::string role_rule = {};
 };
 
 struct LeakSuspect {
@@ -106,6 +112,8 @@ struct LeakSuspect {
   // Steps that are time windows (source "time"): each window's length; the
   // rate is then also bytes_per_step / window_seconds per second.
   double window_seconds = 0;
+  // When the role makes the cause plain (roles.h, role_explanation).
+  std::string role_explanation;
 };
 
 struct SiteTotal {
@@ -240,8 +248,27 @@ struct GrowthView {
   std::string note;              // why there is none
 };
 
+// Live bytes by role at each step end (roles.h). Every role is listed,
+// in the order of `names`; their sum is the live bytes of all kinds.
+struct RoleLive {
+  std::vector<std::string> names;
+  std::vector<std::vector<int64_t>> per_step;  // [step][role]
+  std::vector<int64_t> at_end;                 // live at exit, by role
+  std::vector<double> growth_per_step;         // after the warm-up (Theil-Sen), by role
+  // The roles that grow (roles.h, kRoleGrowthFloor), fastest first: name, bytes per step.
+  std::vector<std::pair<std::string, double>> growing;
+  bool estimated = false;                      // sampled host mode: host bytes split by the samples' shares
+  // The largest sites of each role at the last step end (at most
+  // kRoleTopSites each; `bytes` their live bytes there), by role.
+  std::vector<std::vector<SiteTotal>> top_sites;
+  std::vector<std::vector<std::string>> top_phases;  // when each allocated: startup, steps, teardown
+  size_t sites = 0;                            // sites classified
+  size_t user_rules = 0;                       // rules from a policy file
+};
+
 struct ProcessReport {
   std::string trace_path;
+  RoleLive roles;
   // Source "time": the length of each window (0 otherwise).
   double window_seconds = 0;
   // What the process is to a Python framework, from the code it ran:

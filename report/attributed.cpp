@@ -62,6 +62,10 @@ void absorb(SiteAcc& into, SiteAcc& from, uint64_t peak_epoch) {
   into.peak_epoch = peak_epoch;
   into.live += from.live;
   into.count += from.count;
+  if (from.allocs > 0) {
+    into.first_alloc_ns = into.allocs > 0 ? std::min(into.first_alloc_ns, from.first_alloc_ns) : from.first_alloc_ns;
+    into.last_alloc_ns = std::max(into.last_alloc_ns, from.last_alloc_ns);
+  }
   into.allocs += from.allocs;
   into.allocated.bytes += from.allocated.bytes;
   into.allocated.bytes_variance += from.allocated.bytes_variance;

@@ -89,6 +89,10 @@ std::string site_of_stack(const json& stack) {
 std::vector<double> series_of(const ProcessData& p, Scope scope) {
   std::vector<double> out;
   out.reserve(p.live.size());
+  if (is_role_scope(scope)) {
+    for (const auto& roles : p.roles) out.push_back(roles[scope_role(scope)]);
+    return out;
+  }
   const int k = scope_kind(scope);
   for (const auto& live : p.live) out.push_back(k < 0 ? live[0] + live[1] + live[2] + live[3] + live[4] : live[k]);
   return out;
@@ -109,7 +113,21 @@ std::vector<Scope> kinds_present(const RunData& run) {
   return out;
 }
 
+// The roles with live bytes at some step end of some process.
+std::vector<Scope> roles_present(const RunData& run) {
+  std::vector<Scope> out;
+  for (int r = 0; r < kRoleCount; ++r) {
+    bool any = false;
+    for (const ProcessData& p : run.processes) {
+      any = any || std::any_of(p.roles.begin(), p.roles.end(), [r](const auto& roles) { return roles[r] != 0; });
+    }
+    if (any) out.push_back(static_cast<Scope>(kFirstRoleScope + r));
+  }
+  return out;
+}
+
 bool in_scope(const json& site, Scope scope) {
+  if (is_role_scope(scope)) return text(site, "role") == scope_name(scope);
   return scope == Scope::kTotal || text(site, "kind") == scope_name(scope);
 }
 
@@ -200,7 +218,9 @@ void peak_figure(const FigureInput& in, Figure& f) {
   // The report's peak is the highest live total between step ends; it
   // counts for one kind too when that kind is the only one in use.
   bool only_kind = k < 0;
-  if (k >= 0) {
+  if (is_role_scope(scope)) {
+    only_kind = false;
+  } else if (k >= 0) {
     only_kind = true;
     for (int other = 0; other < 4; ++other) only_kind = only_kind && (other == k || !kind_ever_live(p, other));
   }
@@ -345,6 +365,12 @@ Figure process_figure(const RunData& run, size_t index, Metric metric, Scope sco
   f.why_not = unmeasured_host(p, metric, scope_kind(scope));
   if (!f.why_not.empty()) {
     f.judged = false;
+    return f;
+  }
+  if (is_role_scope(scope) && p.roles.empty() && !p.live.empty() &&
+      (metric == Metric::kGrowthPerStep || metric == Metric::kPeak)) {
+    f.judged = false;
+    f.why_not = "the report holds no live bytes by role (made by a memledger from before roles)";
     return f;
   }
   const FigureInput in{p, pj, member(pj, "steps"), scope, scope_kind(scope), warmup_steps};
@@ -503,7 +529,13 @@ void fill_thinned_steps(const json& process, ProcessData& p, const std::string& 
     full.held_host.push_back(between(p.held_host));
     full.held_device.push_back(between(p.held_device));
     full.device_share.push_back(p.device_share[r]);
+    if (!p.roles.empty()) {
+      std::array<double, kRoleCount> roles{};
+      for (int role = 0; role < kRoleCount; ++role) roles[role] = p.roles[r][role] + (p.roles[next][role] - p.roles[r][role]) * t;
+      full.roles.push_back(roles);
+    }
   }
+  p.roles = std::move(full.roles);
   p.live = std::move(full.live);
   p.held_host = std::move(full.held_host);
   p.held_device = std::move(full.held_device);
@@ -562,6 +594,12 @@ RunData run_data_from_json(json report, const std::string& path, const std::stri
           }
         }
         p.live.push_back(live);
+        const json& roles = member(s, "roles");
+        if (roles.is_object()) {
+          std::array<double, kRoleCount> by_role{};
+          for (int r = 0; r < kRoleCount; ++r) by_role[r] = number(roles, role_name(static_cast<Role>(r)));
+          p.roles.push_back(by_role);
+        }
         p.held_host.push_back(number(member(s, "held"), "host"));
         p.held_device.push_back(number(member(s, "held"), "device"));
         const json& frag = member(member(s, "fragmentation"), "device");
@@ -573,6 +611,7 @@ RunData run_data_from_json(json report, const std::string& path, const std::stri
       p.host_traced = !(traced.is_boolean() && !traced.get<bool>());
       // Reports from before the allocator was named took held bytes from mallinfo2.
       p.host_held_known = p.allocator.empty() || !text(allocator, "held_source").empty();
+      if (p.roles.size() != p.live.size()) p.roles.clear();  // some rows without roles: none judged
       fill_thinned_steps(pj, p, path + ": damaged report: " + where + ".step_rows");
       p.peak = number(member(pj, "peak"), "bytes");
       p.peak_kind = text(member(pj, "peak"), "kind");
@@ -624,6 +663,7 @@ RunData load_run_data(const std::string& path, const LoadOptions& options) {
     analysis.max_suspects = kLoadSuspects;
     analysis.max_exit_sites = kLoadExitSites;
     analysis.symbolizer = options.symbolizer;
+    analysis.role_rules = options.role_rules;
     try {
       return run_data_from_json(render_json(load_run(path, analysis), 0), path, "traces");
     } catch (const TraceError& e) {
@@ -1137,12 +1177,21 @@ json diff_runs(const RunData& a, const RunData& b, int warmup_steps, size_t max_
   std::vector<Scope> scopes = {Scope::kTotal};
   if (kinds.size() > 1) scopes.insert(scopes.end(), kinds.begin(), kinds.end());
 
+  std::vector<Scope> roles = roles_present(a);
+  for (Scope s : roles_present(b)) {
+    if (std::find(roles.begin(), roles.end(), s) == roles.end()) roles.push_back(s);
+  }
+  std::sort(roles.begin(), roles.end());
+
   json figures = json::array();
   const Metric metrics[] = {Metric::kMinSteps,          Metric::kGrowthPerStep, Metric::kPeak,     Metric::kHeld,
                             Metric::kFragmentationShare, Metric::kExitLeak,      Metric::kSuspects, Metric::kOoms};
   for (Metric m : metrics) {
     const MetricInfo& info = metric_info(m);
-    for (Scope scope : scopes) {
+    // By role: growth and the highest live bytes at a step end.
+    std::vector<Scope> metric_scopes = scopes;
+    if (m == Metric::kGrowthPerStep || m == Metric::kPeak) metric_scopes.insert(metric_scopes.end(), roles.begin(), roles.end());
+    for (Scope scope : metric_scopes) {
       if (!(info.scopes & (1u << static_cast<unsigned>(scope)))) continue;
       const Figure fa = compute_figure(a, m, scope, warmup_steps);
       const Figure fb = compute_figure(b, m, scope, warmup_steps);
@@ -1186,6 +1235,20 @@ json diff_runs(const RunData& a, const RunData& b, int warmup_steps, size_t max_
     series[scope_name(kind)] = rows;
   }
   out["series"] = series;
+  json role_series = json::object();
+  for (Scope role : roles) {
+    const int r = scope_role(role);
+    const size_t ra = pa ? pa->roles.size() : 0;
+    const size_t rb = pb ? pb->roles.size() : 0;
+    json rows = json::array();
+    for (size_t i = 0; i < std::max(ra, rb); ++i) {
+      rows.push_back({{"step", i + 1},
+                      {"a", i < ra ? json(pa->roles[i][r]) : json(nullptr)},
+                      {"b", i < rb ? json(pb->roles[i][r]) : json(nullptr)}});
+    }
+    role_series[scope_name(role)] = rows;
+  }
+  out["role_series"] = role_series;
   out["growth_sites"] = site_changes(sites_by_name(a, "leak_suspects", nullptr, "bytes_per_step_exact"),
                                      sites_by_name(b, "leak_suspects", nullptr, "bytes_per_step_exact"), max_sites);
   out["exit_leak_sites"] = site_changes(sites_by_name(a, "exit_leaks", "sites", "bytes"),

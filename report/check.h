@@ -39,6 +39,9 @@ struct ProcessData {
   std::string command;
   int report_warmup = 0;  // the warm-up the report's suspects were judged with
   std::vector<std::array<double, kKinds>> live;  // per step, per kind (host, device, managed, pinned_host, mapped)
+  // Per step, per role (role_rules.h), from steps[].roles; empty in a
+  // report made before roles were.
+  std::vector<std::array<double, kRoleCount>> roles;
   std::vector<double> held_host;            // per step
   std::vector<double> held_device;          // per step
   std::vector<double> device_share;         // per step: the report's device fragmentation share (-1: none)
@@ -69,6 +72,7 @@ struct RunData {
 
 struct LoadOptions {
   int warmup_steps = -1;  // -1: the report's own (a tenth of the steps, 1 to 10)
+  std::vector<RoleRule> role_rules;  // a policy file's [roles], for runs analysed from their traces
   SymbolizerOptions symbolizer;
 };
 

@@ -463,6 +463,7 @@ svg.chart-svg,svg.flame-svg{width:100%;height:auto;display:block}
 .flame-svg text{font-size:11px;fill:#1d2329;pointer-events:none}
 .flame-svg rect{stroke:#fff;stroke-width:.5}.flame-svg g:hover rect{stroke:#1d2329;stroke-width:1}
 .note{color:var(--muted);font-size:12.5px;margin:4px 0}
+.role{font-size:12.5px}.why{font-size:12.5px;color:#8a3b12}
 ol.stack{margin:4px 0;padding-left:22px}ol.stack li{margin:1px 0}
 li.py .fn{color:#1f5fa0;font-weight:600}.loc{color:var(--muted)}
 .tag{font-size:11px;color:#7a5c00;background:#fff3c4;border-radius:3px;padding:0 4px}
@@ -491,6 +492,104 @@ std::vector<double> total_live_series(const ProcessReport& p) {
     y.push_back(sum);
   }
   return y;
+}
+
+// Live bytes by role at each step end (roles.h) as stacked areas: the top
+// edge is the live bytes of all kinds; each band is one role, in the
+// table's order, with a hover title per step.
+std::string role_chart(const ProcessReport& p, const std::string& x_label, const std::vector<std::string>& step_names) {
+  const RoleLive& roles = p.roles;
+  const size_t n = std::min(roles.per_step.size(), step_names.size());
+  if (n == 0 || p.window_seconds > 0) return {};
+  static const char* const kRoleColors[] = {"#2962a8", "#8e44ad", "#d35400", "#c0392b",
+                                            "#16a085", "#7f8c8d", "#d4ac0d", "#95a5a6"};
+  std::vector<size_t> shown;
+  for (size_t r = 0; r < roles.names.size() && r < 8; ++r) {
+    bool any = false;
+    for (size_t k = 0; k < n; ++k) any = any || roles.per_step[k][r] > 0;
+    if (any) shown.push_back(r);
+  }
+  // Every byte `other` (a program no rule knows): the chart would say nothing.
+  if (shown.empty() || (shown.size() == 1 && roles.names[shown[0]] == "other")) return {};
+  double max = 0;
+  for (size_t k = 0; k < n; ++k) {
+    double sum = 0;
+    for (size_t r : shown) sum += double(std::max<int64_t>(0, roles.per_step[k][r]));
+    max = std::max(max, sum);
+  }
+  const Axis ya = bytes_axis(max);
+  const Axis xa = count_axis(static_cast<double>(n));
+  const double pw = kChartW - kLeft - kRight, ph = kChartH - kTop - kBottom;
+  auto x_of = [&](double step) { return n <= 1 ? kLeft + pw / 2 : kLeft + (step - 1) / static_cast<double>(n - 1) * pw; };
+  auto y_of = [&](double v) { return kTop + ph - (ya.top > 0 ? v / ya.top : 0) * ph; };
+  // Long runs: the stack at evenly spaced steps, a few per pixel column.
+  std::vector<size_t> at;
+  const size_t points = std::min<size_t>(n, static_cast<size_t>(pw) * 2);
+  for (size_t i = 0; i < points; ++i) at.push_back(points <= 1 ? 0 : i * (n - 1) / (points - 1));
+  std::ostringstream o;
+  o << "<figure class=\"chart roles\"><figcaption><b>Live bytes by role per step</b>";
+  for (size_t r : shown) {
+    o << " <span class=\"key\"><i style=\"background:" << kRoleColors[r] << "\"></i>" << esc(roles.names[r]) << "</span>";
+  }
+  o << "</figcaption>\n<svg class=\"chart-svg\" viewBox=\"0 0 " << kChartW << ' ' << kChartH
+    << "\" role=\"img\" aria-label=\"Live bytes by role per step\">\n";
+  for (double v = 0; v <= ya.top * 1.0001; v += ya.step) {
+    const double y = y_of(v);
+    o << "<line class=\"grid\" x1=\"" << kLeft << "\" x2=\"" << kChartW - kRight << "\" y1=\"" << num(y) << "\" y2=\""
+      << num(y) << "\"/><text class=\"tick\" x=\"" << kLeft - 6 << "\" y=\"" << num(y + 4) << "\" text-anchor=\"end\">"
+      << esc(tick_bytes(v)) << "</text>\n";
+  }
+  o << "<line class=\"axis\" x1=\"" << kLeft << "\" x2=\"" << kChartW - kRight << "\" y1=\"" << kTop + ph << "\" y2=\""
+    << kTop + ph << "\"/>\n";
+  for (double s = xa.step < 1 ? 1 : xa.step; s <= static_cast<double>(n); s += std::max(1.0, xa.step)) {
+    o << "<text class=\"tick\" x=\"" << num(x_of(s)) << "\" y=\"" << kTop + ph + 16 << "\" text-anchor=\"middle\">"
+      << static_cast<uint64_t>(s) << "</text>\n";
+  }
+  o << "<text class=\"label\" x=\"" << kLeft + pw / 2 << "\" y=\"" << kChartH - 6 << "\" text-anchor=\"middle\">"
+    << esc(x_label) << "</text>\n";
+  o << "<text class=\"label\" transform=\"translate(14," << kTop + ph / 2
+    << ") rotate(-90)\" text-anchor=\"middle\">bytes</text>\n";
+  std::vector<double> below(at.size(), 0);
+  for (size_t r : shown) {
+    std::vector<double> above = below;
+    for (size_t i = 0; i < at.size(); ++i) above[i] += double(std::max<int64_t>(0, roles.per_step[at[i]][r]));
+    o << "<polygon class=\"area\" data-role=\"" << esc(roles.names[r]) << "\" fill=\"" << kRoleColors[r]
+      << "\" fill-opacity=\".75\" stroke=\"" << kRoleColors[r] << "\" points=\"";
+    const double half = n <= 1 ? pw / 2 : 0;  // one step: a band across the plot
+    for (size_t i = 0; i < at.size(); ++i) {
+      o << num(x_of(double(at[i] + 1)) - (i == 0 ? half : 0)) << ',' << num(y_of(above[i])) << ' ';
+      if (n <= 1) o << num(x_of(1) + half) << ',' << num(y_of(above[i])) << ' ';
+    }
+    for (size_t i = at.size(); i-- > 0;) {
+      if (n <= 1) o << num(x_of(1) + half) << ',' << num(y_of(below[i])) << ' ';
+      o << num(x_of(double(at[i] + 1)) - (i == 0 ? half : 0)) << ',' << num(y_of(below[i])) << ' ';
+    }
+    o << "\"/>\n";
+    below = std::move(above);
+  }
+  const size_t bands = std::min<size_t>(n, 240);
+  for (size_t b = 0; b < bands; ++b) {
+    const size_t first = b * n / bands, last = std::max(first + 1, (b + 1) * n / bands);
+    const size_t k = last - 1;
+    const double half = pw / double(std::max<size_t>(1, n - 1)) / 2;
+    const double x0 = n <= 1 ? kLeft : x_of(double(first + 1)) - half;
+    const double x1 = n <= 1 ? kLeft + pw : x_of(double(last)) + half;
+    o << "<rect class=\"hover\" x=\"" << num(std::max<double>(kLeft, x0)) << "\" y=\"" << kTop << "\" width=\""
+      << num(std::max(1.0, std::min<double>(kLeft + pw, x1) - std::max<double>(kLeft, x0))) << "\" height=\"" << ph
+      << "\"><title>" << esc(step_names[k]);
+    for (size_t r : shown) o << "\n" << esc(roles.names[r]) << ": " << esc(bytes(double(roles.per_step[k][r])));
+    o << "</title></rect>\n";
+  }
+  o << "</svg><p class=\"note\">What the live bytes at each step end are, by role: from each allocation's stack "
+       "and when it was made and freed, by the rules of the roles table (README, \u201cRoles\u201d)"
+    << (roles.user_rules ? ", with " + std::to_string(roles.user_rules) + " rules from the policy file" : std::string())
+    << "; the bands add up to the live bytes of all kinds."
+    << (roles.estimated ? " Sampled host mode: host bytes are split by the sampled allocations' shares." : "");
+  std::string growing;
+  for (const auto& [name, rate] : roles.growing) growing += (growing.empty() ? "" : ", ") + name + " " + bytes(rate) + "/step";
+  if (!growing.empty()) o << " <b>Growing after the warm-up: " << esc(growing) << ".</b>";
+  o << "</p></figure>\n";
+  return o.str();
 }
 
 void process_charts(const ProcessReport& p, std::ostringstream& o) {
@@ -549,6 +648,7 @@ void process_charts(const ProcessReport& p, std::ostringstream& o) {
   live_note += (kind_seen[1] || device_held) ? "; device: granularity-rounded allocations, pools' reserve, VMM physical memory; all devices together)." : ").";
   if (p.host_mode == "sampled") live_note += " Host live totals are exact; per-site figures are sampled estimates.";
   if (!live.empty()) o << line_chart("Live and held bytes per step", x_label, live, step_names, live_note);
+  o << role_chart(p, x_label, step_names);
 
   std::vector<Series> frag;
   if (p.allocator.traced && p.allocator.held_known) {
@@ -729,7 +829,12 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
       std::vector<double> y(s.series.begin(), s.series.end());
       o << "<tr class=\"grows\"><td>" << k + 1 << "</td><td><b>" << esc(site_name(s.site)) << "</b><br><span class=\"note\">"
         << esc(kind_title(format::kind_index(s.site.kind))) << (s.site.graph ? ", CUDA graph-owned (allocated by each launch)" : "")
-        << "</span>" << stack_html(s.site.frames)
+        << "</span>";
+      if (!s.site.role.empty()) {
+        o << "<br><span class=\"role\">role: <b>" << esc(s.site.role) << "</b> (" << esc(s.site.role_rule) << ")</span>";
+        if (!s.role_explanation.empty()) o << "<br><span class=\"why\">" << esc(s.role_explanation) << "</span>";
+      }
+      o << stack_html(s.site.frames)
         << variants_html(s, [](const LeakSuspect& v) { return suspect_rate_text(v); }) << "</td><td class=\"n\">"
         << esc(s.estimated ? suspect_rate_text(s) : bytes(s.bytes_per_step)) << "</td><td class=\"n\">"
         << esc(s.estimated ? suspect_count_text(s) : num(s.allocations_per_step)) << "</td><td class=\"n\">"

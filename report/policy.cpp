@@ -40,7 +40,10 @@ const MetricInfo kMetrics[kMetricCount] = {
     {Metric::kMinSteps, "min_steps", "--min-steps", "steps recorded", Unit::kCount, bit(Scope::kTotal), false, 0},
 };
 
-const char* const kScopeNames[kScopeCount] = {"total", "host", "device", "managed", "pinned_host", "mapped"};
+const char* const kScopeNames[kScopeCount] = {"total",      "host",     "device",          "managed",   "pinned_host",
+                                              "mapped",     "parameter", "gradient",       "optimizer_state",
+                                              "activation", "data",     "workspace",       "communication", "other"};
+static_assert(kScopeCount - kFirstRoleScope == kRoleCount);
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -116,12 +119,12 @@ struct FileEntry {
   std::shared_ptr<const FileValue> value;
 };
 struct FileValue {
-  enum class Type { kString, kInteger, kFloat, kBoolean, kTable, kOther };
+  enum class Type { kString, kInteger, kFloat, kBoolean, kTable, kArray, kOther };
   Type type = Type::kOther;
   std::string text;  // kString: the string; numbers: as written; kOther: what it is ("an array")
   int64_t integer = 0;
   bool boolean = false;
-  std::vector<FileEntry> entries;  // kTable, in file order
+  std::vector<FileEntry> entries;  // kTable, in file order; kArray: the items (key empty)
 };
 
 std::string number_text(double v) {
@@ -161,7 +164,13 @@ FileValue from_toml(const toml::node& node) {
                              std::make_shared<const FileValue>(from_toml(child))});
       }
       break;
-    case toml::node_type::array: v.text = "an array"; break;
+    case toml::node_type::array:
+      v.type = FileValue::Type::kArray;
+      v.text = "an array";
+      for (auto&& item : *node.as_array()) {
+        v.entries.push_back({"", item.source().begin.line, std::make_shared<const FileValue>(from_toml(item))});
+      }
+      break;
     case toml::node_type::date: v.text = "a date"; break;
     case toml::node_type::time: v.text = "a time"; break;
     case toml::node_type::date_time: v.text = "a date-time"; break;
@@ -242,7 +251,14 @@ FileValue from_yaml(const YAML::Node& node, const std::string& source) {
       }
       return v;
     }
-    case YAML::NodeType::Sequence: v.text = "a list"; return v;
+    case YAML::NodeType::Sequence:
+      v.type = FileValue::Type::kArray;
+      v.text = "a list";
+      for (auto it = node.begin(); it != node.end(); ++it) {
+        v.entries.push_back({"", static_cast<uint32_t>(it->Mark().line + 1),
+                             std::make_shared<const FileValue>(from_yaml(*it, source))});
+      }
+      return v;
     default: v.text = "nothing (null)"; return v;
   }
 }
@@ -283,7 +299,9 @@ class PolicyReader {
       const std::string& name = entry.key;
       const FileValue& node = *entry.value;
       const std::string where = location(entry.line, name);
-      if (node.type == FileValue::Type::kTable) {
+      if (name == "roles") {
+        read_roles(node, where);
+      } else if (node.type == FileValue::Type::kTable) {
         read_kind_table(name, node, entry.line);
       } else if (name == "warmup_steps") {
         if (node.type != FileValue::Type::kInteger || node.integer < 0 || node.integer > 1000000) {
@@ -315,8 +333,8 @@ class PolicyReader {
       } else if (const MetricInfo* info = metric_by_key(name)) {
         policy_.set(read_limit(*info, Scope::kTotal, node, where));
       } else {
-        throw PolicyError(where + ": unknown key " + in_quotes(name) + " (keys: " + known_keys() +
-                          "; tables: host, device, managed, pinned_host, mapped)");
+        throw PolicyError(where + ": unknown key " + in_quotes(name) + " (keys: " + known_keys() + ", roles" +
+                          "; tables: host, device, managed, pinned_host, mapped and the roles)");
       }
     }
     return policy_;
@@ -341,11 +359,85 @@ class PolicyReader {
     return out + "warmup_steps, baseline, tolerance, allow_different_command";
   }
 
+  // [roles]: rules = [{role, frames, phase, lifetime, kind, why}, ...]
+  // (README, "Roles"), tried before the built-in rules, in file order.
+  void read_roles(const FileValue& table, const std::string& where) {
+    if (table.type != FileValue::Type::kTable) {
+      throw PolicyError(where + ": expected a table with a list of rules (rules = [...]), not " + describe(table));
+    }
+    for (const FileEntry& entry : table.entries) {
+      const std::string at = location(entry.line, "roles." + entry.key);
+      if (entry.key != "rules") throw PolicyError(at + ": unknown key " + in_quotes(entry.key) + " in roles (keys: rules)");
+      if (entry.value->type != FileValue::Type::kArray) {
+        throw PolicyError(at + ": expected a list of rules, not " + describe(*entry.value));
+      }
+      for (size_t i = 0; i < entry.value->entries.size(); ++i) {
+        const FileEntry& item = entry.value->entries[i];
+        policy_.role_rules.push_back(read_role_rule(*item.value, location(item.line, "roles.rules[" + std::to_string(i) + "]")));
+      }
+    }
+  }
+
+  RoleRule read_role_rule(const FileValue& node, const std::string& where) {
+    if (node.type != FileValue::Type::kTable) {
+      throw PolicyError(where + ": expected a rule (role = \"...\", frames = [...]), not " + describe(node));
+    }
+    RoleRule rule;
+    rule.origin = where;
+    bool has_role = false;
+    for (const FileEntry& e : node.entries) {
+      const std::string at = where + "." + e.key;
+      const FileValue& v = *e.value;
+      auto string_value = [&]() {
+        if (v.type != FileValue::Type::kString) throw PolicyError(at + ": expected a string, not " + describe(v));
+        return v.text;
+      };
+      if (e.key == "role") {
+        const std::optional<Role> role = role_from_name(string_value());
+        if (!role) throw PolicyError(at + ": unknown role " + in_quotes(v.text) + " (roles: " + role_names() + ")");
+        rule.role = *role;
+        has_role = true;
+      } else if (e.key == "frames") {
+        if (v.type == FileValue::Type::kString) {
+          rule.frames.push_back(v.text);
+        } else if (v.type == FileValue::Type::kArray) {
+          for (const FileEntry& f : v.entries) {
+            if (f.value->type != FileValue::Type::kString) {
+              throw PolicyError(at + ": expected frame patterns (strings), not " + describe(*f.value));
+            }
+            rule.frames.push_back(f.value->text);
+          }
+        } else {
+          throw PolicyError(at + ": expected a list of frame patterns, not " + describe(v));
+        }
+      } else if (e.key == "phase") {
+        rule.phase = string_value();
+      } else if (e.key == "lifetime") {
+        rule.lifetime = string_value();
+      } else if (e.key == "kind") {
+        rule.kind = string_value();
+      } else if (e.key == "why") {
+        rule.why = string_value();
+      } else {
+        throw PolicyError(at + ": unknown key " + in_quotes(e.key) +
+                          " in a role rule (keys: role, frames, phase, lifetime, kind, why)");
+      }
+    }
+    if (!has_role) throw PolicyError(where + ": a role rule needs a role (roles: " + role_names() + ")");
+    if (rule.phase == "any") rule.phase.clear();
+    if (rule.lifetime == "any") rule.lifetime.clear();
+    if (rule.kind == "any") rule.kind.clear();
+    if (const std::string error = role_rule_error(rule); !error.empty()) throw PolicyError(where + ": " + error);
+    if (rule.why.empty()) rule.why = "rule at " + where.substr(0, where.rfind(": "));
+    return rule;
+  }
+
   void read_kind_table(const std::string& name, const FileValue& table, uint32_t line) {
     const std::optional<Scope> scope = scope_from_name(name);
     if (!scope || *scope == Scope::kTotal) {
-      throw PolicyError(location(line, name) + ": unknown memory kind " + in_quotes(name) +
-                        " (tables: host, device, managed, pinned_host, mapped; limits on all memory go at the top)");
+      throw PolicyError(location(line, name) + ": unknown memory kind or role " + in_quotes(name) +
+                        " (tables: host, device, managed, pinned_host, mapped, the roles " + role_names() +
+                        ", and roles for rules; limits on all memory go at the top)");
     }
     for (const FileEntry& entry : table.entries) {
       const std::string& sub = entry.key;
@@ -516,8 +608,8 @@ Limit parse_limit_flag(Metric metric, std::string_view arg) {
     const std::string kind(trim(arg.substr(0, eq)));
     const std::optional<Scope> scope = scope_from_name(kind);
     if (!scope) {
-      throw PolicyError(std::string(info.flag) + ": unknown memory kind " + in_quotes(kind) + " in " + in_quotes(arg) +
-                        " (kinds: " + allowed_scopes(info) + ")");
+      throw PolicyError(std::string(info.flag) + ": unknown memory kind or role " + in_quotes(kind) + " in " +
+                        in_quotes(arg) + " (kinds and roles: " + allowed_scopes(info) + ")");
     }
     if (!(info.scopes & bit(*scope))) {
       throw PolicyError(std::string(info.flag) + ": no " + info.label + " figure exists for " + kind +
@@ -574,6 +666,7 @@ void merge_policy(Policy& base, const Policy& over) {
     base.tolerance_origin = over.tolerance_origin;
   }
   if (over.allow_different_command) base.allow_different_command = over.allow_different_command;
+  base.role_rules.insert(base.role_rules.end(), over.role_rules.begin(), over.role_rules.end());
 }
 
 void validate_policy(const Policy& policy) {

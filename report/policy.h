@@ -10,6 +10,8 @@
 #include <string_view>
 #include <vector>
 
+#include "role_rules.h"
+
 namespace memledger::report {
 
 // A mistake in the limits (a value that does not parse, an unknown or
@@ -33,10 +35,18 @@ enum class Metric : uint8_t {
 };
 inline constexpr int kMetricCount = 8;
 
-// Which memory a figure covers: all kinds together, or one kind (the report's
-// kinds, in trace_format.h's order after kTotal).
-enum class Scope : uint8_t { kTotal, kHost, kDevice, kManaged, kPinnedHost, kMapped };
-inline constexpr int kScopeCount = 6;
+// Which memory a figure covers: all kinds together, one kind (the report's
+// kinds, in trace_format.h's order after kTotal), or one role (role_rules.h,
+// in Role's order after the kinds).
+enum class Scope : uint8_t {
+  kTotal, kHost, kDevice, kManaged, kPinnedHost, kMapped,
+  kParameter, kGradient, kOptimizerState, kActivation, kData, kWorkspace, kCommunication, kOther,
+};
+inline constexpr int kScopeCount = 14;
+inline constexpr int kFirstRoleScope = static_cast<int>(Scope::kParameter);
+inline bool is_role_scope(Scope scope) { return static_cast<int>(scope) >= kFirstRoleScope; }
+// The role of a role scope (index in Role's order).
+inline int scope_role(Scope scope) { return static_cast<int>(scope) - kFirstRoleScope; }
 
 enum class Unit : uint8_t { kBytesPerStep, kBytes, kShare, kCount };
 
@@ -52,7 +62,7 @@ struct MetricInfo {
 };
 
 const MetricInfo& metric_info(Metric metric);
-const char* scope_name(Scope scope);  // "total", "host", "device", "managed", "pinned_host", "mapped"
+const char* scope_name(Scope scope);  // "total", "host", ..., "mapped", "parameter", ..., "other"
 std::optional<Scope> scope_from_name(std::string_view name);
 
 struct Limit {
@@ -72,6 +82,8 @@ struct Policy {
   std::optional<double> tolerance;
   std::string tolerance_origin;
   std::optional<bool> allow_different_command;
+  // [roles] rules (README, "Roles"): tried before the built-in ones.
+  std::vector<RoleRule> role_rules;
 
   const Limit* find(Metric metric, Scope scope) const;
   // Adds a limit, replacing one for the same metric and scope.

@@ -124,7 +124,8 @@ void Replay::on_alloc(const TraceEvent& e) {
   SiteAcc& acc = out_.sites[s];
   acc.live += static_cast<int64_t>(weight);
   ++acc.count;
-  ++acc.allocs;
+  if (acc.allocs++ == 0) acc.first_alloc_ns = e.ts;
+  acc.last_alloc_ns = e.ts;
   const SampleEstimate est = (e.flags & kAllocByChance) ? sampled_weight(e.size, sample_interval_)
                                                         : sampled_allocation(double(e.size), 0);
   acc.allocated.bytes += est.bytes;

@@ -68,6 +68,10 @@ struct SiteAcc {
   std::vector<SeriesPoint> changes;  // at step ends where the site changed
   SiteEstimate allocated;            // everything the site allocated
   uint64_t count = 0;  // live allocations
+  // When it first and last allocated (ns since the trace's start): the
+  // phase of the run it allocates in, for its role (roles.h).
+  uint64_t first_alloc_ns = 0;
+  uint64_t last_alloc_ns = 0;
   // The site's live bytes and count when the running peak was last reached,
   // valid while peak_epoch is the replay's: saved on the first change after a
   // new peak, so the peak's live set costs O(1) per event, not a copy per peak.

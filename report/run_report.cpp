@@ -10,6 +10,7 @@
 #include "pressure.h"
 #include "file_io.h"
 #include "job_report.h"
+#include "role_report.h"
 #include "sampling.h"
 #include "stack_fold.h"
 #include "trace_format.h"
@@ -139,6 +140,7 @@ json site_total_json(const SiteTotal& t) {
               {"bytes_error", t.bytes_error},
               {"stack", frames_json(t.site.frames)}};
   if (t.site.graph) out["graph_owned"] = true;
+  if (!t.site.role.empty()) out["role"] = t.site.role;
   merged_json(t, site_total_json, out);
   return out;
 }
@@ -169,6 +171,11 @@ json suspect_json(const LeakSuspect& s) {
     out["bytes_per_second"] = s.bytes_per_step / s.window_seconds;
   }
   if (s.site.graph) out["graph_owned"] = true;
+  if (!s.site.role.empty()) {
+    out["role"] = s.site.role;
+    out["role_rule"] = s.site.role_rule;
+    out["role_explanation"] = s.role_explanation;
+  }
   merged_json(s, suspect_json, out);
   return out;
 }
@@ -405,7 +412,10 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
   const std::vector<size_t> rows = step_rows(p.steps, max_step_rows);
   const bool thinned = rows.size() < p.steps.size();
   json steps = json::array();
-  for (const size_t row : rows) steps.push_back(step_json(p, p.steps[row]));
+  for (const size_t row : rows) {
+    steps.push_back(step_json(p, p.steps[row]));
+    if (!p.roles.per_step.empty()) steps.back()["roles"] = step_roles_json(p, row);
+  }
   json suspects = json::array();
   for (const LeakSuspect& s : p.leak_suspects) {
     json row = suspect_json(s);
@@ -449,6 +459,7 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
         {"note", p.growth_view.note},
         {"sites", site_totals_json(p.growth_view.sites)}}},
       {"leak_suspects", suspects},
+      {"roles", roles_json(p)},
       {"exit_leaks",
        {{"bytes", p.exit_leak_bytes},
         {"bytes_error", p.exit_leak_bytes_error},
@@ -813,6 +824,7 @@ void text_suspects(const ProcessReport& p, bool full_stacks, std::ostringstream&
         << ", monotone " << fixed(s.monotonicity * 100, 0) << "%, " << format::kind_name(format::Kind(s.site.kind))
         << (s.site.graph ? ", CUDA graph-owned (allocated by each graph launch; the stack is the capture site)" : "")
         << "\n     " << site_name(s.site) << merged_text(s.stacks_merged, true) << "\n";
+    text_suspect_role(s, out);
     if (full_stacks) {
       for (const Frame& f : s.site.frames) out << "       " << frame_text(f) << "\n";
     } else {
@@ -912,6 +924,7 @@ std::string render_text(const RunReport& run, bool full_stacks) {
     text_ooms(p, out);
     text_device_steps(p, out);
     text_host_steps(p, out);
+    text_roles(p, out);
     text_suspects(p, full_stacks, out);
     text_growth_view(p, out);
     text_exit_leaks(p, out);

@@ -246,6 +246,7 @@ int check_main(int argc, char** argv) {
                           "--baseline RUN_OR_JSON");
   }
   load.warmup_steps = policy.warmup_steps.value_or(-1);
+  load.role_rules = policy.role_rules;
   // A verdict file that cannot be written is found now, before the run is read.
   for (const auto& [flag, file] : {std::pair("--junit", &junit_file), std::pair("--json", &json_file),
                                    std::pair("--markdown", &markdown_file)}) {

@@ -33,6 +33,7 @@
 #include "growth_view.h"
 #include "html_report.h"
 #include "leak_mode.h"
+#include "policy.h"
 #include "pprof.h"
 #include "run_report.h"
 #include "status_line.h"
@@ -69,6 +70,7 @@ constexpr int kExitInput = 1;
     "      --steps nvtx:REGEX    also end a step when an NVTX range whose name matches closes\n" \
     "      --steps kernel:REGEX  also end a step when a matching kernel is launched (CUPTI)\n" \
     "      --no-report           do not build the report at the end\n" \
+    "      --policy FILE         the report's roles: the [roles] rules of a policy file (TOML, YAML)\n" \
     "      --overwrite           replace the run already in the -o folder (its traces and reports)\n" \
     "  -q, --quiet               no live status line and no summary\n"
 
@@ -85,7 +87,8 @@ constexpr int kExitInput = 1;
     "  -o, --output FILE         write the report to FILE instead of standard output\n" \
     "      --warmup-steps N      steps ignored before judging growth (default: a tenth, 1 to 10)\n" \
     "      --debug-dir DIR       also look for binaries and debug info in DIR (repeatable)\n" \
-    "      --full-stacks         text: every frame (by default runs of library frames are folded)\n"
+    "      --full-stacks         text: every frame (by default runs of library frames are folded)\n" \
+    "      --policy FILE         roles: also the [roles] rules of a policy file (TOML, YAML)\n"
 
 
 const char* const kUsage =
@@ -193,7 +196,19 @@ struct RunOptions {
   std::string nvtx_steps;
   std::string kernel_steps;
   std::vector<std::string> command;
+  std::vector<memledger::report::RoleRule> role_rules;  // --policy FILE's [roles]
 };
+
+// A policy file's role rules (README, "Roles"), or a one-line error.
+bool read_role_rules(const char* path, std::vector<memledger::report::RoleRule>& rules, const char* command) {
+  try {
+    rules = memledger::report::load_policy_file(path).role_rules;
+    return true;
+  } catch (const std::exception& e) {
+    usage_error(e.what(), command);
+    return false;
+  }
+}
 
 // libmemledger_cupti.so beside the preload library (installed), or in the
 // build tree's cupti_tracer/ folder: where the preload library looks too.
@@ -476,10 +491,12 @@ enum class ReportOutcome { kWritten, kNotMade, kNotWritten };
 // Writes report.txt, report.json and report.html, each whole (a temporary
 // file renamed) or not at all. When one cannot be written (a full disk), none
 // is kept, so that no partial set is taken for the report, and it is said.
-ReportOutcome build_report(const fs::path& dir, bool quiet, const memledger::report::RunOutcome& outcome) {
+ReportOutcome build_report(const fs::path& dir, bool quiet, const memledger::report::RunOutcome& outcome,
+                           const std::vector<memledger::report::RoleRule>& role_rules) {
   memledger::report::RunReport run;
   try {
     AnalysisOptions options;
+    options.role_rules = role_rules;
     run = memledger::report::load_run(dir.string(), options, &outcome);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "memledger: no report: %s\n", memledger::report::escape_terminal(e.what()).c_str());
@@ -525,6 +542,7 @@ int cmd_run(int argc, char** argv) {
       {"step-interval", required_argument, nullptr, 'I'},
       {"stack-depth", required_argument, nullptr, 'D'},
       {"no-report", no_argument, nullptr, 'N'},
+      {"policy", required_argument, nullptr, 'Y'},
       {"leak-mode", no_argument, nullptr, 'L'},
       {"overwrite", no_argument, nullptr, 'W'},
       {"cupti", required_argument, nullptr, 'C'},
@@ -569,6 +587,9 @@ int cmd_run(int argc, char** argv) {
         opts.stack_depth = optarg;
         break;
       case 'N': opts.report = false; break;
+      case 'Y':
+        if (!read_role_rules(optarg, opts.role_rules, "run")) return kExitUsage;
+        break;
       case 'L': opts.leak_mode = true; break;
       case 'W': opts.overwrite = true; break;
       case 'C':
@@ -793,7 +814,7 @@ int cmd_run(int argc, char** argv) {
       outcome.exit.signo = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
       outcome.exit.code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
       outcome.kernel = kernel;
-      complete = build_report(dir, opts.quiet, outcome) != ReportOutcome::kNotWritten && complete;
+      complete = build_report(dir, opts.quiet, outcome, opts.role_rules) != ReportOutcome::kNotWritten && complete;
     }
     if (!opts.quiet) std::fprintf(stderr, "memledger: run folder: %s\n", dir.c_str());
     if (!complete && code == 0) code = 1;
@@ -818,6 +839,7 @@ int cmd_report(int argc, char** argv) {
       {"warmup-steps", required_argument, nullptr, 'w'},
       {"debug-dir", required_argument, nullptr, 'd'},
       {"full-stacks", no_argument, nullptr, 'F'},
+      {"policy", required_argument, nullptr, 'Y'},
       {"help", no_argument, nullptr, 'h'},
       {nullptr, 0, nullptr, 0},
   };
@@ -861,6 +883,9 @@ int cmd_report(int argc, char** argv) {
       }
       case 'd': options.symbolizer.debug_dirs.emplace_back(optarg); break;
       case 'F': full_stacks = true; break;
+      case 'Y':
+        if (!read_role_rules(optarg, options.role_rules, "report")) return kExitUsage;
+        break;
       case 'h': std::fputs(kReportHelp, stdout); return 0;
       case ':': return usage_error(std::string("option ") + argv[optind - 1] + " needs a value", "report");
       default: return usage_error(memledger::tools::unknown_option(argv[optind - 1], long_options), "report");

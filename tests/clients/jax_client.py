@@ -1,7 +1,7 @@
 """A small JAX training loop (jit, grad, CPU) with a planted leak of the kind
 people hit, for memledger's integration tests.
 
-    jax_client.py [--steps N] [--leak cache|outputs|none] [--markers step|none]
+    jax_client.py [--steps N] [--leak cache|outputs|dict|none] [--markers step|none]
 
 --leak cache: every batch is normalised on the host, put on the device
     (jax.device_put) and cached in a dict keyed by the batch's id "to reuse
@@ -9,6 +9,8 @@ people hit, for memledger's integration tests.
 --leak outputs: every step's hidden activations over four batches (the
     output of a jitted function, 512 KiB) are kept in a list "for later". XLA makes output
     buffers on its own threads, which never run Python.
+--leak dict: every step's hidden activations (the output of a jitted
+    function, 128 KiB) are kept in a dict keyed by the step "for later".
 --leak none: the clean control (the same cache, keyed by a slot that
     repeats every 4 steps: it fills up and stays).
 --markers step: ends each step with memledger.step(); none: no marker (the
@@ -60,7 +62,7 @@ def train_step(params, x, y):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--leak", choices=("cache", "outputs", "none"), default="cache")
+    parser.add_argument("--leak", choices=("cache", "outputs", "dict", "none"), default="cache")
     parser.add_argument("--markers", choices=("step", "none"), default="step")
     args = parser.parse_args()
 
@@ -75,6 +77,7 @@ def main():
     }
     normalized_cache = {}
     activations = []
+    history = {}
     loss = None
     for step in range(args.steps):
         raw = rng.standard_normal((BATCH, FEATURES), dtype=np.float32)
@@ -85,13 +88,15 @@ def main():
         if args.leak == "outputs":
             batches = jnp.tile(normalized_cache[batch_id], (OUTPUT_BATCHES, 1))
             activations.append(hidden_layer(params, batches))  # LEAK_SITE(outputs)
+        if args.leak == "dict":
+            history[step] = hidden_layer(params, normalized_cache[batch_id])  # LEAK_SITE(dict)
         params, loss = train_step(params, normalized_cache[batch_id], labels)
         loss.block_until_ready()  # WAIT_FOR_STEP
         if memledger is not None and args.markers == "step":
             memledger.step()
     print("LEAK_FILE=%s" % os.path.basename(__file__))
     print("LEAK_LINE=%d" % planted.leak_line(__file__, args.leak))
-    kept = OUTPUT_BATCHES * BATCH * HIDDEN if args.leak == "outputs" else BATCH * FEATURES
+    kept = {"outputs": OUTPUT_BATCHES * BATCH * HIDDEN, "dict": BATCH * HIDDEN}.get(args.leak, BATCH * FEATURES)
     print("LEAK_BYTES=%d" % (kept * 4))
     print("STEPS=%d" % args.steps)
     print("DONE loss=%.4f cached=%d" % (float(loss), len(normalized_cache)), flush=True)

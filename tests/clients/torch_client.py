@@ -1,7 +1,7 @@
 """A small PyTorch training loop on the CPU with one planted leak of the kinds
 people hit, for memledger's integration tests.
 
-    torch_client.py [--steps N] [--leak graph|loss|none] [--markers step|none]
+    torch_client.py [--steps N] [--leak graph|loss|optimizer|none] [--markers step|none]
 
 --leak graph: every step keeps its output in a list (to compute a metric at
     the end), and with it the output's autograd graph: 500 KB per step.
@@ -9,6 +9,9 @@ people hit, for memledger's integration tests.
     total as a tensor (`val_loss += loss` instead of `loss.item()`, outside
     torch.no_grad()), which keeps every validation graph with its saved
     activations: the log-softmax (500 KB), the hidden layer, the input.
+--leak optimizer: a new Adam optimizer every step (after changing the
+    learning rate, say), the old ones kept in a list: each one's state (two
+    buffers the size of the model, 4.4 MB) stays alive.
 --leak none: the clean control (the same work, nothing kept).
 --markers step: ends each step with memledger.step(); none: no marker (the
     report then infers the steps).
@@ -47,7 +50,7 @@ class Net(nn.Module):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--leak", choices=("graph", "loss", "none"), default="graph")
+    parser.add_argument("--leak", choices=("graph", "loss", "optimizer", "none"), default="graph")
     parser.add_argument("--markers", choices=("step", "none"), default="step")
     args = parser.parse_args()
 
@@ -60,16 +63,20 @@ def main():
     x_val = torch.randn(BATCH, FEATURES)
     y_val = torch.randint(0, CLASSES, (BATCH,))
     kept_outputs = []
+    optimizers = []
     train_loss = 0.0
     val_loss = 0.0
     for _ in range(args.steps):
         x = torch.randn(BATCH, FEATURES)
         y = torch.randint(0, CLASSES, (BATCH,))
+        if args.leak == "optimizer":
+            optimizer = torch.optim.Adam(model.parameters(), lr=1e-3 / (1 + len(optimizers)))
+            optimizers.append(optimizer)  # the planted leak: every optimizer (and its state) kept
         optimizer.zero_grad(set_to_none=True)
         output = model(x)
         loss = loss_fn(output, y)
         loss.backward()
-        optimizer.step()
+        optimizer.step()  # LEAK_SITE(optimizer)
         train_loss += loss.item()
         if args.leak == "graph":
             kept_outputs.append(output)  # the planted leak: outputs kept with their graph
@@ -82,7 +89,8 @@ def main():
             memledger.step()
     print("LEAK_FILE=%s" % os.path.basename(__file__))
     print("LEAK_LINE=%d" % planted.leak_line(__file__, args.leak))
-    print("LEAK_BYTES=%d" % (BATCH * CLASSES * 4))
+    parameters = sum(p.numel() for p in model.parameters())
+    print("LEAK_BYTES=%d" % (2 * parameters * 4 if args.leak == "optimizer" else BATCH * CLASSES * 4))
     print("STEPS=%d" % args.steps)
     print("DONE train_loss=%.4f val_loss=%.4f kept=%d" %
           (train_loss / args.steps, float(val_loss) / args.steps, len(kept_outputs)), flush=True)

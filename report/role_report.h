@@ -1,0 +1,30 @@
+// The roles in the text and JSON reports (roles.h computes them): live
+// bytes by role at each step end, and what grows.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <vector>
+
+#include "analysis.h"
+
+namespace memledger::report {
+
+// "live by role at step ends" table (the roles that ever hold bytes), and a
+// line naming the roles that grow after the warm-up.
+void text_roles(const ProcessReport& p, std::ostringstream& out);
+
+// A suspect's role and its explanation, indented under its site line.
+void text_suspect_role(const LeakSuspect& s, std::ostringstream& out);
+
+// {"parameter": bytes, ...} for one step row (every role).
+nlohmann::json step_roles_json(const ProcessReport& p, size_t step);
+
+// The process's `roles` object: names, at_end, growth_per_step, estimated,
+// sites, user_rules, growing (the roles that grow, fastest first).
+nlohmann::json roles_json(const ProcessReport& p);
+
+// The roles that grow, fastest first: (name, bytes per step).
+std::vector<std::pair<std::string, double>> growing_roles(const ProcessReport& p);
+
+}  // namespace memledger::report
