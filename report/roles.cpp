@@ -80,7 +80,10 @@ const std::vector<BuiltinRule> kBuiltinRules = {
      "arrays put on the device from the host (jax.device_put): input batches"},
     {Role::kActivation,
      {"py:Module._call_impl", "py:Module.__call__", "file:*/torch/nn/functional.py", "py:Layer.__call__",
-      "py:*Layer.__call__", "py:Operation.__call__ in */keras/*", "file:*/keras/src/backend/*/trainer.py",
+      "py:*Layer.__call__", "py:Operation.__call__ in */keras/*", "py:*train_function* in */keras/*", "py:*Trainer._make_function.<locals>.* in */keras/*",
+      "py:*one_step_on* in */keras/*",
+      "py:*multi_step_on* in */keras/*", "py:*.train_step in */keras/*", "py:*.test_step in */keras/*",
+      "py:*.predict_step in */keras/*",
       "py:*.call in */keras/*", "py:*.apply in */flax/*"},
      "", "", "",
      "made in forward: Module.__call__, Keras Layer.__call__ and the compiled training step, freed by backward or at "

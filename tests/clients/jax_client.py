@@ -9,8 +9,8 @@ people hit, for memledger's integration tests.
 --leak outputs: every step's hidden activations over four batches (the
     output of a jitted function, 512 KiB) are kept in a list "for later". XLA makes output
     buffers on its own threads, which never run Python.
---leak dict: every step's hidden activations (the output of a jitted
-    function, 128 KiB) are kept in a dict keyed by the step "for later".
+--leak dict: the same activations (512 KiB) kept in a dict keyed by the
+    step "for later".
 --leak none: the clean control (the same cache, keyed by a slot that
     repeats every 4 steps: it fills up and stays).
 --markers step: ends each step with memledger.step(); none: no marker (the
@@ -85,18 +85,19 @@ def main():
         batch_id = step if args.leak == "cache" else step % 4
         if batch_id not in normalized_cache:
             normalized_cache[batch_id] = jax.device_put(normalize(raw), may_alias=False)  # LEAK_SITE(cache): ids never repeat
-        if args.leak == "outputs":
+        if args.leak in ("outputs", "dict"):
             batches = jnp.tile(normalized_cache[batch_id], (OUTPUT_BATCHES, 1))
+        if args.leak == "outputs":
             activations.append(hidden_layer(params, batches))  # LEAK_SITE(outputs)
         if args.leak == "dict":
-            history[step] = hidden_layer(params, normalized_cache[batch_id])  # LEAK_SITE(dict)
+            history[step] = hidden_layer(params, batches)  # LEAK_SITE(dict)
         params, loss = train_step(params, normalized_cache[batch_id], labels)
         loss.block_until_ready()  # WAIT_FOR_STEP
         if memledger is not None and args.markers == "step":
             memledger.step()
     print("LEAK_FILE=%s" % os.path.basename(__file__))
     print("LEAK_LINE=%d" % planted.leak_line(__file__, args.leak))
-    kept = {"outputs": OUTPUT_BATCHES * BATCH * HIDDEN, "dict": BATCH * HIDDEN}.get(args.leak, BATCH * FEATURES)
+    kept = OUTPUT_BATCHES * BATCH * HIDDEN if args.leak in ("outputs", "dict") else BATCH * FEATURES
     print("LEAK_BYTES=%d" % (kept * 4))
     print("STEPS=%d" % args.steps)
     print("DONE loss=%.4f cached=%d" % (float(loss), len(normalized_cache)), flush=True)

@@ -302,7 +302,7 @@ class Check(mltest.TestCase):
             ("twice.toml", 'max_peak = "1GiB"\nmax_peak = "2GiB"\n', ":2: not valid TOML: "),
             ("size.toml", 'max_peak = "1.5 GB"\n[device]\nmax_held = "12XB"\n',
              ":3: device.max_held: '12XB' is not a size"),
-            ("kind.yaml", "gpu:\n  max_peak: 1GiB\n", ":1: gpu: unknown memory kind 'gpu'"),
+            ("kind.yaml", "gpu:\n  max_peak: 1GiB\n", ":1: gpu: unknown memory kind or role 'gpu'"),
             ("scope.toml", "[host]\nmax_ooms = 1\n", ":2: host.max_ooms: no OOM events figure exists for host memory"),
             ("tolerance.toml", 'max_peak = "1GiB"\ntolerance = "5%"\n',
              ":2: tolerance: a tolerance needs a baseline to compare with"),
@@ -326,7 +326,7 @@ class Check(mltest.TestCase):
         cases = [
             (("--max-peak", "12XB"), "memledger: check: --max-peak: '12XB' is not a size"),
             (("--max-growth-per-step", "-1MiB"), "--max-growth-per-step: '-1MiB' is negative"),
-            (("--max-growth-per-step", "gpu=1MiB"), "--max-growth-per-step: unknown memory kind 'gpu'"),
+            (("--max-growth-per-step", "gpu=1MiB"), "--max-growth-per-step: unknown memory kind or role 'gpu'"),
             (("--max-held", "managed=1GiB"), "--max-held: no peak held figure exists for managed memory"),
             (("--max-peak", "1MiB", "--max-peak", "2MiB"), "--max-peak: given twice with different values ('1MiB' and "
                                                            "'2MiB')"),

@@ -49,7 +49,12 @@ class Roles(clients.ClientTestCase):
     def check_role(self, framework, leak, role, why=None, low=0.75):
         run = self.client(framework, leak)
         top = self.assertTopSuspectIsTheLeak(run, low=low)
-        self.assertNamesPlantedLine(top, run)
+        if framework == "jax":
+            # XLA makes the outputs on its own threads: the line is the main
+            # thread's at that moment, one of the loop's (attributed).
+            self.assertAttributedToTheLoop(top, run)
+        else:
+            self.assertNamesPlantedLine(top, run)
         self.assertEqual(top["role"], role, "%s: %s" % (top["site"], top.get("role_rule")))
         if why is not None:
             self.assertEqual(top["role_explanation"], why)

@@ -117,7 +117,7 @@ TEST_CASE("limit flags take a memory kind", "[check][policy]") {
   CHECK(device.value == 2.0 * (1 << 30));
 
   CHECK_THAT(policy_error([] { parse_limit_flag(Metric::kPeak, "gpu=1MiB"); }),
-             Catch::Contains("unknown memory kind 'gpu'"));
+             Catch::Contains("unknown memory kind or role 'gpu'"));
   CHECK_THAT(policy_error([] { parse_limit_flag(Metric::kHeld, "managed=1MiB"); }),
              Catch::Contains("no peak held figure exists for managed memory"));
   CHECK_THAT(policy_error([] { parse_limit_flag(Metric::kOoms, "host=1"); }), Catch::Contains("--max-ooms"));
@@ -182,7 +182,7 @@ TEST_CASE("bad policy files name the file, line and key", "[check][policy]") {
                                                                 "GB/GiB, TB/TiB)"));
   CHECK_THAT(yaml_error("host:\n  max_peak: 12XB\n"),
              Catch::StartsWith("p.yaml:2: host.max_peak: '12XB' is not a size"));
-  CHECK_THAT(toml_error("[gpu]\nmax_peak = 1\n"), Catch::Contains("unknown memory kind 'gpu'"));
+  CHECK_THAT(toml_error("[gpu]\nmax_peak = 1\n"), Catch::Contains("unknown memory kind or role 'gpu'"));
   CHECK_THAT(toml_error("[host]\nmax_ooms = 1\n"), Catch::StartsWith("p.toml:2: host.max_ooms: no OOM events figure"));
   CHECK_THAT(yaml_error("device:\n  tolerance: 5%\n"), Catch::Contains("'tolerance' is not a per-kind setting"));
   CHECK_THAT(toml_error("max_peak = true\n"), Catch::Contains("max_peak: expected a size"));

@@ -265,7 +265,7 @@ phase = "any"
     }
     return std::string();
   };
-  CHECK(error("[[roles.rules]]\nrole = \"activations\"\n").find("p.toml:2: roles.rules[0].role: unknown role "
+  CHECK(error("[[roles.rules]]\nrole = \"activations\"\n").find("p.toml:1: roles.rules[0].role: unknown role "
                                                                  "'activations'") != std::string::npos);
   CHECK(error("[[roles.rules]]\nframes = [\"py:x\"]\n").find("needs a role") != std::string::npos);
   CHECK(error("[[roles.rules]]\nrole = \"data\"\nframes = [\"x\"]\n").find("must start with py:") != std::string::npos);

@@ -49,9 +49,9 @@ def main():
         per_role = {}
         seen = set()
         for phase, s in sites(report):
-            if "role" not in s or not s["stack"] or s["site"] in seen:
+            if "role" not in s or not s["stack"] or (s["site"], s["role"]) in seen:
                 continue
-            seen.add(s["site"])
+            seen.add((s["site"], s["role"]))
             key = (s["role"], phase)
             if per_role.get(key, 0) >= 3:
                 continue
