@@ -16,6 +16,10 @@ MEMLEDGER_EXPORT void memledger_step(const char* label) {
   recorder().on_step(label, memledger::format::StepSource::kMarker);
 }
 
+MEMLEDGER_EXPORT void memledger_loader_step(const char* label) {
+  recorder().on_step(label, memledger::format::StepSource::kLoader);
+}
+
 MEMLEDGER_EXPORT void memledger_note(const char* key, const char* value) { recorder().on_info(key, value); }
 
 MEMLEDGER_EXPORT int memledger_active(void) { return recorder().active() ? 1 : 0; }

@@ -12,6 +12,11 @@ extern "C" {
 
 /* Marks the end of one training step (label may be NULL). */
 void memledger_step(const char *label);
+/* Marks the end of one step because the program took its next batch from a
+ * data loader (the Python module calls it from torch.utils.data). Ignored
+ * once any other step source is in use: markers, --step-interval, NVTX or
+ * kernel steps. */
+void memledger_loader_step(const char *label);
 /* Records one fact about the software stack, e.g. ("framework.torch.cuda",
  * "12.1"): shown in the report's environment block. The Python module
  * writes the frameworks' builds with it; keys are listed in trace_format.h. */

@@ -228,6 +228,10 @@ void Recorder::start() {
   config_.stack_depth = static_cast<uint32_t>(parse_u64_env("MEMLEDGER_STACK_DEPTH", config_.stack_depth));
   if (config_.stack_depth > StackTable::kMaxNativeDepth) config_.stack_depth = StackTable::kMaxNativeDepth;
   if (const char* interval = getenv("MEMLEDGER_STEP_INTERVAL")) config_.step_interval_s = atof(interval);
+  // Steps chosen on the command line rule out loader steps from the start.
+  config_.steps_chosen =
+      config_.step_interval_s > 0 || getenv("MEMLEDGER_STEPS_NVTX") || getenv("MEMLEDGER_STEPS_KERNEL");
+  other_steps_.store(config_.steps_chosen, std::memory_order_relaxed);
   if (config_.step_interval_s < 0.001) config_.step_interval_s = 0;
 
   const char* dir = getenv("MEMLEDGER_DIR");
@@ -284,7 +288,7 @@ void Recorder::start() {
   }
 
   char error[4400];
-  if (!trace_writer().open(config_, 0, error, sizeof error)) {
+  if (!trace_writer().open(config_, TraceWriter::ForkOrigin{}, error, sizeof error)) {
     // Said once for a whole process tree: the images this one starts find
     // their folder in MEMLEDGER_DIR_FAILED and stay quiet about it.
     const char* told = getenv("MEMLEDGER_DIR_FAILED");
@@ -707,6 +711,13 @@ void Recorder::read_live(struct memledger_live& out) const {
 
 void Recorder::on_step(const char* label, format::StepSource source) {
   if (!active()) return;
+  // Loader steps stand in for markers; they are not mixed with another
+  // source, which the program or the command line chose.
+  if (source == format::StepSource::kLoader) {
+    if (other_steps_.load(std::memory_order_relaxed)) return;
+  } else if (!other_steps_.load(std::memory_order_relaxed)) {
+    other_steps_.store(true, std::memory_order_relaxed);
+  }
   // Device samples from the program's own thread: markers and NVTX ranges
   // (a kernel step is seen inside a CUPTI callback, the writer thread times
   // interval steps).
@@ -796,29 +807,34 @@ void Recorder::after_fork_child() {
   if (lifecycle_.load(std::memory_order_acquire) != Lifecycle::kActive) return;
   HookGuard guard;
   ThreadState& t = guard.thread();
+  // The child inherits the parent's heap: its exact host live bytes start
+  // from the parent's at the fork, kept in this thread's ring (or the shared
+  // one), and its frees of inherited blocks count against them.
+  TraceWriter::ForkOrigin origin{parent, seq_.load(std::memory_order_relaxed), 0};
+  for (ThreadRing* ring = rings(); ring != nullptr; ring = ring->next) {
+    origin.host_live += ring->host_live.load(std::memory_order_relaxed);
+  }
+  ThreadRing* const keeper = t.ring != nullptr ? t.ring : shared_ring_;
   // The parent's pending events belong to the parent's trace.
   for (ThreadRing* ring = rings(); ring != nullptr; ring = ring->next) {
     ring->tail.store(ring->head.load(std::memory_order_relaxed), std::memory_order_relaxed);
     ring->dropped.store(0, std::memory_order_relaxed);
-    ring->host_live.store(0, std::memory_order_relaxed);
+    ring->host_live.store(ring == keeper ? origin.host_live : 0, std::memory_order_relaxed);
     ring->host_allocs.store(0, std::memory_order_relaxed);
     ring->host_frees.store(0, std::memory_order_relaxed);
     if (ring != t.ring && ring != shared_ring_) {
       ring->state.store(static_cast<int>(RingState::kFree), std::memory_order_relaxed);
     }
   }
-  // Allocations inherited from the parent stay unknown to the child's trace
-  // (their frees are counted as unknown frees by the report).
-  for (SampledShard& shard : g_sampled) {
-    if (shard.slots) memset(shard.slots, 0, shard.capacity * sizeof(uintptr_t));
-    shard.used = 0;
-  }
-  if (g_filter) memset(static_cast<void*>(g_filter), 0, kFilterSlots);
+  // The sampled addresses stay: the child records its frees of the sampled
+  // blocks it inherited, which the report finds in the parent's live set at
+  // the fork (fork_seq).
   step_index_.store(0, std::memory_order_relaxed);
+  other_steps_.store(config_.steps_chosen, std::memory_order_relaxed);
   TraceWriter& writer = trace_writer();
   writer.reset_after_fork();
   char error[4400];
-  if (!writer.open(config_, parent, error, sizeof error) || !writer.start_thread()) {
+  if (!writer.open(config_, origin, error, sizeof error) || !writer.start_thread()) {
     char text[4600];
     snprintf(text, sizeof text, "%s; tracing is off for pid %d, the program goes on", error, pid_);
     disable(text);

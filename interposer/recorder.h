@@ -23,6 +23,7 @@ struct Config {
   uint64_t sample_interval = 128 * 1024;  // mean bytes between samples
   uint32_t stack_depth = 64;
   double step_interval_s = 0;  // 0: no time-based steps
+  bool steps_chosen = false;   // --step-interval or --steps: no loader steps
   char dir[4096] = {};
 };
 
@@ -152,6 +153,8 @@ class Recorder {
   std::atomic<Lifecycle> lifecycle_{Lifecycle::kUninitialised};
   std::atomic<uint64_t> seq_{1};
   std::atomic<uint64_t> step_index_{0};
+  // A step from any source but a data loader was recorded: loader steps stop.
+  std::atomic<bool> other_steps_{false};
   std::atomic<ThreadRing*> rings_{nullptr};
   ThreadRing* shared_ring_ = nullptr;
   StackTable stacks_;

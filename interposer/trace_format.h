@@ -118,6 +118,8 @@ enum class StepSource : uint8_t {
   kInterval = 1,  // --step-interval
   kNvtx = 2,      // an NVTX range matching --steps nvtx:PATTERN closed
   kKernel = 3,    // a kernel matching --steps kernel:PATTERN was launched (CUPTI)
+  kLoader = 4,    // the next batch was taken from a data loader (the Python module's
+                  // hook on torch.utils.data): recorded only while no other source is
 };
 
 inline const char* step_source_name(StepSource source) {
@@ -126,6 +128,7 @@ inline const char* step_source_name(StepSource source) {
     case StepSource::kInterval: return "interval";
     case StepSource::kNvtx: return "nvtx";
     case StepSource::kKernel: return "kernel";
+    case StepSource::kLoader: return "loader";
   }
   return "unknown";
 }

@@ -360,7 +360,7 @@ uint32_t Recorder::intern_string(const char* text) {
   return static_cast<uint32_t>(table.strings.size());
 }
 
-bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error, size_t error_size) {
+bool TraceWriter::open(const Config& config, const ForkOrigin& origin, char* error, size_t error_size) {
   if (state_ == nullptr) {
     void* mem = __libc_malloc(sizeof(State));
     if (mem == nullptr) {
@@ -456,7 +456,11 @@ bool TraceWriter::open(const Config& config, pid_t parent_trace_pid, char* error
       done_key = kv[0];
     }
   }
-  if (parent_trace_pid > 0) add_num("parent_trace", parent_trace_pid);
+  if (origin.parent > 0) {
+    add_num("parent_trace", origin.parent);
+    add_num("fork_seq", static_cast<long long>(origin.seq));
+    add_num("inherited_host_live", origin.host_live);
+  }
   // The allocator switches in force: they decide what the driver can see.
   static const char* const kAllocatorVars[] = {"PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NO_CUDA_MEMORY_CACHING",
                                                "TF_GPU_ALLOCATOR", "XLA_PYTHON_CLIENT_ALLOCATOR",

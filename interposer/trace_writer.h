@@ -66,7 +66,15 @@ class TraceWriter {
  public:
   // Creates the trace file in config.dir. On failure prints nothing and
   // returns false with `error` describing why.
-  bool open(const Config& config, pid_t parent_trace_pid, char* error, size_t error_size);
+  // A forked child names its parent's trace, the parent's sequence number at
+  // the fork (the parent's records before it made the live set the child
+  // inherited) and the exact host live bytes it inherited.
+  struct ForkOrigin {
+    pid_t parent = 0;
+    uint64_t seq = 0;
+    int64_t host_live = 0;
+  };
+  bool open(const Config& config, const ForkOrigin& origin, char* error, size_t error_size);
   bool start_thread();
   // Writes everything pending, the END record, and closes the file.
   void stop();

@@ -104,8 +104,11 @@ struct EventPass {
 
 // One pass over the events: the replay and the CUPTI comparison, and the
 // allocation sequence when one is being collected.
-EventPass replay_pass(const Trace& trace, const EventFeed& feed, bool sampled, AllocationSequence* sequence) {
+EventPass replay_pass(const Trace& trace, const EventFeed& feed, bool sampled, AllocationSequence* sequence,
+                      const AnalysisOptions& options) {
   Replay replay(trace, sampled);
+  for (const auto& [seq, out] : options.keep_live_sets) replay.keep_live_set(seq, out);
+  if (options.inherited != nullptr) replay.inherit(*options.inherited);
   CuptiMatcher cupti(trace);
   feed([&](const TraceEvent* events, size_t count) {
     if (sequence != nullptr) sequence->observe(events, count);
@@ -152,6 +155,14 @@ void find_python_role(const Trace& trace, ProcessReport& r) {
       if (code.qualname == rc.qualname && code.filename.ends_with(rc.file_suffix)) r.python_role = rc.role;
     }
   }
+  // A role the Python module recorded itself (a tf.data service worker).
+  for (const TraceInfo& info : trace.info) {
+    auto key = trace.strings.find(info.key);
+    auto value = trace.strings.find(info.value);
+    if (key != trace.strings.end() && key->second == "python.role" && value != trace.strings.end()) {
+      r.python_role = value->second;
+    }
+  }
   // multiprocessing starts a spawned or forkserver child as
   // `python -c 'from multiprocessing.spawn import spawn_main; ...' --multiprocessing-fork`.
   const std::string command = trace.command_line();
@@ -171,11 +182,20 @@ void drop_imports(const Trace& trace, std::vector<LeakSuspect>& suspects) {
 // the loop, the replay (only it) runs again with the inferred steps.
 // `rewind` puts the trace back as it was before the first pass.
 EventPass replay_with_steps(const Trace& trace, const EventFeed& feed, const std::function<void()>& rewind,
-                            bool sampled) {
+                            bool sampled, const AnalysisOptions& options) {
   StepPlan plan;
   {
     AllocationSequence sequence(trace);
-    EventPass pass = replay_pass(trace, feed, sampled, &sequence);
+    EventPass pass = replay_pass(trace, feed, sampled, &sequence, options);
+    if (sequence.mixed_loader_steps()) {
+      // The program marked steps of its own after the loader's first ones:
+      // its markers alone are the steps.
+      rewind();
+      EventPass own = replay_pass(trace, without_step_source(feed, static_cast<uint8_t>(fmt::StepSource::kLoader)),
+                                  sampled, nullptr, options);
+      own.steps = StepPlan{};
+      return own;
+    }
     plan = plan_time_windows(sequence, trace.samples, plan_steps(sequence));
     if (plan.ends.empty()) {
       pass.steps = std::move(plan);
@@ -183,7 +203,7 @@ EventPass replay_with_steps(const Trace& trace, const EventFeed& feed, const std
     }
   }
   rewind();
-  EventPass pass = replay_pass(trace, with_steps(feed, plan.ends, plan.by_time), sampled, nullptr);
+  EventPass pass = replay_pass(trace, with_steps(feed, plan.ends, plan.by_time), sampled, nullptr, options);
   pass.steps = std::move(plan);
   return pass;
 }
@@ -360,7 +380,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
                              const ExitInfo& exit_info, const AnalysisOptions& options) {
   ProcessReport r = describe_process(trace);
   const bool sampled = r.host_mode == "sampled";
-  EventPass pass = replay_with_steps(trace, feed, rewind, sampled);
+  EventPass pass = replay_with_steps(trace, feed, rewind, sampled, options);
   merge_attributed_variants(trace, pass.replay);
   find_python_role(trace, r);  // the code records are all read once the events are
   const ReplayOutput& replay = pass.replay;
@@ -381,6 +401,19 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
 
   take_integrity(r, trace);
   take_replay(r, pass);
+  const int parent_pid = trace.header_value("fork_seq").empty()
+                             ? 0
+                             : std::atoi(trace.header_value("parent_trace", "0").c_str());
+  if (options.inherited != nullptr) {
+    r.inheritance.parent = options.inherited_from;
+    r.inheritance.blocks = replay.inherited_blocks;
+    r.inheritance.bytes = replay.inherited_bytes;
+    r.inheritance.freed_blocks = replay.inherited_freed_blocks;
+    r.inheritance.freed_bytes = replay.inherited_freed_bytes;
+  }
+  if (parent_pid > 0) {
+    r.inheritance.host_live_at_fork = std::strtoll(trace.header_value("inherited_host_live", "-1").c_str(), nullptr, 10);
+  }
   take_growth(r, growth);
   // Time windows hold start-up (imports, building a model) that steps would
   // have set apart: the total is not a figure to gate on, the sites are.
@@ -415,6 +448,9 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
                                      namer.warnings(), pass.steps.note, &r.allocator});
   const std::string rss = rss_without_live_note(r.steps, r.warmup_steps, r.window_seconds, !trace.python_codes.empty());
   if (!rss.empty()) r.notes.push_back(rss);
+  if (std::string inherited = inheritance_note(r.inheritance, parent_pid, sampled); !inherited.empty()) {
+    r.notes.push_back(std::move(inherited));
+  }
   r.environment = read_environment(trace);
   judge_environment(r.environment, r.verdict, r.notes);
   r.host_pressure = summarize_pressure(trace);

@@ -23,6 +23,23 @@ struct GrowthWindow {
   uint64_t to = 0;
 };
 
+// A block of a process's host heap live set at a fork,
+// which the forked child inherits: its live_key, bytes (sampled mode: the
+// estimate it stands for) and kind.
+struct InheritedBlock {
+  uint64_t key = 0;
+  uint64_t weight = 0;
+  uint8_t kind = 0;
+};
+
+// What a forked child inherited, as its report tells it.
+struct Inheritance {
+  int parent = 0;              // pid of the parent whose trace gave the live set; 0: none known
+  uint64_t blocks = 0, bytes = 0;              // at the fork
+  uint64_t freed_blocks = 0, freed_bytes = 0;  // of those, freed by the child
+  int64_t host_live_at_fork = -1;              // exact, from the child's tracer; -1: not recorded
+};
+
 struct AnalysisOptions {
   int warmup_steps = -1;  // -1: automatic (a tenth of the steps, at least 1, at most 10)
   size_t max_suspects = 20;
@@ -31,6 +48,12 @@ struct AnalysisOptions {
   SymbolizerOptions symbolizer;
   GrowthWindow growth_window;  // of the growth view; default: the warm-up's end to the last step
   std::vector<RoleRule> role_rules;  // tried before the built-in ones (a policy file's [roles])
+  // Forks. A parent keeps its live set just before each sequence number
+  // listed (a forked child's fork_seq) in the vector beside it; a forked
+  // child starts from the live set it inherited (`inherited`, from `parent`).
+  std::vector<std::pair<uint64_t, std::vector<InheritedBlock>*>> keep_live_sets;
+  const std::vector<InheritedBlock>* inherited = nullptr;
+  int inherited_from = 0;
 };
 
 struct KernelLog;  // kernel_log.h
@@ -311,6 +334,7 @@ struct ProcessReport {
   uint64_t events = 0;
   uint64_t dropped = 0;
   uint64_t unknown_frees = 0;
+  Inheritance inheritance;  // a forked child: the parent's live set it started with
   uint64_t double_allocations = 0;
   uint64_t failed_allocations = 0;
   std::vector<OomEvent> ooms;  // out-of-memory failures (first ones kept)

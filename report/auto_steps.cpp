@@ -9,7 +9,8 @@ StepPlan plan_steps(const AllocationSequence& sequence) {
   if (sequence.saw_steps()) return plan;  // markers decide
   const InferredSteps inferred = infer_steps(sequence.symbols(), sequence.freed_at(), {}, sequence.places());
   if (inferred.ends.empty()) {
-    plan.note = "automatic steps: " + inferred.description;
+    plan.note = "automatic steps: " + inferred.description +
+                " (for steps, call memledger.step() at the end of each, or run with --step-interval SECONDS)";
     return plan;
   }
   plan.ends = sequence.step_end_events(inferred);
@@ -56,6 +57,19 @@ EventFeed with_steps(const EventFeed& feed, const std::vector<uint64_t>& ends, b
     StepInserter insert(ends, on_events, by_time);
     feed(std::ref(insert));
     insert.finish();
+  };
+}
+
+EventFeed without_step_source(const EventFeed& feed, uint8_t source) {
+  return [&feed, source](const EventBatchFn& on_events) {
+    std::vector<TraceEvent> kept;
+    feed([&](const TraceEvent* events, size_t count) {
+      kept.clear();
+      for (size_t i = 0; i < count; ++i) {
+        if (events[i].type != EvType::kStep || events[i].flags != source) kept.push_back(events[i]);
+      }
+      if (!kept.empty()) on_events(kept.data(), kept.size());
+    });
   };
 }
 

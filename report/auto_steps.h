@@ -54,4 +54,7 @@ StepPlan plan_time_windows(const AllocationSequence& sequence, const std::vector
 // order the sequence saw them.
 EventFeed with_steps(const EventFeed& feed, const std::vector<uint64_t>& ends, bool by_time = false);
 
+// `feed` without the step events of one source.
+EventFeed without_step_source(const EventFeed& feed, uint8_t source);
+
 }  // namespace memledger::report

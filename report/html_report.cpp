@@ -909,7 +909,7 @@ void job_section(const RunReport& run, const JobSummary& job, std::ostringstream
       << esc(bytes(double(r.peak_bytes))) << "</td><td class=\"n\">"
       << (r.steps && !r.time_windows ? esc(bytes(r.live_growth_per_step)) : std::string("-")) << "</td><td class=\"n\">" << r.suspects
       << "</td><td>";
-    if (r.suspects) o << esc(growth_rate_text(r)) << "<br><span class=\"note\">" << esc(r.top_site) << "</span>";
+    if (r.suspects) o << esc(growth_rate_text(r, true)) << "<br><span class=\"note\">" << esc(r.top_site) << "</span>";
     o << "</td><td class=\"n\">" << esc(bytes(double(r.exit_leak_bytes))) << "</td><td>"
       << sparkline(total_live_series(p), r.suspects ? "#c0392b" : "#2962a8", "total live bytes at each step end")
       << "</td><td>" << esc(r.status) << "</td></tr>\n";

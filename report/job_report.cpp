@@ -34,10 +34,60 @@ std::string short_status(const Verdict& v) {
 
 }  // namespace
 
-std::string growth_rate_text(const ProcessRow& row) {
+std::string growth_rate_text(const ProcessRow& row, bool per_parent_step) {
+  if (row.time_windows && row.parent_pid > 0 && per_parent_step) {
+    return human_bytes(row.suspect_bytes_per_second) + "/s (" + human_bytes(row.suspect_bytes_per_parent_step) +
+           " per step of pid " + std::to_string(row.parent_pid) + ")";
+  }
   if (row.time_windows) return human_bytes(row.suspect_bytes_per_second) + "/s";
   return human_bytes(row.suspect_bytes_per_step) + "/step";
 }
+
+namespace {
+
+// A process judged over time windows whose parent has steps (markers, a
+// data loader, a found loop) while it lives: how much its suspects grew
+// from the first to the last parent step that lies within its windows,
+// divided by the number of those steps (each suspect's live bytes read at
+// the window ends, and interpolated between them). A DataLoader worker then
+// grows "per training step".
+void per_parent_step(const RunReport& run, const ProcessReport& p, ProcessRow& row) {
+  const ProcessReport* parent = nullptr;
+  for (const ProcessReport& q : run.processes) {
+    if (q.pid == p.ppid && q.start_mono_ns <= p.start_mono_ns) parent = &q;  // its latest image before the child
+  }
+  if (parent == nullptr || parent->window_seconds > 0 || parent->steps.size() < 3 || p.steps.size() < 2) return;
+  // Times on the child's clock (ns since its trace began).
+  const int64_t shift = static_cast<int64_t>(parent->start_mono_ns) - static_cast<int64_t>(p.start_mono_ns);
+  const int64_t from = static_cast<int64_t>(p.steps.front().end_ns), to = static_cast<int64_t>(p.steps.back().end_ns);
+  int64_t first = 0, last = 0;
+  size_t count = 0;
+  for (size_t k = 1; k < parent->steps.size(); ++k) {
+    const int64_t begin = static_cast<int64_t>(parent->steps[k - 1].end_ns) + shift;
+    const int64_t end = static_cast<int64_t>(parent->steps[k].end_ns) + shift;
+    if (begin < from || end > to || end <= begin) continue;
+    if (count++ == 0) first = begin;
+    last = end;
+  }
+  if (count < 3) return;
+  auto live_at = [&](const LeakSuspect& s, int64_t t) {
+    size_t k = 1;
+    while (k + 1 < p.steps.size() && static_cast<int64_t>(p.steps[k].end_ns) < t) ++k;
+    const double t0 = static_cast<double>(p.steps[k - 1].end_ns), t1 = static_cast<double>(p.steps[k].end_ns);
+    const double v0 = static_cast<double>(s.series[k - 1]), v1 = static_cast<double>(s.series[k]);
+    return t1 > t0 ? v0 + (v1 - v0) * (static_cast<double>(t) - t0) / (t1 - t0) : v1;
+  };
+  double grown = 0;
+  for (const LeakSuspect& s : p.leak_suspects) {
+    if (s.series.size() != p.steps.size()) return;
+    grown += live_at(s, last) - live_at(s, first);
+  }
+  row.parent_step_seconds = static_cast<double>(last - first) / 1e9 / static_cast<double>(count);
+  row.suspect_bytes_per_parent_step = std::max(0.0, grown / static_cast<double>(count));
+  row.parent_pid = parent->pid;
+}
+
+}  // namespace
 
 JobSummary summarize_job(const RunReport& run) {
   JobSummary job;
@@ -85,6 +135,7 @@ JobSummary summarize_job(const RunReport& run) {
           static_cast<double>(p.steps.back().end_ns - p.steps.front().end_ns) / 1e9 / static_cast<double>(p.steps.size() - 1);
       row.suspect_bytes_per_second = row.suspect_bytes_per_step / step_seconds;
     }
+    if (row.time_windows) per_parent_step(run, p, row);
     if (!p.leak_suspects.empty()) row.top_site = site_name(p.leak_suspects.front().site);
     row.exit_leak_bytes = p.exit_leak_bytes;
     row.verdict_kind = p.verdict.kind;
@@ -137,7 +188,7 @@ JobSummary summarize_job(const RunReport& run) {
   } else {
     const ProcessRow& top = job.rows[job.growing.front()];
     std::ostringstream out;
-    out << top.label << " grows fastest: " << growth_rate_text(top) << " in "
+    out << top.label << " grows fastest: " << growth_rate_text(top, true) << " in "
         << top.suspects << (top.suspects == 1 ? " suspect" : " suspects") << ", top site " << top.top_site;
     if (n > 1) {
       out << "; " << job.growing.size() << " of " << of_n << (job.growing.size() == 1 ? " grows" : " grow");
@@ -145,7 +196,7 @@ JobSummary summarize_job(const RunReport& run) {
         out << " (";
         for (size_t k = 1; k < job.growing.size() && k < 6; ++k) {
           const ProcessRow& r = job.rows[job.growing[k]];
-          out << (k > 1 ? ", " : "") << r.label << " " << growth_rate_text(r);
+          out << (k > 1 ? ", " : "") << r.label << " " << growth_rate_text(r, true);
         }
         if (job.growing.size() > 6) out << ", ...";
         out << ")";
@@ -168,6 +219,9 @@ nlohmann::json job_json(const JobSummary& job) {
                     {"start_method", r.start_method},
                     {"suspect_bytes_per_second", r.suspect_bytes_per_second},
                     {"time_windows", r.time_windows},
+                    {"suspect_bytes_per_parent_step", r.suspect_bytes_per_parent_step},
+                    {"parent_step_seconds", r.parent_step_seconds},
+                    {"parent_pid", r.parent_pid},
                     {"steps", r.steps},
                     {"peak_bytes", r.peak_bytes},
                     {"peak_step", r.peak_step},

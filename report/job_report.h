@@ -37,6 +37,13 @@ struct ProcessRow {
   // over the mean step time; 0 when the steps have no duration.
   double suspect_bytes_per_second = 0;
   bool time_windows = false;  // steps are time windows (source "time")
+  // Over time windows, when the parent has steps of its own during this
+  // process's life: the suspects' growth per parent step over the parent's
+  // steps within its windows, and the parent's mean step time then
+  // (parent_step_seconds); 0 otherwise.
+  double suspect_bytes_per_parent_step = 0;
+  double parent_step_seconds = 0;
+  int parent_pid = 0;
   std::string top_site;               // the first suspect's site
   int64_t exit_leak_bytes = 0;
   std::string verdict_kind;
@@ -44,8 +51,9 @@ struct ProcessRow {
   std::string verdict;
 };
 
-// A row's suspects' growth: "1.2 MiB/step", or "1.2 MiB/s" over time windows.
-std::string growth_rate_text(const ProcessRow& row);
+// A row's suspects' growth: "1.2 MiB/step", or "1.2 MiB/s" over time windows,
+// with "(96.0 KiB per step of pid 12)" when the parent has steps.
+std::string growth_rate_text(const ProcessRow& row, bool per_parent_step = false);
 
 struct JobSummary {
   std::vector<ProcessRow> rows;  // root first, then by rank, then in start order

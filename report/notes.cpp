@@ -100,6 +100,28 @@ std::string rss_without_live_note(const std::vector<StepStats>& steps, int warmu
   return note;
 }
 
+std::string inheritance_note(const Inheritance& inheritance, int parent_pid, bool sampled) {
+  if (parent_pid <= 0) return {};
+  const std::string parent = "pid " + std::to_string(parent_pid);
+  if (inheritance.parent == 0) {
+    return "forked from " + parent + ", whose trace is not in this run: the heap blocks it inherited are unknown " +
+           "to this report, and its frees of them count as unknown frees";
+  }
+  std::string note = "forked from " + parent + ": it inherited " +
+                     (sampled ? human_bytes(static_cast<double>(inheritance.bytes)) + " estimated"
+                              : human_bytes(static_cast<double>(inheritance.bytes))) +
+                     " of the parent's heap (" + std::to_string(inheritance.blocks) +
+                     (sampled ? " sampled blocks" : " blocks") + ") and freed " +
+                     human_bytes(static_cast<double>(inheritance.freed_bytes)) + " of it (" +
+                     std::to_string(inheritance.freed_blocks) + " blocks)";
+  if (inheritance.host_live_at_fork >= 0) {
+    note += "; its host live bytes start from the parent's " +
+            human_bytes(static_cast<double>(inheritance.host_live_at_fork)) +
+            " at the fork, and its growth is measured from there";
+  }
+  return note;
+}
+
 std::vector<std::string> collect_notes(const NotesInput& in) {
   std::vector<std::string> notes(in.trace.problems.begin(), in.trace.problems.end());
   allocator_notes(in.allocator, notes);

@@ -52,4 +52,10 @@ inline constexpr double kRssUnexplainedMin = 32.0 * 1024 * 1024;
 std::string rss_without_live_note(const std::vector<StepStats>& steps, int warmup_steps, double window_seconds,
                                   bool python);
 
+// A forked child's inheritance: what it started with from its parent's
+// heap and what it freed of it; or, when the parent's trace is not in the
+// run, that its frees of inherited blocks are counted as unknown frees.
+// Empty for a process that was not forked.
+std::string inheritance_note(const Inheritance& inheritance, int parent_pid, bool sampled);
+
 }  // namespace memledger::report

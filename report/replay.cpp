@@ -38,9 +38,37 @@ Replay::Replay(const Trace& trace, bool sampled)
   out_.live.reserve(1 << 16);
 }
 
+void Replay::keep_live_set(uint64_t seq, std::vector<InheritedBlock>* out) {
+  keep_.emplace_back(seq, out);
+  std::sort(keep_.begin(), keep_.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+}
+
+void Replay::copy_live_set(std::vector<InheritedBlock>& out) const {
+  out.clear();
+  for (const auto& [key, a] : out_.live) {
+    if (a.kind == static_cast<uint8_t>(fmt::Kind::kHost)) out.push_back(InheritedBlock{key, a.weight, a.kind});
+  }
+  // What this process had itself inherited and still holds goes on too.
+  for (const auto& [key, b] : inherited_) out.push_back(b);
+}
+
+void Replay::inherit(const std::vector<InheritedBlock>& blocks) {
+  inherited_.reserve(blocks.size());
+  for (const InheritedBlock& b : blocks) {
+    if (!inherited_.try_emplace(b.key, b).second) continue;
+    total_[fmt::kind_index(b.kind)] += static_cast<int64_t>(b.weight);
+    ++out_.inherited_blocks;
+    out_.inherited_bytes += b.weight;
+  }
+}
+
 void Replay::observe(const TraceEvent* events, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const TraceEvent& e = events[i];
+    while (!keep_.empty() && e.seq >= keep_.back().first) {
+      copy_live_set(*keep_.back().second);
+      keep_.pop_back();
+    }
     device_.catch_up(e.seq);
     if (sampled_) {
       note_samples(e.ts);
@@ -111,6 +139,13 @@ void Replay::on_alloc(const TraceEvent& e) {
     out_.graph_stacks.push_back(e.stack);
   }
   device_.allocated(e.kind, e.flags, e.size, e.device);
+  if (!inherited_.empty()) {
+    // An inherited block freed without a record left its address to this one.
+    if (auto h = inherited_.find(live_key(e.kind, e.flags, e.addr)); h != inherited_.end()) {
+      total_[fmt::kind_index(h->second.kind)] -= static_cast<int64_t>(h->second.weight);
+      inherited_.erase(h);
+    }
+  }
   const LiveAlloc made{weight, s, current_step_, e.kind, e.flags, e.device};
   auto [it, inserted] = out_.live.try_emplace(live_key(e.kind, e.flags, e.addr), made);
   if (!inserted) {
@@ -193,8 +228,17 @@ std::vector<SiteTotal> Replay::device_live_by_site() const {
 }
 
 void Replay::on_free(const TraceEvent& e) {
-  auto it = out_.live.find(live_key(e.kind, e.flags, e.addr));
+  const uint64_t key = live_key(e.kind, e.flags, e.addr);
+  auto it = out_.live.find(key);
   if (it == out_.live.end()) {
+    if (auto inherited = inherited_.find(key); inherited != inherited_.end()) {
+      total_[fmt::kind_index(inherited->second.kind)] -= static_cast<int64_t>(inherited->second.weight);
+      ++out_.inherited_freed_blocks;
+      out_.inherited_freed_bytes += inherited->second.weight;
+      inherited_.erase(inherited);
+      ++step_frees_;
+      return;
+    }
     // Sampled mode records only the frees of sampled allocations, so a
     // miss there is unusual too.
     ++out_.unknown_frees;
@@ -241,6 +285,7 @@ void Replay::on_step(const TraceEvent& e) {
 }
 
 ReplayOutput Replay::finish() {
+  for (; !keep_.empty(); keep_.pop_back()) copy_live_set(*keep_.back().second);
   // The side records are complete once the events are (stream_trace).
   device_.catch_up(UINT64_MAX);
   if (sampled_) note_samples(UINT64_MAX);

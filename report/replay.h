@@ -92,6 +92,9 @@ struct ReplayOutput {
   uint64_t events = 0;
   uint64_t failed_allocations = 0;
   uint64_t unknown_frees = 0;
+  // A forked child's inherited blocks (inherit), and those it freed.
+  uint64_t inherited_blocks = 0, inherited_bytes = 0;
+  uint64_t inherited_freed_blocks = 0, inherited_freed_bytes = 0;
   uint64_t double_allocations = 0;  // an address allocated again without a free between
   uint64_t stackless = 0;           // allocations recorded without a stack
   bool pool_allocs = false;         // the program allocates from memory pools itself
@@ -111,6 +114,14 @@ class Replay {
   void observe(const TraceEvent* events, size_t count);
   // After the last event, once the side records are complete.
   ReplayOutput finish();
+  // Before any event: copies the host heap's live set into `out` just
+  // before the first event whose sequence number is `seq` or more (a
+  // child forked there inherited it).
+  void keep_live_set(uint64_t seq, std::vector<InheritedBlock>* out);
+  // Before any event: a forked child starts with these blocks live. They
+  // count in its totals at every step end, belong to no site, and their
+  // frees are not unknown frees.
+  void inherit(const std::vector<InheritedBlock>& blocks);
 
  private:
   void on_alloc(const TraceEvent& e);
@@ -126,6 +137,10 @@ class Replay {
   void note_host_totals(uint64_t seq);
   void host_live_from_samples();
   void exact_step_totals();
+  void copy_live_set(std::vector<InheritedBlock>& out) const;
+
+  std::vector<std::pair<uint64_t, std::vector<InheritedBlock>*>> keep_;  // by sequence number, descending
+  absl::flat_hash_map<uint64_t, InheritedBlock> inherited_;             // by live_key
 
   const Trace& trace_;
   const bool sampled_;

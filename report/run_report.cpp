@@ -490,6 +490,14 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
        {{"events", p.events},
         {"dropped", p.dropped},
         {"unknown_frees", p.unknown_frees},
+        {"inherited", p.inheritance.parent == 0 && p.inheritance.host_live_at_fork < 0
+                          ? nlohmann::json(nullptr)
+                          : nlohmann::json{{"parent", p.inheritance.parent},
+                                           {"blocks", p.inheritance.blocks},
+                                           {"bytes", p.inheritance.bytes},
+                                           {"freed_blocks", p.inheritance.freed_blocks},
+                                           {"freed_bytes", p.inheritance.freed_bytes},
+                                           {"host_live_at_fork", p.inheritance.host_live_at_fork}}},
         {"double_allocations", p.double_allocations},
         {"failed_allocations", p.failed_allocations},
         {"frames_read", p.frames_read},
@@ -574,11 +582,33 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options, cons
       }
     }
   }
+  // A forked child starts from its parent's live set at the fork: the parent
+  // (started earlier, so analysed first) keeps it for the child.
+  std::vector<std::vector<InheritedBlock>> inherited(traces.size());
+  std::vector<int> forked_from(traces.size(), -1);
+  for (size_t i = 0; i < traces.size(); ++i) {
+    const std::string parent = traces[i].header_value("parent_trace");
+    if (parent.empty() || traces[i].header_value("fork_seq").empty()) continue;
+    for (size_t p = 0; p < i; ++p) {
+      if (std::to_string(traces[p].pid()) == parent) forked_from[i] = static_cast<int>(p);  // its latest image
+    }
+  }
   for (size_t i = 0; i < traces.size(); ++i) {
     ExitInfo exit_info;
     if (i == root && rf.exit.known) exit_info = rf.exit;
     exit_info.kernel = rf.kernel.checked ? &rf.kernel : nullptr;
-    run.processes.push_back(analyze_stream(traces[i], exit_info, options));
+    AnalysisOptions process_options = options;
+    for (size_t c = i + 1; c < traces.size(); ++c) {
+      if (forked_from[c] != static_cast<int>(i)) continue;
+      const uint64_t seq = std::strtoull(traces[c].header_value("fork_seq").c_str(), nullptr, 10);
+      process_options.keep_live_sets.emplace_back(seq, &inherited[c]);
+    }
+    if (forked_from[i] >= 0) {
+      process_options.inherited = &inherited[i];
+      process_options.inherited_from = traces[static_cast<size_t>(forked_from[i])].pid();
+    }
+    run.processes.push_back(analyze_stream(traces[i], exit_info, process_options));
+    std::vector<InheritedBlock>().swap(inherited[i]);
     // The process exited, but its trace has neither the exit nor the end:
     // tracing was lost before the end (the trace file became unwritable).
     const Trace& t = traces[i];

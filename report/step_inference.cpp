@@ -257,13 +257,27 @@ bool counts_as_allocation(const TraceEvent& e) { return e.type == EvType::kAlloc
 
 }  // namespace
 
+bool AllocationSequence::mixed_loader_steps() const {
+  const uint32_t loader = 1u << static_cast<uint32_t>(fmt::StepSource::kLoader);
+  return (step_sources_ & loader) != 0 && (step_sources_ & ~loader) != 0;
+}
+
 void AllocationSequence::observe(const TraceEvent* events, size_t count) {
-  if (saw_steps_) return;  // markers decide; nothing to infer
+  if (saw_steps_) {  // markers decide; nothing to infer, but note where they came from
+    for (size_t i = 0; i < count; ++i) {
+      if (events[i].type == EvType::kStep && events[i].flags < 32) step_sources_ |= 1u << events[i].flags;
+    }
+    return;
+  }
   for (size_t i = 0; i < count; ++i) {
     const TraceEvent& e = events[i];
     if (first_ts_ == 0) first_ts_ = e.ts;
     last_ts_ = std::max(last_ts_, e.ts);
     if (e.type == EvType::kStep) {
+      if (e.flags < 32) step_sources_ |= 1u << e.flags;
+      for (size_t j = i + 1; j < count; ++j) {
+        if (events[j].type == EvType::kStep && events[j].flags < 32) step_sources_ |= 1u << events[j].flags;
+      }
       // The trace has step events of its own: the sequence will not be
       // used, so stop collecting and give its memory back.
       saw_steps_ = true;

@@ -99,6 +99,10 @@ class AllocationSequence {
   explicit AllocationSequence(const Trace& trace, size_t limit = size_t{1} << 24) : trace_(trace), limit_(limit) {}
   void observe(const TraceEvent* events, size_t count);
   bool saw_steps() const { return saw_steps_; }
+  // The trace's own steps came from a data loader (source "loader") and from
+  // another source too (a marker the program began to call later): the
+  // loader's steps are then dropped (without_step_source).
+  bool mixed_loader_steps() const;
   // Timestamps of the first and last event seen (0 when none).
   uint64_t first_ts() const { return first_ts_; }
   uint64_t last_ts() const { return last_ts_; }
@@ -143,6 +147,7 @@ class AllocationSequence {
   uint64_t first_ts_ = 0, last_ts_ = 0;
   size_t allocations_ = 0;
   bool saw_steps_ = false;
+  uint32_t step_sources_ = 0;  // bit (1 << source) of each step source seen (sources below 32)
   bool truncated_ = false;
 };
 

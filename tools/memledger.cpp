@@ -167,6 +167,20 @@ std::optional<std::string> find_python_dir() {
   return std::nullopt;
 }
 
+// The folder of the start-up hook (sitecustomize.py) that loads the Python
+// helpers in every traced Python process: inside the package found above,
+// or, in the wheel, the package this executable sits in (memledger/_native).
+std::optional<std::string> find_python_boot_dir(const std::optional<std::string>& python_dir) {
+  std::vector<fs::path> candidates;
+  if (python_dir) candidates.push_back(fs::path(*python_dir) / "memledger" / "_boot");
+  candidates.push_back(fs::path(self_dir()) / ".." / "_boot");
+  for (const fs::path& p : candidates) {
+    std::error_code ec;
+    if (fs::exists(p / "sitecustomize.py", ec)) return fs::canonical(p, ec).string();
+  }
+  return std::nullopt;
+}
+
 std::optional<uint64_t> parse_count(const char* text) {
   if (text == nullptr || *text == '\0') return std::nullopt;
   char* end = nullptr;
@@ -701,9 +715,14 @@ int cmd_run(int argc, char** argv) {
       set_cupti_environment(opts, *library);
     }
     if (opts.leak_mode) memledger::tools::set_leak_mode_environment(opts.command);
-    // `import memledger` works in the traced program without installing it.
-    if (python_dir) {
-      std::string path = *python_dir;
+    // `import memledger` works in the traced program without installing it,
+    // and the start-up hook loads its helpers in every Python process.
+    std::string path;
+    if (traced) {
+      if (const std::optional<std::string> boot = find_python_boot_dir(python_dir)) path = *boot;
+    }
+    if (python_dir) path += (path.empty() ? "" : ":") + *python_dir;
+    if (!path.empty()) {
       if (const char* old = std::getenv("PYTHONPATH"); old && *old) path += std::string(":") + old;
       setenv("PYTHONPATH", path.c_str(), 1);
     }

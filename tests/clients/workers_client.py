@@ -4,6 +4,9 @@ multiprocessing pool whose tasks keep their results in a module-level list.
 Run under `memledger run -- python3 workers_client.py ...` with default
 options; prints LEAK_BYTES (planted bytes per sample or task) and DONE.
 
+--leak main: the training loop (main process) keeps a copy of every batch,
+256 KiB a step; the workers keep nothing.
+
 --leak none is the clean control: the same work, nothing kept.
 
 --mode objects: a dataset holding three million small Python objects, made
@@ -72,11 +75,14 @@ def train_with_dataloader(args):
                         multiprocessing_context=args.start)
     model = torch.nn.Linear(64 * 64, 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    history = []
     for x, y in loader:
         loss = torch.nn.functional.cross_entropy(model(x.flatten(1)), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if args.leak == "main":
+            history.append(x.clone())  # LEAK_SITE(main): 256 KiB kept per step
 
 
 def pool_task(i):
@@ -106,10 +112,10 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--mode", choices=("dataloader", "pool", "objects"), default="dataloader")
     parser.add_argument("--start", choices=("fork", "spawn", "forkserver"), default="fork")
-    parser.add_argument("--leak", choices=("cache", "results", "none"), default="cache")
+    parser.add_argument("--leak", choices=("cache", "results", "main", "none"), default="cache")
     parser.add_argument("--samples", type=int, default=800)
     args = parser.parse_args()
-    print("LEAK_BYTES=%d" % (65536 if args.leak != "none" else 0), flush=True)
+    print("LEAK_BYTES=%d" % {"none": 0, "main": 16 * 64 * 64 * 4}.get(args.leak, 65536), flush=True)
     if args.mode in ("dataloader", "objects"):
         train_with_dataloader(args)
     else:

@@ -8,8 +8,11 @@ whose tasks keep their results. Each worker has no step of any kind, so the
 report judges it over equal time windows: the whole-job verdict names the
 growing worker by its role and the planted line, with a rate per second.
 Two gloo ranks launched as torchrun does, one of which grows: its steps are
-found without markers and the verdict names the rank. The clean controls do
-the same work and keep nothing: no suspect anywhere."""
+found without markers and the verdict names the rank. The training loop that
+iterates the DataLoader has a step per batch (source "loader", from the
+Python module's hook on torch.utils.data), in sampled mode and without
+markers, so a leak in the loop itself is judged per step. The clean controls
+do the same work and keep nothing: no suspect anywhere."""
 
 import os
 import re
@@ -20,6 +23,7 @@ import mltest
 
 SCRIPT = os.path.join(clients.CLIENTS_DIR, "workers_client.py")
 SAMPLES = 800
+BATCHES = SAMPLES // 16  # the client's batch size
 
 
 def leak_line(mode):
@@ -75,17 +79,72 @@ class Workers(clients.ClientTestCase):
             self.assertGreater(grown, 0.5 * kept, top["site"])
             self.assertLess(grown, 1.5 * kept, top["site"])
 
+    def assert_loader_steps(self, report):
+        """The main process iterates the DataLoader: a step per batch."""
+        root = report["processes"][report["job"]["rows"][0]["process"]]
+        self.assertEqual(root["step_source"], "loader", root["step_inference"])
+        self.assertEqual(len(root["steps"]), BATCHES)
+        return root
+
     def assert_clean(self, report, role):
         self.workers(report, role)
+        if role == "DataLoader worker":
+            self.assert_loader_steps(report)
         for p in report["processes"]:
             self.assertEqual([s["site"] for s in p["leak_suspects"]], [], p["pid"])
         self.assertRegex(report["job"]["conclusion"], r"^no process grows")
+
+    def assert_per_training_step(self, report, text):
+        """The workers' growth per step of the training loop that takes their
+        batches: each worker makes half of each 16-sample batch, 64 KiB kept
+        per sample, so about 512 KiB per training step."""
+        root = report["processes"][report["job"]["rows"][0]["process"]]
+        for row in self.workers(report, "DataLoader worker"):
+            self.assertEqual(row["parent_pid"], root["pid"], row)
+            self.assertGreater(row["suspect_bytes_per_parent_step"], 0.5 * 8 * 65536, row)
+            self.assertLess(row["suspect_bytes_per_parent_step"], 1.5 * 8 * 65536, row)
+        self.assertRegex(report["job"]["conclusion"], r"[KMG]iB/s \([\d.]+ KiB per step of pid %d\) in 1 suspect"
+                         % root["pid"])
+
+    def assert_inherited(self, report):
+        """A forked worker starts from the main process's heap: its frees of
+        inherited blocks are no unknown frees."""
+        root = report["processes"][report["job"]["rows"][0]["process"]]
+        for row in self.workers(report, "DataLoader worker"):
+            process = report["processes"][row["process"]]
+            inherited = process["stats"]["inherited"]
+            self.assertEqual(inherited["parent"], root["pid"], inherited)
+            self.assertGreater(inherited["host_live_at_fork"], 8 << 20, inherited)
+            self.assertGreater(inherited["blocks"], 0, inherited)
+            self.assertTrue([n for n in process["notes"] if n.startswith("forked from pid %d: it inherited" % root["pid"])],
+                            process["notes"])
 
     def test_dataloader_fork(self):
         clients.skip_unless(self, "torch")
         report, text = self.run_workers("--mode", "dataloader", "--start", "fork", "--leak", "cache")
         self.assert_worker_leak(report, text, "DataLoader worker", "cache")
         self.assertRegex(text, r"== process \d+ \(DataLoader worker\): ")
+        self.assertEqual(self.assert_loader_steps(report)["leak_suspects"], [])
+        self.assert_per_training_step(report, text)
+        self.assert_inherited(report)
+
+    def test_dataloader_loop_leak(self):
+        # The loop that takes the batches keeps a copy of each: 256 KiB a
+        # step, found per step in sampled mode with no marker.
+        clients.skip_unless(self, "torch")
+        report, text = self.run_workers("--mode", "dataloader", "--leak", "main")
+        root = self.assert_loader_steps(report)
+        site = "workers_client.py:%d" % leak_line("main")
+        self.assertTrue(root["leak_suspects"], root["notes"])
+        top = root["leak_suspects"][0]
+        self.assertIn(site, top["site"])
+        self.assertGreater(top["bytes_per_step"], 0.7 * 262144, top)
+        self.assertLess(top["bytes_per_step"], 1.3 * 262144, top)
+        conclusion = report["job"]["conclusion"]
+        self.assertRegex(conclusion, r"grows fastest: [\d.]+ KiB/step", conclusion)
+        self.assertIn(site, conclusion)
+        for row in self.workers(report, "DataLoader worker"):
+            self.assertEqual(row["suspects"], 0, row)
 
     def test_dataloader_spawn(self):
         clients.skip_unless(self, "torch")
@@ -94,6 +153,9 @@ class Workers(clients.ClientTestCase):
         for row in self.workers(report, "DataLoader worker"):
             self.assertEqual(row["start_method"], "spawn")
             self.assertIn("(spawn)", row["role"])
+            # A spawned worker is a new program: it inherits no heap.
+            self.assertIsNone(report["processes"][row["process"]]["stats"]["inherited"])
+        self.assert_per_training_step(report, text)
 
     def test_dataloader_clean(self):
         clients.skip_unless(self, "torch")
@@ -158,3 +220,30 @@ class Workers(clients.ClientTestCase):
 
 if __name__ == "__main__":
     mltest.main()
+
+
+class TfDataService(clients.ClientTestCase):
+    """A tf.data service worker in a process of its own, started by the
+    training process (which runs the dispatcher and reads the distributed
+    dataset), keeping 64 KiB every 10 ms: the job table names it by its
+    role, and the whole-job verdict names it with the planted line."""
+
+    def test_tfdata_service_worker(self):
+        clients.skip_unless(self, "tensorflow")
+        script = os.path.join(clients.CLIENTS_DIR, "tfdata_service_client.py")
+        run_dir = os.path.join(self.tmpdir(), "run")
+        proc = self.memledger("run", "-q", "-o", run_dir, "--", clients.PYTHON_ML, script, "--leak", "worker",
+                              env=mltest.clean_env(**clients.QUIET), timeout=300)
+        self.assertExit(proc, 0)
+        self.assertIn("ELEMENTS=600", proc.stdout)
+        report = self.load_report(run_dir)
+        rows = [r for r in report["job"]["rows"] if r["python_role"] == "tf.data service worker"]
+        self.assertEqual(len(rows), 1, [(r["label"], r["python_role"]) for r in report["job"]["rows"]])
+        self.assertRegex(rows[0]["label"], r"^tf\.data service worker 1 of 1 \(pid \d+\)$")
+        with open(script) as f:
+            line = next(n for n, text in enumerate(f, 1) if "# LEAK_SITE(worker)" in text)
+        conclusion = report["job"]["conclusion"]
+        self.assertRegex(conclusion, r"^tf\.data service worker 1 of 1 \(pid \d+\) grows fastest: [\d.]+ [KMG]iB/s")
+        self.assertIn("tfdata_service_client.py:%d" % line, conclusion)
+        root = report["processes"][report["job"]["rows"][0]["process"]]
+        self.assertEqual([s["site"] for s in root["leak_suspects"]], [])

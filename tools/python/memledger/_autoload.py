@@ -1,0 +1,157 @@
+"""What memledger does by itself in a traced Python program, loaded at
+start-up by the sitecustomize that `memledger run` puts first on PYTHONPATH
+(MEMLEDGER_PYTHON_HOOKS=0 turns it off):
+
+- imports `memledger`, which records the frameworks' builds at exit and the
+  exception that ends the program (see its docstring);
+- names a process that starts a tf.data service worker (python.role);
+- when the program imports torch.utils.data, marks a step each time a
+  DataLoader iterator hands out its next batch (step source "loader"), so a
+  PyTorch loop has steps without markers. The step taken under
+  torch.no_grad() is labelled "eval". The preload library ignores these
+  steps once the program marks its own, or when the command line chose a
+  step source.
+
+Nothing is imported for it: the hooks wait for the program's own imports."""
+
+import sys
+
+import memledger
+
+_loader_step = None
+
+
+def _resolve_loader_step():
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None).memledger_loader_step
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_char_p]
+    fn.restype = None
+    return fn
+
+
+def _mark(iterator):
+    torch = sys.modules.get("torch")
+    label = None
+    try:
+        if torch is not None and not torch.is_grad_enabled():
+            label = b"eval"
+    except Exception:
+        pass
+    _loader_step(label)
+
+
+def _hook_dataloader(module):
+    """Wraps _BaseDataLoaderIter: the first batch of an epoch begins the first
+    step; each later request for a batch ends the step before it, the one
+    that finds the epoch over (StopIteration) included. An iterator reused
+    across epochs (persistent_workers) begins again at _reset."""
+    base = getattr(module, "_BaseDataLoaderIter", None)
+    if base is None or "__next__" not in vars(base) or getattr(base, "_memledger_hooked", False):
+        return
+    next_batch = base.__next__
+    reset = vars(base).get("_reset")
+
+    def __next__(self):
+        state = self.__dict__
+        if state.get("_memledger_begun"):
+            _mark(self)
+        else:
+            state["_memledger_begun"] = True
+        try:
+            return next_batch(self)
+        except StopIteration:
+            state.pop("_memledger_begun", None)  # the call above ended the last step
+            raise
+
+    __next__.__wrapped__ = next_batch
+    base.__next__ = __next__
+    if reset is not None:
+
+        def _reset(self, *args, **kwargs):
+            self.__dict__.pop("_memledger_begun", None)
+            return reset(self, *args, **kwargs)
+
+        _reset.__wrapped__ = reset
+        base._reset = _reset
+    base._memledger_hooked = True
+
+
+def _hook_tfdata_service(module):
+    """A process that starts a tf.data service worker is named one in the
+    job table (the role is otherwise read from the code the process ran,
+    and a worker's own threads run no Python)."""
+    worker = getattr(module, "WorkerServer", None)
+    if worker is None or getattr(worker, "_memledger_hooked", False):
+        return
+    init = worker.__init__
+
+    def __init__(self, *args, **kwargs):
+        memledger._note("python.role", "tf.data service worker")
+        return init(self, *args, **kwargs)
+
+    __init__.__wrapped__ = init
+    worker.__init__ = __init__
+    worker._memledger_hooked = True
+
+
+class _PostImportHooks:
+    """A meta path finder that runs a function on a module right after the
+    program's own import of it has executed, without importing anything."""
+
+    def __init__(self, hooks):
+        self._hooks = hooks
+
+    def find_spec(self, name, path=None, target=None):
+        hook = self._hooks.get(name)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        execute = getattr(loader, "exec_module", None)
+        if execute is None:
+            return spec
+        del self._hooks[name]
+
+        def exec_module(module):
+            execute(module)
+            try:
+                hook(module)
+            except Exception:
+                pass
+
+        # The loader is this module's own (a new one for each import).
+        try:
+            loader.exec_module = exec_module
+        except (AttributeError, TypeError):
+            pass
+        return spec
+
+
+def _install():
+    global _loader_step
+    _loader_step = _resolve_loader_step()
+    if _loader_step is None or not memledger.active():
+        return
+    hooks = {
+        "torch.utils.data.dataloader": _hook_dataloader,
+        "tensorflow.python.data.experimental.service.server_lib": _hook_tfdata_service,
+    }
+    for name in list(hooks):
+        if name in sys.modules:
+            hooks.pop(name)(sys.modules[name])
+    if hooks:
+        sys.meta_path.insert(0, _PostImportHooks(hooks))
+
+
+_install()
