@@ -787,6 +787,7 @@ void Recorder::before_fork() {
 }
 
 void Recorder::after_fork_parent() {
+  trace_writer().note_fork();
   g_forking.store(false, std::memory_order_seq_cst);
   g_shared_lock.unlock();
   for (SampledShard& shard : g_sampled) shard.lock.unlock();

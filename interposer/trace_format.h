@@ -42,8 +42,10 @@ inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
 // Version 5 added kInfo (the CUDA stack and the frameworks' builds).
 // Version 6 added the memory kind kMapped (anonymous mmap outside the heap).
 // Version 7 added kPressure (host memory pressure) and the header key cgroup.
+// Version 8 added kShare (shared and private memory of forked processes),
+// and the header keys fork_seq and inherited_host_live.
 // Readers accept every version up to their own.
-inline constexpr uint32_t kVersion = 7;
+inline constexpr uint32_t kVersion = 8;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
 inline constexpr uint32_t kFrameCompressed = 1u << 0;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // sanity bound for readers
@@ -251,6 +253,11 @@ enum class Tag : uint8_t {
   // cgroup_oom_kills (processes of the memory cgroup killed by the OOM
   // killer: oom_kill of memory.events, v2, or memory.oom_control, v1).
   kPressure = 30,
+  // How much of the process's memory it shares with others (version 8), in a
+  // process that forked or was forked (copy-on-write), once a second:
+  // ts_ns, rss, pss, shared (Shared_Clean + Shared_Dirty), private
+  // (Private_Clean + Private_Dirty), in bytes, from /proc/self/smaps_rollup.
+  kShare = 31,
 };
 
 // kPressure's `present` bits.

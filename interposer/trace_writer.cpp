@@ -300,6 +300,34 @@ void OwnedFile::close() {
 }
 
 // Everything only the writer thread touches.
+namespace {
+
+constexpr uint64_t kShareEveryNs = 1000000000ull;
+
+struct ShareSample {
+  uint64_t rss = 0, pss = 0, shared = 0, priv = 0;
+};
+
+// /proc/self/smaps_rollup's totals (kB) in bytes; false when unreadable.
+bool read_share(ShareSample& out) {
+  char buf[4096];
+  const ssize_t n = read_small_file("/proc/self/smaps_rollup", buf, sizeof buf);
+  if (n <= 0) return false;
+  auto field = [&](const char* name) -> uint64_t {
+    const char* p = strstr(buf, name);
+    if (p == nullptr) return 0;
+    for (p += strlen(name); *p == ' ' || *p == '\t';) ++p;
+    return parse_u64(p) * 1024;
+  };
+  out.rss = field("\nRss:");
+  out.pss = field("\nPss:");
+  out.shared = field("\nShared_Clean:") + field("\nShared_Dirty:");
+  out.priv = field("\nPrivate_Clean:") + field("\nPrivate_Dirty:");
+  return out.rss != 0;
+}
+
+}  // namespace
+
 struct TraceWriter::State {
   ByteBuffer buffer;
   Bytes compressed;
@@ -316,6 +344,7 @@ struct TraceWriter::State {
   uint32_t frame_index = 0;
   uint64_t last_flush_ns = 0;
   uint64_t last_sample_ns = 0;
+  uint64_t last_share_ns = 0;
   uint64_t last_status_ns = 0;
   uint64_t next_interval_step_ns = 0;
   uint64_t interval_ns = 0;
@@ -457,6 +486,7 @@ bool TraceWriter::open(const Config& config, const ForkOrigin& origin, char* err
     }
   }
   if (origin.parent > 0) {
+    note_fork();
     add_num("parent_trace", origin.parent);
     add_num("fork_seq", static_cast<long long>(origin.seq));
     add_num("inherited_host_live", origin.host_live);
@@ -1068,6 +1098,22 @@ void TraceWriter::cycle(bool final) {
       if (vmstat) st.last_vmstat_ns = now;
       st.pressure_taken = true;
     }
+  }
+
+  // Shared and private memory, once a second, in a process that forked or
+  // was forked: reading smaps_rollup walks the page tables, too dear for
+  // every sample.
+  if (shares_pages_.load(std::memory_order_relaxed) && (final || now - st.last_share_ns >= kShareEveryNs)) {
+    ShareSample share;
+    if (read_share(share)) {
+      enc.tag(format::Tag::kShare);
+      enc.u(now - st.start_mono_ns);
+      enc.u(share.rss);
+      enc.u(share.pss);
+      enc.u(share.shared);
+      enc.u(share.priv);
+    }
+    st.last_share_ns = now;
   }
 
   if (final) {

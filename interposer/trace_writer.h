@@ -94,6 +94,9 @@ class TraceWriter {
 
   void note_exit(int status);
   void note_exec(const char* path);
+  // The process forked: from now on its pages may be shared copy-on-write,
+  // so the writer samples its shared and private memory (kShare).
+  void note_fork() { shares_pages_.store(true, std::memory_order_relaxed); }
   SignalNote& signal_note() { return signal_; }
 
   // In a forked child: forget the parent's file and thread without touching
@@ -115,6 +118,7 @@ class TraceWriter {
   std::atomic<int> exit_pending_{0};
   int exit_status_ = 0;
   std::atomic<int> exec_pending_{0};
+  std::atomic<bool> shares_pages_{false};
   char exec_path_[512] = {};
 
   std::atomic<uint32_t> wake_word_{0};

@@ -451,6 +451,10 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   if (std::string inherited = inheritance_note(r.inheritance, parent_pid, sampled); !inherited.empty()) {
     r.notes.push_back(std::move(inherited));
   }
+  if (parent_pid > 0) {
+    std::string copied = copy_on_write_note(trace.shares, r.steps, !trace.python_codes.empty(), &r.copied_on_write);
+    if (!copied.empty()) r.notes.push_back(std::move(copied));
+  }
   r.environment = read_environment(trace);
   judge_environment(r.environment, r.verdict, r.notes);
   r.host_pressure = summarize_pressure(trace);

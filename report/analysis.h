@@ -335,6 +335,9 @@ struct ProcessReport {
   uint64_t dropped = 0;
   uint64_t unknown_frees = 0;
   Inheritance inheritance;  // a forked child: the parent's live set it started with
+  // A forked child: its private memory's growth that no allocation explains,
+  // from copy-on-write (copy_on_write_note); 0 when under the note's bounds.
+  uint64_t copied_on_write = 0;
   uint64_t double_allocations = 0;
   uint64_t failed_allocations = 0;
   std::vector<OomEvent> ooms;  // out-of-memory failures (first ones kept)

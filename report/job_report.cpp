@@ -136,6 +136,7 @@ JobSummary summarize_job(const RunReport& run) {
       row.suspect_bytes_per_second = row.suspect_bytes_per_step / step_seconds;
     }
     if (row.time_windows) per_parent_step(run, p, row);
+    row.copied_on_write = p.copied_on_write;
     if (!p.leak_suspects.empty()) row.top_site = site_name(p.leak_suspects.front().site);
     row.exit_leak_bytes = p.exit_leak_bytes;
     row.verdict_kind = p.verdict.kind;
@@ -204,6 +205,19 @@ JobSummary summarize_job(const RunReport& run) {
     }
     job.conclusion = out.str();
   }
+  // Memory copied on write grows no site: the verdict says it beside.
+  std::vector<const ProcessRow*> copied;
+  for (const ProcessRow& r : job.rows) {
+    if (r.copied_on_write > 0) copied.push_back(&r);
+  }
+  std::stable_sort(copied.begin(), copied.end(),
+                   [](const ProcessRow* a, const ProcessRow* b) { return a->copied_on_write > b->copied_on_write; });
+  for (size_t k = 0; k < copied.size() && k < 3; ++k) {
+    job.conclusion += (k == 0 ? "; " : ", ") + copied[k]->label + " copied " +
+                      human_bytes(static_cast<double>(copied[k]->copied_on_write)) +
+                      (k == 0 ? " of its parent's memory on write (copy-on-write: see its notes)" : "");
+  }
+  if (copied.size() > 3) job.conclusion += ", ...";
   return job;
 }
 
@@ -222,6 +236,7 @@ nlohmann::json job_json(const JobSummary& job) {
                     {"suspect_bytes_per_parent_step", r.suspect_bytes_per_parent_step},
                     {"parent_step_seconds", r.parent_step_seconds},
                     {"parent_pid", r.parent_pid},
+                    {"copied_on_write", r.copied_on_write},
                     {"steps", r.steps},
                     {"peak_bytes", r.peak_bytes},
                     {"peak_step", r.peak_step},

@@ -44,6 +44,7 @@ struct ProcessRow {
   double suspect_bytes_per_parent_step = 0;
   double parent_step_seconds = 0;
   int parent_pid = 0;
+  uint64_t copied_on_write = 0;  // ProcessReport::copied_on_write
   std::string top_site;               // the first suspect's site
   int64_t exit_leak_bytes = 0;
   std::string verdict_kind;

@@ -122,6 +122,45 @@ std::string inheritance_note(const Inheritance& inheritance, int parent_pid, boo
   return note;
 }
 
+std::string copy_on_write_note(const std::vector<TraceShare>& shares, const std::vector<StepStats>& steps,
+                               bool python, uint64_t* copied) {
+  *copied = 0;
+  if (shares.size() < 3 || steps.size() < 2) return {};
+  // The share sample nearest to a moment.
+  auto at = [&](uint64_t ts) -> const TraceShare& {
+    const TraceShare* best = &shares.front();
+    for (const TraceShare& s : shares) {
+      const uint64_t d = s.ts > ts ? s.ts - ts : ts - s.ts;
+      const uint64_t b = best->ts > ts ? best->ts - ts : ts - best->ts;
+      if (d < b) best = &s;
+    }
+    return *best;
+  };
+  const TraceShare& first = at(steps.front().end_ns);
+  const TraceShare& last = at(steps.back().end_ns);
+  if (last.ts <= first.ts) return {};
+  auto total = [](const StepStats& s) {
+    int64_t live = 0;
+    for (int64_t v : s.live) live += v;
+    return live;
+  };
+  const double grew = static_cast<double>(last.priv) - static_cast<double>(first.priv);
+  const double live = std::max(0.0, static_cast<double>(total(steps.back()) - total(steps.front())));
+  if (grew - live < kCopiedOnWriteMin || grew < 2 * live) return {};
+  *copied = static_cast<uint64_t>(grew - live);
+  std::string note = "copy-on-write: its private memory grew " + human_bytes(grew) + " (from " +
+                     human_bytes(static_cast<double>(first.priv)) + " to " + human_bytes(static_cast<double>(last.priv)) +
+                     ", while what it shares fell from " + human_bytes(static_cast<double>(first.shared)) + " to " +
+                     human_bytes(static_cast<double>(last.shared)) + ") and its live bytes grew " + human_bytes(live) +
+                     ": pages it shared with its parent since the fork were copied as it wrote to them, " +
+                     human_bytes(grew - live) + " that no allocation explains";
+  note += python ? "; in Python the usual cause is reference counts: reading objects the parent made (a dataset "
+                   "held as a list or dict of Python objects) writes their counts and copies their pages into each "
+                   "worker; keep such data in NumPy arrays, tensors or bytes instead"
+                 : "; the usual cause is writing to data the parent made before the fork";
+  return note;
+}
+
 std::vector<std::string> collect_notes(const NotesInput& in) {
   std::vector<std::string> notes(in.trace.problems.begin(), in.trace.problems.end());
   allocator_notes(in.allocator, notes);

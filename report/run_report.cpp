@@ -498,6 +498,7 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
                                            {"freed_blocks", p.inheritance.freed_blocks},
                                            {"freed_bytes", p.inheritance.freed_bytes},
                                            {"host_live_at_fork", p.inheritance.host_live_at_fork}}},
+        {"copied_on_write", p.copied_on_write},
         {"double_allocations", p.double_allocations},
         {"failed_allocations", p.failed_allocations},
         {"frames_read", p.frames_read},

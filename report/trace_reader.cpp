@@ -533,6 +533,18 @@ class RecordDecoder {
         if (!c.ok()) return false;
         break;
       }
+      case fmt::Tag::kShare: {
+        TraceShare share;
+        share.ts = c.varint();
+        share.rss = c.varint();
+        share.pss = c.varint();
+        share.shared = c.varint();
+        share.priv = c.varint();
+        if (!c.ok()) return false;
+        note_ts(share.ts);
+        t_.shares.push_back(share);
+        break;
+      }
       case fmt::Tag::kInfo: {
         TraceInfo info;
         info.ts = c.varint();
@@ -772,6 +784,7 @@ void absorb_side_records(Trace& into, Trace& from) {
   append(into.modules, from.modules);
   append(into.samples, from.samples);
   append(into.pressure, from.pressure);
+  append(into.shares, from.shares);
   append(into.host_totals, from.host_totals);
   append(into.vmm, from.vmm);
   append(into.device_samples, from.device_samples);

@@ -74,6 +74,16 @@ struct TracePressure {
   uint64_t cgroup_oom_kills = 0;
 };
 
+// Shared and private memory of a process that forked or was forked
+// (kShare, once a second), in bytes.
+struct TraceShare {
+  uint64_t ts = 0;
+  uint64_t rss = 0;
+  uint64_t pss = 0;
+  uint64_t shared = 0;
+  uint64_t priv = 0;
+};
+
 // Device address space and VMM mappings (not memory by themselves).
 struct TraceVmmEvent {
   enum class Type : uint8_t { kReserve, kUnreserve, kMap, kUnmap };
@@ -173,6 +183,7 @@ struct Trace {
   std::vector<TraceEvent> events;  // sorted by seq
   std::vector<TraceSample> samples;
   std::vector<TracePressure> pressure;  // sorted by ts
+  std::vector<TraceShare> shares;
   std::vector<TraceHostTotals> host_totals;  // sorted by seq
   std::vector<TraceVmmEvent> vmm;
   std::vector<TraceDeviceSample> device_samples;

@@ -53,7 +53,7 @@ def run_main(args):
         for element in dataset:
             assert element.shape == (128, 128)
             count += 1
-            time.sleep(0.002)
+            time.sleep(0.01)  # the training step
         print("ELEMENTS=%d" % count, flush=True)
     finally:
         worker.terminate()
@@ -64,7 +64,7 @@ def run_main(args):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker")
-    parser.add_argument("--elements", type=int, default=600)
+    parser.add_argument("--elements", type=int, default=800)
     parser.add_argument("--leak", choices=("worker", "none"), default="worker")
     args = parser.parse_args()
     if args.worker:

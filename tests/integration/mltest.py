@@ -155,7 +155,8 @@ class TestCase(unittest.TestCase):
 
     def tmpdir(self):
         d = tempfile.mkdtemp(prefix="mltest-%s-" % self._testMethodName)
-        self.addCleanup(shutil.rmtree, d, True)
+        if not os.environ.get("MLTEST_KEEP"):  # MLTEST_KEEP=1 keeps the run folders to look at
+            self.addCleanup(shutil.rmtree, d, True)
         return d
 
     @staticmethod

@@ -88,8 +88,15 @@ class ForkExecSpawn(mltest.TestCase):
         self.assertEqual({s["label"] for s in child["steps"]}, {"child"})
         leak = int(self.out["CHILD_LEAK"])
         self.assertEqual(self.steps_growth(child), [leak] * (len(child["steps"]) - 1))
-        # The child's trace starts empty: what the parent had live is not the child's.
-        self.assertEqual(child["steps"][0]["live"]["host"], leak)
+        # The child starts from what the parent had live at the fork (it
+        # frees none of it); those blocks belong to no site of the child's.
+        inherited = child["stats"]["inherited"]
+        self.assertEqual(inherited["parent"], self.pids["PARENT"])
+        self.assertGreater(inherited["blocks"], 0)
+        self.assertEqual(inherited["freed_blocks"], 0)
+        self.assertGreaterEqual(inherited["host_live_at_fork"], inherited["bytes"])
+        self.assertEqual(child["steps"][0]["live"]["host"], inherited["bytes"] + leak)
+        self.assertEqual(child["stats"]["unknown_frees"], 0)
         self.assertEqual([mltest.site_parts(s["site"]) for s in child["leak_suspects"]],
                          [("child_leak", "forker.cpp", int(self.out["CHILD_LEAK_LINE"]))])
         self.assertEqual(child["leak_suspects"][0]["bytes_per_step"], leak)

@@ -87,7 +87,8 @@ class Workers(clients.ClientTestCase):
         return root
 
     def assert_clean(self, report, role):
-        self.workers(report, role)
+        for row in self.workers(report, role):
+            self.assertEqual(row["copied_on_write"], 0, row)
         if role == "DataLoader worker":
             self.assert_loader_steps(report)
         for p in report["processes"]:
@@ -173,6 +174,13 @@ class Workers(clients.ClientTestCase):
         self.assertEqual([s["site"] for s in root["leak_suspects"]], [])
         self.assertGreater(root["steps"][-1]["live"].get("mapped", 0), 64 << 20, root["steps"][-1])
         self.assertEqual([n for n in root["notes"] if n.startswith("RSS grew")], [])
+        # Each forked worker reads half the objects: their reference counts
+        # are written, and the pages they sit on are copied into the worker.
+        for row in self.workers(report, "DataLoader worker"):
+            self.assertGreater(row["copied_on_write"], 32 << 20, row)
+            notes = report["processes"][row["process"]]["notes"]
+            self.assertTrue([n for n in notes if n.startswith("copy-on-write: its private memory grew")], notes)
+        self.assertIn("of its parent's memory on write (copy-on-write", report["job"]["conclusion"])
 
     def run_ranks(self, leak):
         """Two gloo ranks started as torchrun starts them (its own launcher is
@@ -218,8 +226,6 @@ class Workers(clients.ClientTestCase):
         self.assert_clean(report, "Pool worker")
 
 
-if __name__ == "__main__":
-    mltest.main()
 
 
 class TfDataService(clients.ClientTestCase):
@@ -235,15 +241,19 @@ class TfDataService(clients.ClientTestCase):
         proc = self.memledger("run", "-q", "-o", run_dir, "--", clients.PYTHON_ML, script, "--leak", "worker",
                               env=mltest.clean_env(**clients.QUIET), timeout=300)
         self.assertExit(proc, 0)
-        self.assertIn("ELEMENTS=600", proc.stdout)
+        self.assertIn("ELEMENTS=800", proc.stdout)
         report = self.load_report(run_dir)
         rows = [r for r in report["job"]["rows"] if r["python_role"] == "tf.data service worker"]
         self.assertEqual(len(rows), 1, [(r["label"], r["python_role"]) for r in report["job"]["rows"]])
-        self.assertRegex(rows[0]["label"], r"^tf\.data service worker 1 of 1 \(pid \d+\)$")
+        self.assertRegex(rows[0]["label"], r"^tf\.data service worker 0 of 1 \(pid \d+\)$")
         with open(script) as f:
             line = next(n for n, text in enumerate(f, 1) if "# LEAK_SITE(worker)" in text)
         conclusion = report["job"]["conclusion"]
-        self.assertRegex(conclusion, r"^tf\.data service worker 1 of 1 \(pid \d+\) grows fastest: [\d.]+ [KMG]iB/s")
+        self.assertRegex(conclusion, r"^tf\.data service worker 0 of 1 \(pid \d+\) grows fastest: [\d.]+ [KMG]iB/s")
         self.assertIn("tfdata_service_client.py:%d" % line, conclusion)
         root = report["processes"][report["job"]["rows"][0]["process"]]
         self.assertEqual([s["site"] for s in root["leak_suspects"]], [])
+
+
+if __name__ == "__main__":
+    mltest.main()

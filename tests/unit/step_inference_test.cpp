@@ -273,7 +273,7 @@ TEST_CASE("a worker thread's allocations with attributed Python frames still mak
   trace.last_ts = seq * 1000;
   ProcessReport r = analyze(trace, ExitInfo{}, AnalysisOptions{});
   CHECK(r.step_source == "auto");
-  CHECK(r.steps.size() == kSteps);
+  CHECK(r.steps.size() == static_cast<size_t>(kSteps));
   CHECK(r.step_inference.find("inferred period 6 allocations per step") == 0);
 }
 
