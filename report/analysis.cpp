@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "auto_steps.h"
@@ -19,6 +20,7 @@
 #include "notes.h"
 #include "replay.h"
 #include "roles.h"
+#include "retention.h"
 #include "attributed.h"
 #include "site_groups.h"
 #include "growth_view.h"
@@ -108,6 +110,9 @@ EventPass replay_pass(const Trace& trace, const EventFeed& feed, bool sampled, A
                       const AnalysisOptions& options) {
   Replay replay(trace, sampled);
   for (const auto& [seq, out] : options.keep_live_sets) replay.keep_live_set(seq, out);
+  if (options.keep_whole_live_set.second != nullptr) {
+    replay.keep_live_set(options.keep_whole_live_set.first, options.keep_whole_live_set.second, true);
+  }
   if (options.inherited != nullptr) replay.inherit(*options.inherited);
   CuptiMatcher cupti(trace);
   feed([&](const TraceEvent* events, size_t count) {
@@ -380,7 +385,15 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
                              const ExitInfo& exit_info, const AnalysisOptions& options) {
   ProcessReport r = describe_process(trace);
   const bool sampled = r.host_mode == "sampled";
-  EventPass pass = replay_with_steps(trace, feed, rewind, sampled, options);
+  // A Python process's retention paths name its live blocks at one moment:
+  // the replay keeps the live set of that moment for them.
+  const RetentionFile kept =
+      trace.path.empty() ? RetentionFile{}
+                         : read_retention(std::filesystem::path(trace.path).parent_path().string(), r.pid);
+  std::vector<InheritedBlock> kept_live;
+  AnalysisOptions pass_options = options;
+  if (!kept.owners.empty()) pass_options.keep_whole_live_set = {kept.seq, &kept_live};
+  EventPass pass = replay_with_steps(trace, feed, rewind, sampled, pass_options);
   merge_attributed_variants(trace, pass.replay);
   find_python_role(trace, r);  // the code records are all read once the events are
   const ReplayOutput& replay = pass.replay;
@@ -415,6 +428,21 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
     r.inheritance.host_live_at_fork = std::strtoll(trace.header_value("inherited_host_live", "-1").c_str(), nullptr, 10);
   }
   take_growth(r, growth);
+  {
+    r.retention_when = kept.when;
+    r.retention_seconds = kept.elapsed_seconds;
+    r.retention_skipped = kept.skipped;
+    r.retention_error = kept.error;
+    attach_retention(kept, kept_live, replay, r.leak_suspects);
+    if (!kept.error.empty()) r.notes.push_back("retention paths unreadable: " + kept.error);
+    if (!kept.skipped.empty()) {
+      char took[32];
+      std::snprintf(took, sizeof took, "%.2f s", kept.elapsed_seconds);
+      std::string note = std::string("retention paths: the walk of the Python objects (") + took + ") was cut short: ";
+      for (size_t i = 0; i < kept.skipped.size(); ++i) note += (i ? "; " : "") + kept.skipped[i];
+      r.notes.push_back(note + " (MEMLEDGER_RETENTION_BUDGET=SECONDS gives it longer)");
+    }
+  }
   // Time windows hold start-up (imports, building a model) that steps would
   // have set apart: the total is not a figure to gate on, the sites are.
   if (pass.steps.by_time) r.total_growth.judged = false;

@@ -30,6 +30,7 @@ struct InheritedBlock {
   uint64_t key = 0;
   uint64_t weight = 0;
   uint8_t kind = 0;
+  uint32_t site = 0;  // the block's site in the replay that kept it
 };
 
 // What a forked child inherited, as its report tells it.
@@ -52,6 +53,9 @@ struct AnalysisOptions {
   // listed (a forked child's fork_seq) in the vector beside it; a forked
   // child starts from the live set it inherited (`inherited`, from `parent`).
   std::vector<std::pair<uint64_t, std::vector<InheritedBlock>*>> keep_live_sets;
+  // The whole live set (every kind) at one sequence number: a retention
+  // snapshot's moment (retention.h).
+  std::pair<uint64_t, std::vector<InheritedBlock>*> keep_whole_live_set{0, nullptr};
   const std::vector<InheritedBlock>* inherited = nullptr;
   int inherited_from = 0;
 };
@@ -112,6 +116,16 @@ struct Site {
   std::string role_rule = {};
 };
 
+// What keeps a suspect's live blocks alive, from the Python module's
+// retention paths (report/retention.h): the chain of referrers of the
+// objects that own them, outermost (the named root) first, the owners'
+// description last; how many of the site's live blocks it holds, and bytes.
+struct KeptBy {
+  std::vector<std::string> hops;
+  uint64_t objects = 0;
+  uint64_t bytes = 0;
+};
+
 struct LeakSuspect {
   Site site;
   double bytes_per_step = 0;
@@ -137,6 +151,9 @@ struct LeakSuspect {
   double window_seconds = 0;
   // When the role makes the cause plain (roles.h, role_explanation).
   std::string role_explanation;
+  // Python programs: the paths that keep its live blocks, most bytes first
+  // (at most three).
+  std::vector<KeptBy> kept_by;
 };
 
 struct SiteTotal {
@@ -338,6 +355,14 @@ struct ProcessReport {
   // A forked child: its private memory's growth that no allocation explains,
   // from copy-on-write (copy_on_write_note); 0 when under the note's bounds.
   uint64_t copied_on_write = 0;
+  // The retention paths the Python module wrote for this process: when,
+  // how long the walk took, what it skipped; empty `retention_when` when
+  // there were none (not Python, --no-retention, or the file is unreadable:
+  // retention_error says why).
+  std::string retention_when;
+  double retention_seconds = 0;
+  std::vector<std::string> retention_skipped;
+  std::string retention_error;
   uint64_t double_allocations = 0;
   uint64_t failed_allocations = 0;
   std::vector<OomEvent> ooms;  // out-of-memory failures (first ones kept)

@@ -695,6 +695,18 @@ void process_charts(const ProcessReport& p, std::ostringstream& o) {
                   x_label, mem, step_names, mem_note);
 }
 
+// What keeps a suspect's blocks alive (Python retention paths): the named
+// root first, then each holder down to the owners.
+std::string kept_by_html(const std::vector<KeptBy>& kept_by) {
+  std::ostringstream o;
+  for (const KeptBy& k : kept_by) {
+    o << "<div class=\"note\">kept by: ";
+    for (size_t h = 0; h < k.hops.size(); ++h) o << (h ? "<br>&nbsp;&nbsp;&larr; " : "<b>") << esc(k.hops[h]) << (h ? "" : "</b>");
+    o << " (" << k.objects << (k.objects == 1 ? " object, " : " objects, ") << esc(bytes(double(k.bytes))) << ")</div>";
+  }
+  return o.str();
+}
+
 // A row made of several stacks below one user line (site_groups.h): how
 // many, and each of them with its figure and stack, to expand.
 template <typename T, typename Figure>
@@ -834,7 +846,7 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
         o << "<br><span class=\"role\">role: <b>" << esc(s.site.role) << "</b> (" << esc(s.site.role_rule) << ")</span>";
         if (!s.role_explanation.empty()) o << "<br><span class=\"why\">" << esc(s.role_explanation) << "</span>";
       }
-      o << stack_html(s.site.frames)
+      o << stack_html(s.site.frames) << kept_by_html(s.kept_by)
         << variants_html(s, [](const LeakSuspect& v) { return suspect_rate_text(v); }) << "</td><td class=\"n\">"
         << esc(s.estimated ? suspect_rate_text(s) : bytes(s.bytes_per_step)) << "</td><td class=\"n\">"
         << esc(s.estimated ? suspect_count_text(s) : num(s.allocations_per_step)) << "</td><td class=\"n\">"

@@ -38,16 +38,20 @@ Replay::Replay(const Trace& trace, bool sampled)
   out_.live.reserve(1 << 16);
 }
 
-void Replay::keep_live_set(uint64_t seq, std::vector<InheritedBlock>* out) {
-  keep_.emplace_back(seq, out);
-  std::sort(keep_.begin(), keep_.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+void Replay::keep_live_set(uint64_t seq, std::vector<InheritedBlock>* out, bool every_kind) {
+  keep_.push_back(Keep{seq, out, every_kind});
+  std::sort(keep_.begin(), keep_.end(), [](const Keep& a, const Keep& b) { return a.seq > b.seq; });
 }
 
-void Replay::copy_live_set(std::vector<InheritedBlock>& out) const {
+void Replay::copy_live_set(const Keep& keep) const {
+  std::vector<InheritedBlock>& out = *keep.out;
   out.clear();
   for (const auto& [key, a] : out_.live) {
-    if (a.kind == static_cast<uint8_t>(fmt::Kind::kHost)) out.push_back(InheritedBlock{key, a.weight, a.kind});
+    if (keep.every_kind || a.kind == static_cast<uint8_t>(fmt::Kind::kHost)) {
+      out.push_back(InheritedBlock{key, a.weight, a.kind, a.site});
+    }
   }
+  if (keep.every_kind) return;
   // What this process had itself inherited and still holds goes on too.
   for (const auto& [key, b] : inherited_) out.push_back(b);
 }
@@ -65,8 +69,8 @@ void Replay::inherit(const std::vector<InheritedBlock>& blocks) {
 void Replay::observe(const TraceEvent* events, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     const TraceEvent& e = events[i];
-    while (!keep_.empty() && e.seq >= keep_.back().first) {
-      copy_live_set(*keep_.back().second);
+    while (!keep_.empty() && e.seq >= keep_.back().seq) {
+      copy_live_set(keep_.back());
       keep_.pop_back();
     }
     device_.catch_up(e.seq);
@@ -285,7 +289,7 @@ void Replay::on_step(const TraceEvent& e) {
 }
 
 ReplayOutput Replay::finish() {
-  for (; !keep_.empty(); keep_.pop_back()) copy_live_set(*keep_.back().second);
+  for (; !keep_.empty(); keep_.pop_back()) copy_live_set(keep_.back());
   // The side records are complete once the events are (stream_trace).
   device_.catch_up(UINT64_MAX);
   if (sampled_) note_samples(UINT64_MAX);

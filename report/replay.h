@@ -117,7 +117,7 @@ class Replay {
   // Before any event: copies the host heap's live set into `out` just
   // before the first event whose sequence number is `seq` or more (a
   // child forked there inherited it).
-  void keep_live_set(uint64_t seq, std::vector<InheritedBlock>* out);
+  void keep_live_set(uint64_t seq, std::vector<InheritedBlock>* out, bool every_kind = false);
   // Before any event: a forked child starts with these blocks live. They
   // count in its totals at every step end, belong to no site, and their
   // frees are not unknown frees.
@@ -137,9 +137,14 @@ class Replay {
   void note_host_totals(uint64_t seq);
   void host_live_from_samples();
   void exact_step_totals();
-  void copy_live_set(std::vector<InheritedBlock>& out) const;
+  struct Keep {
+    uint64_t seq;
+    std::vector<InheritedBlock>* out;
+    bool every_kind;
+  };
+  void copy_live_set(const Keep& keep) const;
 
-  std::vector<std::pair<uint64_t, std::vector<InheritedBlock>*>> keep_;  // by sequence number, descending
+  std::vector<Keep> keep_;  // by sequence number, descending
   absl::flat_hash_map<uint64_t, InheritedBlock> inherited_;             // by live_key
 
   const Trace& trace_;

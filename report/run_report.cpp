@@ -176,6 +176,11 @@ json suspect_json(const LeakSuspect& s) {
     out["role_rule"] = s.site.role_rule;
     out["role_explanation"] = s.role_explanation;
   }
+  if (!s.kept_by.empty()) {
+    json kept = json::array();
+    for (const KeptBy& k : s.kept_by) kept.push_back({{"hops", k.hops}, {"objects", k.objects}, {"bytes", k.bytes}});
+    out["kept_by"] = std::move(kept);
+  }
   merged_json(s, suspect_json, out);
   return out;
 }
@@ -499,6 +504,10 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
                                            {"freed_bytes", p.inheritance.freed_bytes},
                                            {"host_live_at_fork", p.inheritance.host_live_at_fork}}},
         {"copied_on_write", p.copied_on_write},
+        {"retention", p.retention_when.empty() ? json(nullptr)
+                                               : json{{"when", p.retention_when},
+                                                      {"seconds", p.retention_seconds},
+                                                      {"skipped", p.retention_skipped}}},
         {"double_allocations", p.double_allocations},
         {"failed_allocations", p.failed_allocations},
         {"frames_read", p.frames_read},
@@ -860,6 +869,16 @@ void text_suspects(const ProcessReport& p, bool full_stacks, std::ostringstream&
       for (const Frame& f : s.site.frames) out << "       " << frame_text(f) << "\n";
     } else {
       for (const std::string& line : folded_stack(s.site.frames)) out << "       " << line << "\n";
+    }
+    for (const KeptBy& k : s.kept_by) {
+      for (size_t h = 0; h < k.hops.size(); ++h) {
+        out << (h == 0 ? "     kept by: " : "         ← ") << k.hops[h];
+        if (h + 1 == k.hops.size()) {
+          out << "  (" << k.objects << (k.objects == 1 ? " object, " : " objects, ") << human_bytes(double(k.bytes))
+              << ")";
+        }
+        out << "\n";
+      }
     }
   }
 }

@@ -71,6 +71,7 @@ constexpr int kExitInput = 1;
     "      --steps kernel:REGEX  also end a step when a matching kernel is launched (CUPTI)\n" \
     "      --no-report           do not build the report at the end\n" \
     "      --policy FILE         the report's roles: the [roles] rules of a policy file (TOML, YAML)\n" \
+    "      --no-retention        Python: do not look for what keeps the large buffers alive at exit\n" \
     "      --overwrite           replace the run already in the -o folder (its traces and reports)\n" \
     "  -q, --quiet               no live status line and no summary\n"
 
@@ -202,6 +203,7 @@ struct RunOptions {
   std::string step_interval;
   std::string stack_depth;
   bool report = true;
+  bool retention = true;
   bool quiet = false;
   bool leak_mode = false;
   bool overwrite = false;
@@ -557,6 +559,7 @@ int cmd_run(int argc, char** argv) {
       {"stack-depth", required_argument, nullptr, 'D'},
       {"no-report", no_argument, nullptr, 'N'},
       {"policy", required_argument, nullptr, 'Y'},
+      {"no-retention", no_argument, nullptr, 'R'},
       {"leak-mode", no_argument, nullptr, 'L'},
       {"overwrite", no_argument, nullptr, 'W'},
       {"cupti", required_argument, nullptr, 'C'},
@@ -604,6 +607,7 @@ int cmd_run(int argc, char** argv) {
       case 'Y':
         if (!read_role_rules(optarg, opts.role_rules, "run")) return kExitUsage;
         break;
+      case 'R': opts.retention = false; break;
       case 'L': opts.leak_mode = true; break;
       case 'W': opts.overwrite = true; break;
       case 'C':
@@ -709,6 +713,7 @@ int cmd_run(int argc, char** argv) {
       setenv("LD_PRELOAD", preload.c_str(), 1);
       setenv("MEMLEDGER_DIR", dir.c_str(), 1);
       setenv("MEMLEDGER_HOST", opts.host.c_str(), 1);
+      if (!opts.retention) setenv("MEMLEDGER_RETENTION", "0", 1);
       if (!opts.sample_interval.empty()) setenv("MEMLEDGER_SAMPLE_INTERVAL", opts.sample_interval.c_str(), 1);
       if (!opts.step_interval.empty()) setenv("MEMLEDGER_STEP_INTERVAL", opts.step_interval.c_str(), 1);
       if (!opts.stack_depth.empty()) setenv("MEMLEDGER_STACK_DEPTH", opts.stack_depth.c_str(), 1);

@@ -45,7 +45,7 @@ import ctypes
 import sys
 import threading
 
-__all__ = ["active", "step", "phase", "current_phase", "flush", "run_dir", "live", "Live", "KINDS"]
+__all__ = ["active", "step", "phase", "current_phase", "flush", "run_dir", "live", "Live", "KINDS", "snapshot"]
 
 # The memory kinds, in the order of the C ABI's arrays (memledger.h).
 KINDS = ("host", "device", "managed", "pinned")
@@ -305,3 +305,18 @@ def run_dir():
         return None
     value = _abi[3]()
     return None if value is None else value.decode("utf-8", "replace")
+
+
+def snapshot(when="snapshot"):
+    """Finds what keeps this process's large buffers alive now (tensors,
+    arrays, bytes: the chain of referrers from each to a global, a local or
+    an attribute) and writes it to the run folder, where the report matches
+    it with the growth suspects. Bounded to about a second; returns the
+    file's path, or None when the process is not traced. At exit it runs by
+    itself (memledger._autoload)."""
+    directory = run_dir()
+    if directory is None:
+        return None
+    from memledger import _retention
+
+    return _retention.write(directory, when)

@@ -12,8 +12,15 @@ start-up by the sitecustomize that `memledger run` puts first on PYTHONPATH
   steps once the program marks its own, or when the command line chose a
   step source.
 
+- at exit, finds what keeps the program's large buffers alive (retention
+  paths, memledger._retention) and writes them to the run folder for the
+  report; MEMLEDGER_RETENTION=0 (`memledger run --no-retention`) turns it
+  off.
+
 Nothing is imported for it: the hooks wait for the program's own imports."""
 
+import atexit
+import os
 import sys
 
 import memledger
@@ -138,11 +145,21 @@ class _PostImportHooks:
         return spec
 
 
+def _retention_at_exit():
+    if os.environ.get("MEMLEDGER_RETENTION", "1") == "0" or not memledger.active():
+        return
+    try:
+        memledger.snapshot(when="exit")
+    except Exception:  # never let the walk change how the program ends
+        pass
+
+
 def _install():
     global _loader_step
     _loader_step = _resolve_loader_step()
     if _loader_step is None or not memledger.active():
         return
+    atexit.register(_retention_at_exit)
     hooks = {
         "torch.utils.data.dataloader": _hook_dataloader,
         "tensorflow.python.data.experimental.service.server_lib": _hook_tfdata_service,

@@ -1,0 +1,441 @@
+"""Who keeps the program's large buffers alive: retention paths.
+
+At exit (and on memledger.snapshot()), the traced program's large memory
+owners are found among the objects the garbage collector tracks and what
+they refer to: torch tensors and storages (their storage's data pointer),
+NumPy arrays that own their data, JAX arrays, bytes and bytearrays. From
+each, the chain of referrers is followed up to a named root: a module
+global, a local variable of a running function, or an attribute of a named
+object. The result goes to retention.PID.json in the run folder, where the
+report matches each owner's address with the live blocks of its growth
+suspects and prints the chain under the suspect:
+
+    kept by: list `history` (60 items), global in __main__ (train.py)
+        ← Tensor (float32[16, 4096], requires_grad, grad_fn AddmmBackward0)
+
+The walk reads what the interpreter holds while this thread holds the GIL,
+and never runs a finalizer or a property. It stops after a budget of about
+a second, and the file says what it skipped. TensorFlow's tensors expose no
+data pointer from Python and are not matched.
+"""
+
+import array
+import bisect
+import gc
+import json
+import os
+import sys
+import time
+import types
+
+MIN_BYTES = 64 * 1024  # smaller owners are not followed
+MAX_OWNERS = 4096      # the largest ones, when there are more
+MAX_DEPTH = 10         # hops from an owner to its root
+BUDGET_S = 1.0
+_FORMAT = 1
+
+
+def _short_file(path):
+    return os.path.basename(path) if path else "?"
+
+
+class _Owners:
+    """Recognises the objects that own a large buffer: (address, bytes,
+    kind, description), or None. Frameworks are looked up in sys.modules,
+    never imported."""
+
+    def __init__(self):
+        self.torch = sys.modules.get("torch")
+        self.numpy = sys.modules.get("numpy")
+        jax = sys.modules.get("jax")
+        self.jax_array = getattr(jax, "Array", None) if jax is not None else None
+        self.tensor = getattr(self.torch, "Tensor", None) if self.torch is not None else None
+        self.ndarray = getattr(self.numpy, "ndarray", None) if self.numpy is not None else None
+
+    def of(self, obj):
+        t = type(obj)
+        if t is bytes:
+            n = len(obj)
+            return (id(obj), n, "host", "bytes (%d)" % n) if n >= MIN_BYTES else None
+        if t is bytearray:
+            n = len(obj)
+            if n < MIN_BYTES:
+                return None
+            import ctypes
+
+            view = (ctypes.c_char * 1).from_buffer(obj)
+            address = ctypes.addressof(view)
+            del view
+            return (address, n, "host", "bytearray (%d)" % n)
+        if self.tensor is not None and isinstance(obj, self.tensor):
+            return self._tensor(obj)
+        if self.ndarray is not None and isinstance(obj, self.ndarray):
+            if obj.base is not None or not obj.flags.owndata or obj.nbytes < MIN_BYTES:
+                return None
+            return (obj.__array_interface__["data"][0], obj.nbytes, "host",
+                    "ndarray (%s%s)" % (obj.dtype, list(obj.shape)))
+        if self.jax_array is not None and isinstance(obj, self.jax_array):
+            try:
+                if obj.nbytes < MIN_BYTES:
+                    return None
+                address = obj.unsafe_buffer_pointer()
+                platform = next(iter(obj.devices())).platform
+            except Exception:  # a sharded or deleted array
+                return None
+            return (address, obj.nbytes, "host" if platform == "cpu" else "device",
+                    "jax.Array (%s%s)" % (obj.dtype, list(obj.shape)))
+        return None
+
+    def _tensor(self, obj):
+        try:
+            storage = obj.untyped_storage() if hasattr(obj, "untyped_storage") else obj.storage()
+            nbytes = storage.nbytes()
+            if nbytes < MIN_BYTES:
+                return None
+            address = storage.data_ptr()
+            device = obj.device.type
+        except Exception:  # sparse, meta or quantized tensors
+            return None
+        if address == 0:
+            return None
+        parts = ["%s%s" % (str(obj.dtype).replace("torch.", ""), list(obj.shape))]
+        if obj.requires_grad:
+            parts.append("requires_grad")
+        grad_fn = getattr(obj, "grad_fn", None)
+        if grad_fn is not None:
+            parts.append("grad_fn %s" % type(grad_fn).__name__)
+        kind = "host" if device == "cpu" else "device"
+        return (address, nbytes, kind, "Tensor (%s)" % ", ".join(parts))
+
+
+def _describe(obj):
+    """What a container is, in a few words."""
+    t = type(obj)
+    if t in (list, tuple, set, frozenset, dict):
+        return "%s (%d items)" % (t.__name__, len(obj))
+    if t is types.CellType:
+        return "closure cell"
+    if isinstance(obj, types.FunctionType):
+        return "function %s" % obj.__qualname__
+    if isinstance(obj, types.MethodType):
+        return "bound method %s" % getattr(obj.__func__, "__qualname__", "?")
+    return "%s object" % t.__qualname__
+
+
+def _name_in(container, child):
+    """The key, attribute or index under which `container` holds `child`."""
+    t = type(container)
+    try:
+        if t is dict:
+            for n, (k, v) in enumerate(container.items()):
+                if v is child:
+                    return repr(k) if not isinstance(k, str) else k
+                if n > 100000:
+                    break
+        elif t in (list, tuple):
+            for n, v in enumerate(container):
+                if v is child:
+                    return "[%d]" % n
+                if n > 100000:
+                    break
+    except Exception:
+        pass
+    return None
+
+
+class _Walk:
+    def __init__(self, deadline):
+        self.deadline = deadline
+        self.skipped = []
+        self.objects = gc.get_objects()
+        # What the program had before the walk began: the walk's own lists,
+        # dicts and frames, made later, are never part of a path.
+        # (A sorted array of addresses: 8 bytes an object, where a set would
+        # take five times that, on top of the program's own peak.)
+        self.known = array.array("Q", sorted(map(id, self.objects)))
+        self.made = set()  # dicts the walk made the program's own (namespace_of)
+        self.own = {id(self.objects), id(self.skipped), id(self.__dict__), id(self.known), id(self.made)}
+        # Roots: module namespaces (the main script's as __main__), and the
+        # locals of the running frames.
+        self.modules = {}
+        for name, module in list(sys.modules.items()):
+            namespace = getattr(module, "__dict__", None)
+            if isinstance(namespace, dict) and (id(namespace) not in self.modules or name == "__main__"):
+                self.modules[id(namespace)] = (name, getattr(module, "__file__", None))
+        self.locals = {}
+        self.local_values = []  # the objects the locals name (a frame is no tracked referrer)
+        self.own.update((id(self.locals), id(self.local_values)))
+        frames = []
+        for frame in sys._current_frames().values():
+            while frame is not None:
+                if frame.f_code.co_filename != __file__:
+                    frames.append(frame)
+                frame = frame.f_back
+        for frame in frames:
+            try:
+                namespace = frame.f_locals
+            except Exception:
+                continue
+            if id(namespace) in self.modules:
+                continue  # a module's code: its names are globals
+            self.own.add(id(namespace))
+            code = frame.f_code
+            where = "local in %s (%s:%d)" % (getattr(code, "co_qualname", code.co_name),
+                                             _short_file(code.co_filename), frame.f_lineno)
+            for name, value in list(namespace.items()):
+                if id(value) not in self.locals:
+                    self.locals[id(value)] = (name, where)
+                    self.local_values.append(value)
+        del frames
+
+    def namespace_of(self, obj):
+        """obj.__dict__, or None. Reading it makes the dict of an instance
+        that kept its attributes inline (CPython 3.11+): that dict then
+        holds the attributes, and is accepted as their referrer."""
+        try:
+            namespace = obj.__dict__
+        except Exception:
+            return None
+        if not isinstance(namespace, dict):
+            return None
+        self.made.add(id(namespace))
+        return namespace
+
+    def is_known(self, obj):
+        """obj existed when the walk began (or is an instance dict it made)."""
+        key = id(obj)
+        i = bisect.bisect_left(self.known, key)
+        return (i < len(self.known) and self.known[i] == key) or key in self.made
+
+    def over_budget(self):
+        return time.monotonic() > self.deadline
+
+    def owners(self):
+        """The large owners referred to by tracked objects, with each one's
+        direct referrers (one pass over every tracked object)."""
+        recognise = _Owners()
+        kinds = {}    # type -> whether its objects may own a large buffer
+        found = {}    # id -> (obj, address, bytes, kind, description)
+        parents = {}  # id(child) -> [container, ...]
+        self.own.update((id(found), id(parents), id(kinds)))
+        candidates = tuple(t for t in (bytes, bytearray, recognise.tensor, recognise.ndarray, recognise.jax_array)
+                           if t is not None)
+        for n, container in enumerate(self.objects):
+            if n % 4096 == 0 and self.over_budget():
+                self.skipped.append("the search for large objects stopped after %d of %d objects"
+                                    % (n, len(self.objects)))
+                break
+            if id(container) in self.own:
+                continue
+            for child in gc.get_referents(container):
+                t = type(child)
+                maybe = kinds.get(t)
+                if maybe is None:
+                    maybe = kinds[t] = issubclass(t, candidates)
+                if not maybe:
+                    continue
+                key = id(child)
+                if key in found:
+                    parents[key].append(container)
+                    continue
+                try:
+                    owned = recognise.of(child)
+                except Exception:
+                    owned = None
+                if owned is not None:
+                    entry = (child,) + owned
+                    found[key] = entry
+                    self.own.add(id(entry))
+                    parents[key] = [container]
+                    self.own.add(id(parents[key]))
+        # What only a running function's local holds.
+        for value in self.local_values:
+            if id(value) in found:
+                continue
+            try:
+                owned = recognise.of(value)
+            except Exception:
+                owned = None
+            if owned is not None:
+                entry = (value,) + owned
+                found[id(value)] = entry
+                self.own.add(id(entry))
+        return found, parents
+
+    def referrers(self, heads):
+        """id(head) -> the tracked objects that refer to it, for a few heads
+        at a time (the collector's own search, in C)."""
+        out = {}
+        heads = list(heads)
+        for i in range(0, len(heads), 64):
+            if self.over_budget():
+                return out, False
+            chunk = heads[i:i + 64]
+            wanted = {id(h): h for h in chunk}
+            found = gc.get_referrers(*chunk)
+            for referrer in found:
+                if id(referrer) in self.own or type(referrer) is types.FrameType or not self.is_known(referrer):
+                    continue
+                for child in gc.get_referents(referrer):
+                    if id(child) in wanted:
+                        out.setdefault(id(child), []).append(referrer)
+            del found
+        return out, True
+
+
+# Helpers instead of generator expressions in find(): a closure there would
+# keep the objects it names in a cell of find's frame, which the walk would
+# then meet as their referrer.
+def _first_in(objects, ids):
+    for o in objects:
+        if id(o) in ids:
+            return o
+    return None
+
+
+def _instance_of(walk, namespace, referrers):
+    for o in referrers:
+        if type(o) not in (dict, list, tuple, set, types.CellType) and walk.namespace_of(o) is namespace:
+            return o
+    return None
+
+
+def _key_of(mapping, value):
+    for k, v in mapping.items():
+        if v is value:
+            return k
+    return None
+
+
+def find(budget_s=BUDGET_S):
+    """The retention paths of this process's large owners, as a dict (the
+    JSON the report reads)."""
+    start = time.monotonic()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # no collection (and no finalizer) while walking
+    try:
+        walk = _Walk(start + budget_s)
+        found, parents = walk.owners()
+        # The largest owners first; those past MAX_OWNERS are not followed.
+        order = sorted(found, key=lambda k: -found[k][2])
+        # Views share their base's storage: one owner per buffer.
+        addresses = set()
+        walk.own.add(id(addresses))
+        unique = []
+        for key in order:
+            if (found[key][1], found[key][3]) not in addresses:
+                addresses.add((found[key][1], found[key][3]))
+                unique.append(key)
+        order = unique
+        if len(order) > MAX_OWNERS:
+            walk.skipped.append("%d smaller owners were not followed" % (len(order) - MAX_OWNERS))
+            order = order[:MAX_OWNERS]
+        # The paths go up from each owner one hop per level, for all owners at
+        # once: owners held by the same container share the rest of the path.
+        paths = {}  # owner id -> list of hops, owner first
+        heads = {}  # owner id -> the object at the top of its path so far
+        for key in order:
+            paths[key] = [{"what": found[key][4]}]
+            heads[key] = found[key][0]
+        open_keys = set(order)
+        referrers = dict(parents)  # id -> tracked objects that refer to it, as far as looked up
+        holders = {}               # id(instance __dict__) -> the instance, or None
+        walk.own.update((id(paths), id(heads), id(referrers), id(holders), id(order)))
+        for depth in range(MAX_DEPTH):
+            groups = {}
+            for key in open_keys:
+                groups.setdefault(id(heads[key]), []).append(key)
+            missing = [heads[keys[0]] for h, keys in groups.items() if h not in referrers]
+            if missing:
+                found_up, complete = walk.referrers(missing)
+                for head in missing:
+                    referrers[id(head)] = found_up.get(id(head), [])
+                if not complete:
+                    walk.skipped.append("paths were cut at %d hops: the budget of %.1f s ran out" % (depth, budget_s))
+                    break
+            for h, keys in groups.items():
+                head = heads[keys[0]]
+                hop = {}
+                step = None
+                local = walk.locals.get(h)
+                candidates = [c for c in referrers.get(h, [])
+                              if c is not walk.objects and type(c) is not types.FrameType]
+                root = _first_in(candidates, walk.modules)
+                if root is not None:
+                    module, file = walk.modules[id(root)]
+                    hop = {"name": _name_in(root, head) or "?", "root": "global in %s (%s)" % (module, _short_file(file))}
+                elif local is not None:
+                    hop = {"name": local[0], "root": local[1]}
+                elif not candidates:
+                    hop = {"root": "no referrer the collector tracks"}
+                else:
+                    parent = candidates[0]
+                    name = _name_in(parent, head)
+                    if type(parent) is dict:
+                        # An instance's attributes: name the instance, not its dict.
+                        if id(parent) not in holders:
+                            owners, _ = walk.referrers([parent])
+                            holders[id(parent)] = _instance_of(walk, parent, owners.get(id(parent), []))
+                        if holders[id(parent)] is not None:
+                            parent = holders[id(parent)]
+                            hop["attribute"] = True
+                    elif name is None and walk.namespace_of(parent) is not None:
+                        name = _key_of(walk.namespace_of(parent), head)
+                        if name is not None:
+                            hop["attribute"] = True
+                    if name is not None:
+                        hop["name"] = name
+                    step = parent
+                for key in keys:
+                    paths[key][-1].update(hop)
+                    if step is None:
+                        open_keys.discard(key)
+                    else:
+                        paths[key].append({"what": _describe(step)})
+                        heads[key] = step
+            if not open_keys:
+                break
+            if walk.over_budget():
+                walk.skipped.append("%d paths were cut at %d hops: the budget of %.1f s ran out"
+                                    % (len(open_keys), depth + 1, budget_s))
+                break
+        # Paths shared by many owners are written once.
+        table, index = [], {}
+        owners = []
+        for key in order:
+            _, address, nbytes, kind, _ = found[key]
+            path = paths[key]
+            signature = json.dumps(path[1:], sort_keys=True)
+            if signature not in index:
+                index[signature] = len(table)
+                table.append(path[1:])
+            owners.append({"address": address, "bytes": nbytes, "kind": kind, "what": path[0]["what"],
+                           "name": path[0].get("name"), "root": path[0].get("root"),
+                           "path": index[signature]})
+        return {"format": _FORMAT, "pid": os.getpid(), "elapsed_s": round(time.monotonic() - start, 3),
+                "budget_s": budget_s, "skipped": walk.skipped, "owners": owners, "paths": table,
+                "objects": len(walk.objects)}
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+
+
+def write(run_dir, when):
+    """Finds the paths and writes retention.PID.json in the run folder. The
+    budget is BUDGET_S seconds, or MEMLEDGER_RETENTION_BUDGET's."""
+    try:
+        budget = float(os.environ.get("MEMLEDGER_RETENTION_BUDGET", BUDGET_S))
+    except ValueError:
+        budget = BUDGET_S
+    import memledger
+
+    seq = memledger.live().seq  # the trace's moment: the report matches the live set of then
+    result = find(budget)
+    result["when"] = when
+    result["seq"] = seq
+    path = os.path.join(run_dir, "retention.%d.json" % os.getpid())
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(result, f)
+    os.replace(tmp, path)
+    return path
