@@ -128,6 +128,19 @@ namespace fmt = memledger::format;
 
 // Over time windows, a module being imported grows until the import ends:
 // that is start-up, not a leak, when no step tells start-up from the rest.
+// An allocation of memledger's own Python helpers (the retention walk at
+// exit): a frame of a private module of the `memledger` package.
+bool under_memledger(const Trace& trace, uint32_t stack) {
+  auto frames = trace.stacks.find(stack);
+  if (frames == trace.stacks.end()) return false;
+  for (uint64_t word : frames->second) {
+    if (!fmt::is_python_frame(word) || fmt::is_attributed_python_frame(word)) continue;
+    auto code = trace.python_codes.find(fmt::python_code_id(word));
+    if (code != trace.python_codes.end() && code->second.filename.ends_with("/memledger/_retention.py")) return true;
+  }
+  return false;
+}
+
 bool under_import(const Trace& trace, uint32_t stack) {
   auto frames = trace.stacks.find(stack);
   if (frames == trace.stacks.end()) return false;
@@ -404,7 +417,8 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   Growth growth = find_growth(replay.sites, replay.steps.size(), growth_options);
   if (pass.steps.by_time) drop_imports(trace, growth.suspects);
   ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites * kStacksPerRow, sampled ? r.sample_interval : 0,
-                                    pass.steps.by_time, [&](uint32_t stack) { return under_import(trace, stack); });
+                                    pass.steps.by_time, [&](uint32_t stack) { return under_import(trace, stack); },
+                                    [&](uint32_t stack) { return under_memledger(trace, stack); });
   LiveSets live = live_sets(replay, options.max_profile_sites);
   GrowthView grown = growth_view(replay, growth.warmup_steps, options.growth_window, options.max_profile_sites);
   grown.estimated = sampled;

@@ -62,7 +62,8 @@ double allocations_per_sample(uint64_t weight, uint64_t interval) {
 }
 
 ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t sample_interval, bool steps_are_time,
-                          const std::function<bool(uint32_t stack)>& made_by_import) {
+                          const std::function<bool(uint32_t stack)>& made_by_import,
+                          const std::function<bool(uint32_t stack)>& made_by_memledger) {
   BySite exit_by_site, startup_by_site;
   const bool first_step_is_startup = !replay.steps.empty() && !steps_are_time;
   std::unordered_map<uint32_t, bool> imported;  // by site index
@@ -73,8 +74,16 @@ ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t
     if (inserted) it->second = made_by_import(replay.sites[a.site].stack);
     return it->second;
   };
+  std::unordered_map<uint32_t, bool> own;  // by site index
+  auto memledgers = [&](const auto& a) {
+    if (!made_by_memledger) return false;
+    auto [it, inserted] = own.try_emplace(a.site, false);
+    if (inserted) it->second = made_by_memledger(replay.sites[a.site].stack);
+    return it->second;
+  };
   ExitLeaks out;
   for (const auto& [addr, a] : replay.live) {
+    if (memledgers(a)) continue;
     Held& bucket = startup(a) ? startup_by_site[a.site] : exit_by_site[a.site];
     bucket.bytes += static_cast<int64_t>(a.weight);
     // A sampled allocation smaller than the interval stands for many.

@@ -41,9 +41,12 @@ struct ExitLeaks {
 // windows, or that has none, has no first step that sets start-up apart:
 // there, `made_by_import` (a site's stack) tells start-up, and everything
 // else still live at exit is a leak.
+// `made_by_memledger`: stacks of memledger's own Python helpers (the
+// retention walk at exit), whose blocks are neither exit leaks nor start-up.
 ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t sample_interval = 0,
                           bool steps_are_time = false,
-                          const std::function<bool(uint32_t stack)>& made_by_import = nullptr);
+                          const std::function<bool(uint32_t stack)>& made_by_import = nullptr,
+                          const std::function<bool(uint32_t stack)>& made_by_memledger = nullptr);
 
 // How many allocations one sampled allocation of this weight stands for.
 // The recorder gives an allocation of `size` bytes, smaller than the mean

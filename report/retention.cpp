@@ -21,12 +21,13 @@ std::string text_of(const json& hop, const char* key) {
   return it != hop.end() && it->is_string() ? it->get<std::string>() : std::string();
 }
 
-// "list (60 items)" named `history` is "list `history` (60 items)".
+// "list (60 items)" named `history` is "list `history` (60 items)";
+// "Trainer object" named `trainer` is "Trainer object `trainer`".
 std::string named(const std::string& what, const std::string& name) {
   if (name.empty() || name == "?") return what;
-  const size_t space = what.find(' ');
-  return space == std::string::npos ? what + " `" + name + "`"
-                                    : what.substr(0, space) + " `" + name + "`" + what.substr(space);
+  const size_t paren = what.find(" (");
+  return paren == std::string::npos ? what + " `" + name + "`"
+                                    : what.substr(0, paren) + " `" + name + "`" + what.substr(paren);
 }
 
 // One hop as a line: a root names where the object lives; an attribute or
@@ -73,9 +74,13 @@ RetentionFile read_retention(const std::string& dir, int pid) {
       const size_t shared = o.at("path").get<size_t>();
       if (shared >= shared_paths) throw std::out_of_range("a path index past the table");
       // The owner's own line goes last, after the path it shares with others.
+      // Its own name (an index, a key) only when it is the root itself:
+      // owners in one container share their path.
       json self = {{"what", o.value("what", std::string("?"))}};
-      if (o.contains("name") && o["name"].is_string()) self["name"] = o["name"];
-      if (o.contains("root") && o["root"].is_string()) self["root"] = o["root"];
+      if (o.contains("root") && o["root"].is_string()) {
+        self["root"] = o["root"];
+        if (o.contains("name") && o["name"].is_string()) self["name"] = o["name"];
+      }
       std::vector<std::string> hops = out.paths[shared];
       hops.push_back(hop_text(self));
       auto [at, added] = index.try_emplace(hops, out.paths.size());

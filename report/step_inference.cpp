@@ -310,6 +310,9 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
       continue;
     }
     const StackInfo& stack = stack_info(e.stack);
+    // memledger's own Python helpers (the retention walk at exit) are not
+    // the program's loop.
+    if (stack.memledger) continue;
     uint64_t symbol = mix((stack.identity << 8 | e.kind) ^ mix(e.size)) & ~(kNeverAnchor | kUnderPython | kUnderImport);
     if (e.flags & kAllocByChance) symbol |= kNeverAnchor;
     symbol |= stack.traits;
@@ -328,7 +331,7 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
 // in the sequence is its native frames alone, and attributed frames do not
 // make it an allocation under Python.
 const AllocationSequence::StackInfo& AllocationSequence::stack_info(uint32_t stack) {
-  auto [it, inserted] = stack_info_.try_emplace(stack, StackInfo{0, stack, 0});
+  auto [it, inserted] = stack_info_.try_emplace(stack, StackInfo{0, stack, 0, false});
   if (!inserted || stack == 0) return it->second;
   auto frames = trace_.stacks.find(stack);
   if (frames == trace_.stacks.end()) return it->second;
@@ -348,6 +351,9 @@ const AllocationSequence::StackInfo& AllocationSequence::stack_info(uint32_t sta
     auto code = trace_.python_codes.find(fmt::python_code_id(word));
     if (code != trace_.python_codes.end() && code->second.filename.starts_with("<frozen importlib._bootstrap")) {
       it->second.traits |= kUnderImport;
+    }
+    if (code != trace_.python_codes.end() && code->second.filename.ends_with("/memledger/_retention.py")) {
+      it->second.memledger = true;
     }
   }
   // Stack ids are 32 bits: a native identity lies above them.

@@ -125,6 +125,7 @@ class AllocationSequence {
     uint64_t traits;    // kUnderPython, kUnderImport
     uint64_t identity;  // the stack id, or for an attributed stack its native frames
     uint32_t place;     // its innermost Python frame, hashed (infer_steps' `places`); 0: none
+    bool memledger;     // under memledger's own Python helpers (the retention walk)
   };
   const StackInfo& stack_info(uint32_t stack);
 

@@ -313,10 +313,17 @@ def snapshot(when="snapshot"):
     an attribute) and writes it to the run folder, where the report matches
     it with the growth suspects. Bounded to about a second; returns the
     file's path, or None when the process is not traced. At exit it runs by
-    itself (memledger._autoload)."""
+    itself (memledger._autoload), unless the program took a snapshot: the
+    last snapshot is the one the report reads."""
+    global _snapshot_taken
     directory = run_dir()
     if directory is None:
         return None
     from memledger import _retention
 
+    if when == "snapshot":
+        _snapshot_taken = True  # the program chose its moment: no walk at exit replaces it
     return _retention.write(directory, when)
+
+
+_snapshot_taken = False

@@ -146,7 +146,7 @@ class _PostImportHooks:
 
 
 def _retention_at_exit():
-    if os.environ.get("MEMLEDGER_RETENTION", "1") == "0" or not memledger.active():
+    if os.environ.get("MEMLEDGER_RETENTION", "1") == "0" or not memledger.active() or memledger._snapshot_taken:
         return
     try:
         memledger.snapshot(when="exit")

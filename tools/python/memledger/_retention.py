@@ -161,7 +161,10 @@ class _Walk:
         for name, module in list(sys.modules.items()):
             namespace = getattr(module, "__dict__", None)
             if isinstance(namespace, dict) and (id(namespace) not in self.modules or name == "__main__"):
-                self.modules[id(namespace)] = (name, getattr(module, "__file__", None))
+                file = getattr(module, "__file__", None)
+                if file is None and name == "__main__" and sys.argv and sys.argv[0] not in ("", "-c", "-m"):
+                    file = sys.argv[0]  # CPython takes __main__.__file__ away once the script has run
+                self.modules[id(namespace)] = (name, file)
         self.locals = {}
         self.local_values = []  # the objects the locals name (a frame is no tracked referrer)
         self.own.update((id(self.locals), id(self.local_values)))
