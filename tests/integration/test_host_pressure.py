@@ -161,7 +161,9 @@ class PressureRecords(TestCase):
                            options=("--host", "sampled"))
         self.assertEqual(proc.returncode, 0, proc.stderr)
         (text,) = dump(run_dir).values()
-        self.assertIn("format version 7", text)
+        version = re.search(r"format version (\d+)", text)
+        self.assertIsNotNone(version, text[:200])
+        self.assertGreaterEqual(int(version.group(1)), 7)
         lines = re.findall(r"^pressure ts=(\d+) present=0x([0-9a-f]+) mem_total=(\d+) mem_available=(\d+) "
                            r"swap_total=(\d+) swap_free=(\d+) swap_in=(\d+) swap_out=(\d+) "
                            r"psi_some_avg10=\S+ psi_full_avg10=\S+ psi_some_total=(\d+) psi_full_total=(\d+) "
@@ -241,7 +243,10 @@ class OomKiller(TestCase):
         self.assertIn("cgroup limit 200.0 MiB", summary)
         rss = re.search(r"last RSS ([\d.]+) MiB", summary)
         self.assertIsNotNone(rss, summary)
-        self.assertGreater(float(rss.group(1)), 100, summary)
+        # The last sample (every 100 ms) comes before the final allocations:
+        # on a loaded machine it can lag well behind the kill.
+        self.assertGreater(float(rss.group(1)), 20, summary)
+        self.assertLessEqual(float(rss.group(1)), 200, summary)
         pid = report["pid"]
         with open(os.path.join(run_dir, "run.json")) as f:
             kernel = json.load(f)["kernel"]
