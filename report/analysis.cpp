@@ -494,7 +494,8 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
     r.notes.push_back(std::move(inherited));
   }
   if (parent_pid > 0) {
-    std::string copied = copy_on_write_note(trace.shares, r.steps, !trace.python_codes.empty(), &r.copied_on_write);
+    std::string copied = copy_on_write_note(trace.shares, r.steps, r.inheritance.host_live_at_fork,
+                                            !trace.python_codes.empty(), &r.copied_on_write);
     if (!copied.empty()) r.notes.push_back(std::move(copied));
   }
   r.environment = read_environment(trace);

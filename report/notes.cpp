@@ -123,35 +123,32 @@ std::string inheritance_note(const Inheritance& inheritance, int parent_pid, boo
 }
 
 std::string copy_on_write_note(const std::vector<TraceShare>& shares, const std::vector<StepStats>& steps,
-                               bool python, uint64_t* copied) {
+                               int64_t live_at_fork, bool python, uint64_t* copied) {
   *copied = 0;
-  if (shares.size() < 3 || steps.size() < 2) return {};
-  // The share sample nearest to a moment.
-  auto at = [&](uint64_t ts) -> const TraceShare& {
-    const TraceShare* best = &shares.front();
-    for (const TraceShare& s : shares) {
-      const uint64_t d = s.ts > ts ? s.ts - ts : ts - s.ts;
-      const uint64_t b = best->ts > ts ? best->ts - ts : ts - best->ts;
-      if (d < b) best = &s;
-    }
-    return *best;
-  };
-  const TraceShare& first = at(steps.front().end_ns);
-  const TraceShare& last = at(steps.back().end_ns);
-  if (last.ts <= first.ts) return {};
+  if (shares.size() < 2 || steps.empty()) return {};
   auto total = [](const StepStats& s) {
     int64_t live = 0;
     for (int64_t v : s.live) live += v;
     return live;
   };
-  const double grew = static_cast<double>(last.priv) - static_cast<double>(first.priv);
-  const double live = std::max(0.0, static_cast<double>(total(steps.back()) - total(steps.front())));
+  // From the first sample (taken as the child began) to the largest private
+  // figure read up to a second after its last step end (the samples come
+  // once a second); the live bytes over the same span.
+  const TraceShare& first = shares.front();
+  const TraceShare* last = &first;
+  for (const TraceShare& s : shares) {
+    if (s.ts <= steps.back().end_ns + 1000000000ull && s.priv > last->priv) last = &s;
+  }
+  if (last == &first) return {};
+  const int64_t base = live_at_fork >= 0 ? live_at_fork : total(steps.front());
+  const double grew = static_cast<double>(last->priv) - static_cast<double>(first.priv);
+  const double live = std::max(0.0, static_cast<double>(total(steps.back()) - base));
   if (grew - live < kCopiedOnWriteMin || grew < 2 * live) return {};
   *copied = static_cast<uint64_t>(grew - live);
   std::string note = "copy-on-write: its private memory grew " + human_bytes(grew) + " (from " +
-                     human_bytes(static_cast<double>(first.priv)) + " to " + human_bytes(static_cast<double>(last.priv)) +
+                     human_bytes(static_cast<double>(first.priv)) + " to " + human_bytes(static_cast<double>(last->priv)) +
                      ", while what it shares fell from " + human_bytes(static_cast<double>(first.shared)) + " to " +
-                     human_bytes(static_cast<double>(last.shared)) + ") and its live bytes grew " + human_bytes(live) +
+                     human_bytes(static_cast<double>(last->shared)) + ") and its live bytes grew " + human_bytes(live) +
                      ": pages it shared with its parent since the fork were copied as it wrote to them, " +
                      human_bytes(grew - live) + " that no allocation explains";
   note += python ? "; in Python the usual cause is reference counts: reading objects the parent made (a dataset "

@@ -59,12 +59,13 @@ std::string rss_without_live_note(const std::vector<StepStats>& steps, int warmu
 std::string inheritance_note(const Inheritance& inheritance, int parent_pid, bool sampled);
 
 // A forked child whose private memory (kShare samples) grew much more than
-// its live bytes from its first step end to its last: pages shared with the
-// parent were copied as they were written. The note has the numbers and the
+// its live bytes from the fork (`live_at_fork`, the exact host bytes it
+// inherited; -1: from its first step end) to its last step end: pages
+// shared with the parent were copied as they were written. The note has the numbers and the
 // usual cause; `copied` gets the bytes no allocation explains. Empty (and 0)
 // when the growth is under kCopiedOnWriteMin or not twice the live growth.
 inline constexpr double kCopiedOnWriteMin = 32.0 * 1024 * 1024;
 std::string copy_on_write_note(const std::vector<TraceShare>& shares, const std::vector<StepStats>& steps,
-                               bool python, uint64_t* copied);
+                               int64_t live_at_fork, bool python, uint64_t* copied);
 
 }  // namespace memledger::report
