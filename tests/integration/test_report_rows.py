@@ -135,6 +135,8 @@ class ReportRows(mltest.TestCase):
     def test_text_stacks_fold_library_frames(self):
         with open(os.path.join(self.run_dir, "report.txt")) as f:
             lines = [l.strip() for l in self.suspect_text(f.read(), STDLIB_SITE)[2:]]
+        # The suspect's role (and why) come before its stack.
+        lines = [l for l in lines if not l.startswith(("role: ", "why: "))]
         row = self.row(self.report["leak_suspects"], STDLIB_SITE)
         stack = row["stack"]
         # The JSON keeps every frame: json's three, the program's two, the interpreter's.
@@ -150,7 +152,8 @@ class ReportRows(mltest.TestCase):
         # --full-stacks and the HTML page show every frame.
         proc = self.memledger("report", self.run_dir, "--full-stacks")
         self.assertExit(proc, 0)
-        full = self.suspect_text(proc.stdout, STDLIB_SITE)[2:]
+        full = [l for l in self.suspect_text(proc.stdout, STDLIB_SITE)[2:]
+                if not l.strip().startswith(("role: ", "why: "))]
         self.assertEqual(len(full), len(stack))
         self.assertNotIn("\u2026", "\n".join(full))
         with open(os.path.join(self.run_dir, "report.html")) as f:
