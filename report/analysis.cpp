@@ -109,10 +109,7 @@ struct EventPass {
 EventPass replay_pass(const Trace& trace, const EventFeed& feed, bool sampled, AllocationSequence* sequence,
                       const AnalysisOptions& options) {
   Replay replay(trace, sampled);
-  for (const auto& [seq, out] : options.keep_live_sets) replay.keep_live_set(seq, out);
-  if (options.keep_whole_live_set.second != nullptr) {
-    replay.keep_live_set(options.keep_whole_live_set.first, options.keep_whole_live_set.second, true);
-  }
+  for (const KeepLiveSet& keep : options.keep_live_sets) replay.keep_live_set(keep);
   if (options.inherited != nullptr) replay.inherit(*options.inherited);
   CuptiMatcher cupti(trace);
   feed([&](const TraceEvent* events, size_t count) {
@@ -126,32 +123,32 @@ EventPass replay_pass(const Trace& trace, const EventFeed& feed, bool sampled, A
 
 namespace fmt = memledger::format;
 
-// Over time windows, a module being imported grows until the import ends:
-// that is start-up, not a leak, when no step tells start-up from the rest.
-// An allocation of memledger's own Python helpers (the retention walk at
-// exit): a frame of a private module of the `memledger` package.
-bool under_memledger(const Trace& trace, uint32_t stack) {
+// Whether a stack has a Python frame of its own (not attributed) whose file
+// satisfies `file_matches`.
+template <typename Match>
+bool has_python_file(const Trace& trace, uint32_t stack, Match file_matches) {
   auto frames = trace.stacks.find(stack);
   if (frames == trace.stacks.end()) return false;
   for (uint64_t word : frames->second) {
     if (!fmt::is_python_frame(word) || fmt::is_attributed_python_frame(word)) continue;
     auto code = trace.python_codes.find(fmt::python_code_id(word));
-    if (code != trace.python_codes.end() && code->second.filename.ends_with("/memledger/_retention.py")) return true;
+    if (code != trace.python_codes.end() && file_matches(code->second.filename)) return true;
   }
   return false;
 }
 
+// Over time windows, a module being imported grows until the import ends:
+// that is start-up, not a leak, when no step tells start-up from the rest.
 bool under_import(const Trace& trace, uint32_t stack) {
-  auto frames = trace.stacks.find(stack);
-  if (frames == trace.stacks.end()) return false;
-  for (uint64_t word : frames->second) {
-    if (!fmt::is_python_frame(word) || fmt::is_attributed_python_frame(word)) continue;
-    auto code = trace.python_codes.find(fmt::python_code_id(word));
-    if (code != trace.python_codes.end() && code->second.filename.starts_with("<frozen importlib._bootstrap")) {
-      return true;
-    }
-  }
-  return false;
+  return has_python_file(trace, stack,
+                         [](const std::string& file) { return file.starts_with("<frozen importlib._bootstrap"); });
+}
+
+// An allocation of memledger's own Python helpers (the retention walk at
+// exit).
+bool under_memledger(const Trace& trace, uint32_t stack) {
+  return has_python_file(trace, stack,
+                         [](const std::string& file) { return file.ends_with("/memledger/_retention.py"); });
 }
 
 // The worker functions of the frameworks' process pools, by the code the
@@ -405,7 +402,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
                          : read_retention(std::filesystem::path(trace.path).parent_path().string(), r.pid);
   std::vector<InheritedBlock> kept_live;
   AnalysisOptions pass_options = options;
-  if (!kept.owners.empty()) pass_options.keep_whole_live_set = {kept.seq, &kept_live};
+  if (!kept.owners.empty()) pass_options.keep_live_sets.push_back({kept.seq, &kept_live, true});
   EventPass pass = replay_with_steps(trace, feed, rewind, sampled, pass_options);
   merge_attributed_variants(trace, pass.replay);
   find_python_role(trace, r);  // the code records are all read once the events are

@@ -33,6 +33,15 @@ struct InheritedBlock {
   uint32_t site = 0;  // the block's site in the replay that kept it
 };
 
+// A live set to keep: the one just before the first event whose sequence
+// number is `seq` or more (at the end when none is), copied into `out`;
+// the host heap's blocks only, or `every_kind`.
+struct KeepLiveSet {
+  uint64_t seq = 0;
+  std::vector<InheritedBlock>* out = nullptr;
+  bool every_kind = false;
+};
+
 // What a forked child inherited, as its report tells it.
 struct Inheritance {
   int parent = 0;              // pid of the parent whose trace gave the live set; 0: none known
@@ -49,13 +58,11 @@ struct AnalysisOptions {
   SymbolizerOptions symbolizer;
   GrowthWindow growth_window;  // of the growth view; default: the warm-up's end to the last step
   std::vector<RoleRule> role_rules;  // tried before the built-in ones (a policy file's [roles])
-  // Forks. A parent keeps its live set just before each sequence number
-  // listed (a forked child's fork_seq) in the vector beside it; a forked
-  // child starts from the live set it inherited (`inherited`, from `parent`).
-  std::vector<std::pair<uint64_t, std::vector<InheritedBlock>*>> keep_live_sets;
-  // The whole live set (every kind) at one sequence number: a retention
-  // snapshot's moment (retention.h).
-  std::pair<uint64_t, std::vector<InheritedBlock>*> keep_whole_live_set{0, nullptr};
+  // Live sets the replay keeps: a parent's host live set just before each
+  // forked child's fork_seq, the whole live set at a retention snapshot's
+  // moment (retention.h). A forked child starts from the live set it
+  // inherited (`inherited`, from `inherited_from`).
+  std::vector<KeepLiveSet> keep_live_sets;
   const std::vector<InheritedBlock>* inherited = nullptr;
   int inherited_from = 0;
 };
@@ -102,6 +109,13 @@ struct StepStats {
   uint64_t allocations = 0;
   uint64_t frees = 0;
 };
+
+// Live bytes of every kind together at a step end.
+inline int64_t total_live(const StepStats& s) {
+  int64_t sum = 0;
+  for (int64_t v : s.live) sum += v;
+  return sum;
+}
 
 struct Site {
   uint32_t stack = 0;

@@ -9,12 +9,6 @@
 namespace memledger::report {
 namespace {
 
-int64_t total_live(const StepStats& s) {
-  int64_t sum = 0;
-  for (int64_t v : s.live) sum += v;
-  return sum;
-}
-
 // A rank as a number for ordering; ranks that are not numbers sort last.
 long rank_number(const std::string& rank) {
   char* end = nullptr;

@@ -76,8 +76,7 @@ std::string rss_without_live_note(const std::vector<StepStats>& steps, int warmu
   for (size_t k = first; k < steps.size(); ++k) {
     const StepStats& s = steps[k];
     if (s.rss == 0) return {};  // not read
-    int64_t live = 0;
-    for (int64_t v : s.live) live += v;
+    const int64_t live = total_live(s);
     rss.push_back(static_cast<double>(s.rss));
     // Live bytes, or what the allocator holds for them when it holds more.
     explained.push_back(std::max(static_cast<double>(live), static_cast<double>(s.held_host + (live - s.live[0]))));
@@ -126,11 +125,6 @@ std::string copy_on_write_note(const std::vector<TraceShare>& shares, const std:
                                int64_t live_at_fork, bool python, uint64_t* copied) {
   *copied = 0;
   if (shares.size() < 2 || steps.empty()) return {};
-  auto total = [](const StepStats& s) {
-    int64_t live = 0;
-    for (int64_t v : s.live) live += v;
-    return live;
-  };
   // From the first sample (taken as the child began) to the largest private
   // figure read up to a second after its last step end (the samples come
   // once a second); the live bytes over the same span.
@@ -140,9 +134,9 @@ std::string copy_on_write_note(const std::vector<TraceShare>& shares, const std:
     if (s.ts <= steps.back().end_ns + 1000000000ull && s.priv > last->priv) last = &s;
   }
   if (last == &first) return {};
-  const int64_t base = live_at_fork >= 0 ? live_at_fork : total(steps.front());
+  const int64_t base = live_at_fork >= 0 ? live_at_fork : total_live(steps.front());
   const double grew = static_cast<double>(last->priv) - static_cast<double>(first.priv);
-  const double live = std::max(0.0, static_cast<double>(total(steps.back()) - base));
+  const double live = std::max(0.0, static_cast<double>(total_live(steps.back()) - base));
   if (grew - live < kCopiedOnWriteMin || grew < 2 * live) return {};
   *copied = static_cast<uint64_t>(grew - live);
   std::string note = "copy-on-write: its private memory grew " + human_bytes(grew) + " (from " +

@@ -38,12 +38,12 @@ Replay::Replay(const Trace& trace, bool sampled)
   out_.live.reserve(1 << 16);
 }
 
-void Replay::keep_live_set(uint64_t seq, std::vector<InheritedBlock>* out, bool every_kind) {
-  keep_.push_back(Keep{seq, out, every_kind});
-  std::sort(keep_.begin(), keep_.end(), [](const Keep& a, const Keep& b) { return a.seq > b.seq; });
+void Replay::keep_live_set(const KeepLiveSet& keep) {
+  keep_.push_back(keep);
+  std::sort(keep_.begin(), keep_.end(), [](const KeepLiveSet& a, const KeepLiveSet& b) { return a.seq > b.seq; });
 }
 
-void Replay::copy_live_set(const Keep& keep) const {
+void Replay::copy_live_set(const KeepLiveSet& keep) const {
   std::vector<InheritedBlock>& out = *keep.out;
   out.clear();
   for (const auto& [key, a] : out_.live) {
@@ -54,6 +54,15 @@ void Replay::copy_live_set(const Keep& keep) const {
   if (keep.every_kind) return;
   // What this process had itself inherited and still holds goes on too.
   for (const auto& [key, b] : inherited_) out.push_back(b);
+}
+
+std::optional<uint64_t> Replay::drop_inherited(uint64_t key) {
+  auto it = inherited_.find(key);
+  if (it == inherited_.end()) return std::nullopt;
+  const uint64_t weight = it->second.weight;
+  total_[fmt::kind_index(it->second.kind)] -= static_cast<int64_t>(weight);
+  inherited_.erase(it);
+  return weight;
 }
 
 void Replay::inherit(const std::vector<InheritedBlock>& blocks) {
@@ -143,15 +152,11 @@ void Replay::on_alloc(const TraceEvent& e) {
     out_.graph_stacks.push_back(e.stack);
   }
   device_.allocated(e.kind, e.flags, e.size, e.device);
-  if (!inherited_.empty()) {
-    // An inherited block freed without a record left its address to this one.
-    if (auto h = inherited_.find(live_key(e.kind, e.flags, e.addr)); h != inherited_.end()) {
-      total_[fmt::kind_index(h->second.kind)] -= static_cast<int64_t>(h->second.weight);
-      inherited_.erase(h);
-    }
-  }
+  const uint64_t key = live_key(e.kind, e.flags, e.addr);
+  // An inherited block freed without a record left its address to this one.
+  if (!inherited_.empty()) drop_inherited(key);
   const LiveAlloc made{weight, s, current_step_, e.kind, e.flags, e.device};
-  auto [it, inserted] = out_.live.try_emplace(live_key(e.kind, e.flags, e.addr), made);
+  auto [it, inserted] = out_.live.try_emplace(key, made);
   if (!inserted) {
     // The previous owner of this address was freed without a record
     // (dropped event): retire it.
@@ -235,11 +240,9 @@ void Replay::on_free(const TraceEvent& e) {
   const uint64_t key = live_key(e.kind, e.flags, e.addr);
   auto it = out_.live.find(key);
   if (it == out_.live.end()) {
-    if (auto inherited = inherited_.find(key); inherited != inherited_.end()) {
-      total_[fmt::kind_index(inherited->second.kind)] -= static_cast<int64_t>(inherited->second.weight);
+    if (const std::optional<uint64_t> freed = drop_inherited(key)) {
       ++out_.inherited_freed_blocks;
-      out_.inherited_freed_bytes += inherited->second.weight;
-      inherited_.erase(inherited);
+      out_.inherited_freed_bytes += *freed;
       ++step_frees_;
       return;
     }

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,10 +115,9 @@ class Replay {
   void observe(const TraceEvent* events, size_t count);
   // After the last event, once the side records are complete.
   ReplayOutput finish();
-  // Before any event: copies the host heap's live set into `out` just
-  // before the first event whose sequence number is `seq` or more (a
-  // child forked there inherited it).
-  void keep_live_set(uint64_t seq, std::vector<InheritedBlock>* out, bool every_kind = false);
+  // Before any event: the live set to copy out on the way (KeepLiveSet;
+  // a child forked at `seq` inherited the host heap's).
+  void keep_live_set(const KeepLiveSet& keep);
   // Before any event: a forked child starts with these blocks live. They
   // count in its totals at every step end, belong to no site, and their
   // frees are not unknown frees.
@@ -137,14 +137,12 @@ class Replay {
   void note_host_totals(uint64_t seq);
   void host_live_from_samples();
   void exact_step_totals();
-  struct Keep {
-    uint64_t seq;
-    std::vector<InheritedBlock>* out;
-    bool every_kind;
-  };
-  void copy_live_set(const Keep& keep) const;
+  void copy_live_set(const KeepLiveSet& keep) const;
+  // Takes an inherited block out of the live totals: its bytes, or nothing
+  // when `key` is not one.
+  std::optional<uint64_t> drop_inherited(uint64_t key);
 
-  std::vector<Keep> keep_;  // by sequence number, descending
+  std::vector<KeepLiveSet> keep_;  // by sequence number, descending
   absl::flat_hash_map<uint64_t, InheritedBlock> inherited_;             // by live_key
 
   const Trace& trace_;

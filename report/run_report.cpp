@@ -611,7 +611,7 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options, cons
     for (size_t c = i + 1; c < traces.size(); ++c) {
       if (forked_from[c] != static_cast<int>(i)) continue;
       const uint64_t seq = std::strtoull(traces[c].header_value("fork_seq").c_str(), nullptr, 10);
-      process_options.keep_live_sets.emplace_back(seq, &inherited[c]);
+      process_options.keep_live_sets.push_back({seq, &inherited[c]});
     }
     if (forked_from[i] >= 0) {
       process_options.inherited = &inherited[i];

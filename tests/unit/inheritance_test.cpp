@@ -39,8 +39,8 @@ TEST_CASE("inheritance: a parent keeps its host live set as it was before the fo
   parent.alloc(0x3000, 300, 4);  // after the fork: the parent's own
   std::vector<InheritedBlock> at_fork, at_end;
   replay_all(trace, parent.events, [&](Replay& r) {
-    r.keep_live_set(fork_seq, &at_fork);
-    r.keep_live_set(parent.next_seq() + 10, &at_end);  // past the last event: at the end
+    r.keep_live_set({fork_seq, &at_fork});
+    r.keep_live_set({parent.next_seq() + 10, &at_end});  // past the last event: at the end
   });
   REQUIRE(at_fork.size() == 1);
   CHECK(at_fork[0].weight == 200);

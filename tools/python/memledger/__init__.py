@@ -91,31 +91,21 @@ def _resolve():
     return step_fn, active_fn, flush_fn, run_dir_fn
 
 
-def _resolve_live():
-    """memledger_live, or None when the preload library is absent."""
+def _c_function(name, argtypes, restype):
+    """A function of the C ABI by name, or None when the preload library is
+    absent."""
     try:
-        fn = ctypes.CDLL(None).memledger_live
+        fn = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    fn.argtypes = [ctypes.POINTER(_LiveStruct)]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-def _resolve_note():
-    """memledger_note, or None when the preload library is absent."""
-    try:
-        fn = ctypes.CDLL(None).memledger_note
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
-    fn.restype = None
+    fn.argtypes = argtypes
+    fn.restype = restype
     return fn
 
 
 _abi = _resolve()
-_live_fn = _resolve_live()
-_note_fn = _resolve_note()
+_live_fn = _c_function("memledger_live", [ctypes.POINTER(_LiveStruct)], ctypes.c_int)
+_note_fn = _c_function("memledger_note", [ctypes.c_char_p, ctypes.c_char_p], None)
 _phases = threading.local()
 _noted = {}  # (framework, field) -> value recorded
 

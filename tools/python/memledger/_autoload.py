@@ -28,18 +28,6 @@ import memledger
 _loader_step = None
 
 
-def _resolve_loader_step():
-    import ctypes
-
-    try:
-        fn = ctypes.CDLL(None).memledger_loader_step
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes = [ctypes.c_char_p]
-    fn.restype = None
-    return fn
-
-
 def _mark(iterator):
     torch = sys.modules.get("torch")
     label = None
@@ -156,7 +144,9 @@ def _retention_at_exit():
 
 def _install():
     global _loader_step
-    _loader_step = _resolve_loader_step()
+    import ctypes
+
+    _loader_step = memledger._c_function("memledger_loader_step", [ctypes.c_char_p], None)
     if _loader_step is None or not memledger.active():
         return
     atexit.register(_retention_at_exit)
