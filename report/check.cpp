@@ -842,6 +842,10 @@ CheckOutcome run_check(const RunData& run, const RunData* baseline, const Policy
     item.figure = compute_figure(run, limit.metric, limit.scope, warmup);
     item.limit = limit.value;
     item.limit_origin = limit.origin;
+    // Memory comes in whole bytes: a sampled estimate that grows by a
+    // fraction of a byte a step is judged as the whole bytes it prints.
+    const Unit unit = metric_info(limit.metric).unit;
+    if (unit == Unit::kBytes || unit == Unit::kBytesPerStep) item.figure.value = std::round(item.figure.value) + 0.0;
     if (!item.figure.judged) {
       item.passed = false;
     } else if (limit.metric == Metric::kMinSteps) {

@@ -288,6 +288,18 @@ TEST_CASE("check judges a run by its limits", "[check]") {
   CHECK(pass.passed());
   CHECK_THAT(pass.items[0].message(), Catch::Equals("0 B/step <= limit 16.0 KiB/step (fit over steps 4-30, flat)"));
 
+  SECTION("a sampled estimate that drifts by a fraction of a byte a step is zero growth") {
+    std::vector<double> live(30, 1 << 20);
+    for (size_t i = 0; i < live.size(); ++i) live[i] += (i % 3 == 0 ? 0.0 : 1.0) + 0.01 * static_cast<double>(i);
+    const RunData jitter = run_data_from_json(synthetic_report(live), "jitter", "report JSON");
+    REQUIRE(fit_growth(live, 3).slope > 0);
+    const CheckOutcome o = run_check(jitter, nullptr, growth_policy("0"));
+    CHECK(o.passed());
+    CHECK_THAT(o.items[0].message(), Catch::StartsWith("0 B/step <= limit 0 B/step"));
+    const CheckOutcome a_byte = run_check(run_data_from_json(synthetic_report(linear(30, 1 << 20, 1)), "byte", "report JSON"),
+                                          nullptr, growth_policy("0"));
+    CHECK_FALSE(a_byte.passed());
+  }
   SECTION("too few steps is a failure that says why") {
     const RunData short_run = run_data_from_json(synthetic_report(linear(4, 0, 1)), "short", "report JSON");
     const CheckOutcome o = run_check(short_run, nullptr, growth_policy("16KiB"));
