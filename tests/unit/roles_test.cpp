@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -43,7 +44,7 @@ RoleSubject subject(Phase phase, bool kept, uint8_t kind = 0) {
 const char* const kTorch = "/usr/lib/python3/dist-packages/torch/";
 
 // One stack of tests/data/roles/*.json: taken from a real trace of a
-// framework client (tests/data/roles/README.md says how), with the role
+// framework client (tests/data/roles/extract.py says how), with the role
 // it must have.
 struct GoldenStack {
   std::string where;  // file and index, for messages
@@ -80,9 +81,13 @@ std::vector<GoldenStack> golden(const std::string& name) {
   return out;
 }
 
-void check_golden(const std::string& name, size_t at_least) {
+void check_golden(const std::string& name, size_t at_least, const std::string& must_hold = "") {
   const std::vector<GoldenStack> stacks = golden(name);
   CHECK(stacks.size() >= at_least);
+  if (!must_hold.empty()) {
+    INFO(name << " holds no stack of role " << must_hold);
+    CHECK(std::any_of(stacks.begin(), stacks.end(), [&](const GoldenStack& g) { return g.expect == must_hold; }));
+  }
   const RoleTable table;
   for (const GoldenStack& g : stacks) {
     size_t rule = 0;
@@ -97,6 +102,10 @@ void check_golden(const std::string& name, size_t at_least) {
 TEST_CASE("roles: the table on stacks from real PyTorch traces", "[roles]") { check_golden("torch.json", 6); }
 TEST_CASE("roles: the table on stacks from real Keras traces", "[roles]") { check_golden("keras.json", 4); }
 TEST_CASE("roles: the table on stacks from real JAX traces", "[roles]") { check_golden("jax.json", 4); }
+// Two gloo ranks of tests/clients/ranks_client.py, as torchrun starts them.
+TEST_CASE("roles: the table on stacks from real torch.distributed traces", "[roles]") {
+  check_golden("torch_distributed.json", 6, "communication");
+}
 
 TEST_CASE("roles: rules are tried in order and their conditions all hold", "[roles]") {
   const RoleTable table;

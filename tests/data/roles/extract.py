@@ -3,7 +3,8 @@ table's unit test (tests/unit/roles_test.cpp).
 
     python3 tests/data/roles/extract.py OUT.json RUN_DIR...
 
-Each run folder's report.json gives the largest sites of each role at the
+Each run folder's report.json (each of its processes, for a job of
+several) gives the largest sites of each role at the
 last step end (roles.top_sites, with when they allocated), its growth
 suspects and exit-leak sites (made in the steps and kept: phase "steps")
 and its start-up allocations (phase "startup"), with their full stacks and
@@ -48,7 +49,9 @@ def main():
             report = json.load(f)
         per_role = {}
         seen = set()
-        for phase, s in sites(report):
+        # A job of several processes (DataLoader workers, ranks): each one's own sites.
+        processes = [p for p in report.get("processes", []) if "roles" in p] or [report]
+        for phase, s in (site for p in processes for site in sites(p)):
             if "role" not in s or not s["stack"] or (s["site"], s["role"]) in seen:
                 continue
             seen.add((s["site"], s["role"]))
