@@ -198,7 +198,14 @@ struct OomEvent {
   uint64_t device_total = 0;
   uint64_t held_unused = 0;    // pools' reserved-but-unused bytes at the last sample
   std::vector<Holder> holders;
-  std::vector<SiteTotal> live_by_site;  // device live set at the moment of the failure
+  std::vector<SiteTotal> live_by_site;  // device live set at the moment of the failure (its largest sites)
+  struct LiveSite {
+    uint8_t kind;
+    uint32_t stack;
+    int64_t bytes;
+  };
+  std::vector<LiveSite> live_sites;     // every site of that live set
+  std::vector<int64_t> live_by_role;    // the live set by role (roles.h; empty when not classified)
 };
 
 struct Verdict {
@@ -316,6 +323,10 @@ struct RoleLive {
   // kRoleTopSites each; `bytes` their live bytes there), by role.
   std::vector<std::vector<SiteTotal>> top_sites;
   std::vector<std::vector<std::string>> top_phases;  // when each allocated: startup, steps, teardown
+  // Live bytes by role at the peak (the sites of live_at_peak; sampled host
+  // mode: their estimates), and the peak's bytes no classified site holds
+  // (sites left out of live_at_peak). Empty without a peak.
+  std::vector<int64_t> at_peak;
   size_t sites = 0;                            // sites classified
   size_t user_rules = 0;                       // rules from a policy file
 };

@@ -13,6 +13,7 @@
 #include "pressure.h"
 #include "folded.h"
 #include "job_report.h"
+#include "role_report.h"
 #include "trace_format.h"
 
 namespace memledger::report {
@@ -588,6 +589,9 @@ std::string role_chart(const ProcessReport& p, const std::string& x_label, const
   std::string growing;
   for (const auto& [name, rate] : roles.growing) growing += (growing.empty() ? "" : ", ") + name + " " + bytes(rate) + "/step";
   if (!growing.empty()) o << " <b>Growing after the warm-up: " << esc(growing) << ".</b>";
+  if (const std::string peak = roles_in_words(roles.at_peak); !peak.empty()) {
+    o << " At the peak: " << esc(peak) << ".";
+  }
   o << "</p></figure>\n";
   return o.str();
 }
@@ -811,6 +815,9 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
     }
     o << "<p>Device live set at that moment, by site:</p>";
     site_table(oom.live_by_site, o);
+    if (const std::string roles = roles_in_words(oom.live_by_role); !roles.empty()) {
+      o << "<p>By role: " << esc(roles) << "</p>";
+    }
     if (!oom.holders.empty()) {
       o << "<p>Holders:</p><ul>";
       for (const Holder& h : oom.holders) {

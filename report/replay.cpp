@@ -206,6 +206,9 @@ void Replay::on_failed_alloc(const TraceEvent& e) {
   oom.device_live = total_[static_cast<int>(fmt::Kind::kDevice)] + total_[static_cast<int>(fmt::Kind::kManaged)];
   device_.fill_oom(oom);
   oom.live_by_site = device_live_by_site();
+  // Every site for the live set by role; the largest ones are shown.
+  for (const SiteTotal& t : oom.live_by_site) oom.live_sites.push_back({t.site.kind, t.site.stack, t.bytes});
+  if (oom.live_by_site.size() > kOomSitesShown) oom.live_by_site.resize(kOomSitesShown);
   out_.ooms.push_back(std::move(oom));
   Site site;
   site.stack = e.stack;
@@ -232,7 +235,6 @@ std::vector<SiteTotal> Replay::device_live_by_site() const {
     out.push_back(std::move(t));
   }
   std::sort(out.begin(), out.end(), [](const SiteTotal& a, const SiteTotal& b) { return a.bytes > b.bytes; });
-  if (out.size() > kOomSitesShown) out.resize(kOomSitesShown);
   return out;
 }
 

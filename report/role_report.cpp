@@ -3,12 +3,40 @@
 #include <algorithm>
 #include <cinttypes>
 
+#include "roles.h"
 #include "run_report.h"
 #include "trace_format.h"
 
 namespace memledger::report {
 
 std::vector<std::pair<std::string, double>> growing_roles(const ProcessReport& p) { return p.roles.growing; }
+
+std::string roles_in_words(const std::vector<int64_t>& by_role) {
+  std::vector<size_t> order;
+  int64_t sum = 0;
+  for (size_t r = 0; r < by_role.size() && r < kRoleCount; ++r) {
+    if (by_role[r] <= 0) continue;
+    order.push_back(r);
+    sum += by_role[r];
+  }
+  if (order.empty() || (order.size() == 1 && static_cast<Role>(order[0]) == Role::kOther)) return {};
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return by_role[a] > by_role[b]; });
+  std::string out;
+  for (size_t r : order) {
+    char share[16];
+    std::snprintf(share, sizeof share, "%.0f%%", 100.0 * double(by_role[r]) / double(sum));
+    out += (out.empty() ? "" : ", ") + std::string(role_name(static_cast<Role>(r))) + " " +
+           human_bytes(double(by_role[r])) + " (" + share + ")";
+  }
+  return out;
+}
+
+nlohmann::json roles_object(const std::vector<int64_t>& by_role) {
+  if (by_role.empty()) return nullptr;
+  nlohmann::json out = nlohmann::json::object();
+  for (size_t r = 0; r < by_role.size() && r < kRoleCount; ++r) out[role_name(static_cast<Role>(r))] = by_role[r];
+  return out;
+}
 
 void text_roles(const ProcessReport& p, std::ostringstream& out) {
   const RoleLive& roles = p.roles;
@@ -42,6 +70,10 @@ void text_roles(const ProcessReport& p, std::ostringstream& out) {
       out << cell;
     }
     out << "\n";
+  }
+  if (const std::string peak = roles_in_words(roles.at_peak); !peak.empty()) {
+    out << "at the peak (" << human_bytes(double(p.peak.bytes)) << ", " << phase_of(p.peak.step, p.peak.ts_ns, p.steps)
+        << "): " << peak << (roles.estimated ? " (host bytes split by the sampled allocations' shares)" : "") << "\n";
   }
   const auto growing = growing_roles(p);
   if (growing.empty()) {
@@ -106,6 +138,7 @@ nlohmann::json roles_json(const ProcessReport& p) {
   return {{"top_sites", top},
           {"names", roles.names},     {"at_end", at_end},         {"growth_per_step", growth},
           {"growing", growing},       {"estimated", roles.estimated}, {"sites", roles.sites},
+          {"at_peak", roles_object(roles.at_peak)},
           {"user_rules", roles.user_rules}};
 }
 

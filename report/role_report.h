@@ -17,6 +17,14 @@ void text_roles(const ProcessReport& p, std::ostringstream& out);
 // A suspect's role and its explanation, indented under its site line.
 void text_suspect_role(const LeakSuspect& s, std::ostringstream& out);
 
+// A live set by role in words, largest first: "activation 12.0 MiB (61%),
+// parameter 4.0 MiB (20%)"; empty when no role holds bytes or only `other`
+// does (a program no rule knows).
+std::string roles_in_words(const std::vector<int64_t>& by_role);
+
+// {"parameter": bytes, ...} for a live set by role (every role; null when empty).
+nlohmann::json roles_object(const std::vector<int64_t>& by_role);
+
 // {"parameter": bytes, ...} for one step row (every role).
 nlohmann::json step_roles_json(const ProcessReport& p, size_t step);
 

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <absl/container/flat_hash_map.h>
+
 #include "replay.h"
 #include "trace_format.h"
 
@@ -432,10 +434,97 @@ void give_role(Site& site, const RoleAccount& account, const RoleTable& table) {
 
 }  // namespace
 
+namespace {
+
+// Scales estimates by role to an exact total, keeping their shares; the
+// rounding goes to the largest.
+void scale_to(std::vector<int64_t>& by_role, int64_t exact) {
+  int64_t estimate = 0;
+  size_t largest = static_cast<size_t>(Role::kOther);
+  for (size_t r = 0; r < by_role.size(); ++r) {
+    estimate += by_role[r];
+    if (by_role[r] > by_role[largest]) largest = r;
+  }
+  if (estimate <= 0) return;
+  int64_t given = 0;
+  for (int64_t& bytes : by_role) {
+    bytes = static_cast<int64_t>(static_cast<double>(bytes) * static_cast<double>(exact) / static_cast<double>(estimate));
+    given += bytes;
+  }
+  by_role[largest] += exact - given;
+}
+
+// A live set's bytes by role: a site live at a step end or at exit has its
+// role already; one that never is (an activation freed within its step,
+// which is what makes most peaks) is classified here, from when it allocated.
+class LiveSetRoles {
+ public:
+  LiveSetRoles(const ReplayOutput& replay, const RoleAccount& account, const RoleTable& table,
+               const std::function<FrameWalk(uint32_t stack)>& frames_of, const std::vector<StepStats>& steps)
+      : replay_(replay), account_(account), table_(table), frames_of_(frames_of), steps_(steps) {}
+
+  std::vector<int64_t> of(const std::vector<OomEvent::LiveSite>& live) {
+    std::vector<int64_t> out(kRoleCount, 0);
+    for (const OomEvent::LiveSite& t : live) out[static_cast<int>(role(t.kind, t.stack))] += t.bytes;
+    return out;
+  }
+
+  // Every site's live bytes at the peak (the replay's live set then, of
+  // which live_at_peak lists the largest sites only). Sampled host mode:
+  // the peak is the exact host total's highest sample, split among the
+  // roles by the shares of the sampled host sites at the replay's peak.
+  std::vector<int64_t> at_peak(bool sampled) {
+    std::vector<int64_t> out(kRoleCount, 0);
+    constexpr uint8_t kHost = static_cast<uint8_t>(fmt::Kind::kHost);
+    for (const SiteAcc& acc : replay_.sites) {
+      if (sampled && acc.kind != kHost) continue;
+      const int64_t bytes = acc.peak_epoch == replay_.peak_epoch ? acc.peak_live : acc.live;
+      if (bytes > 0) out[static_cast<int>(role(acc.kind, acc.stack, &acc))] += bytes;
+    }
+    if (sampled) scale_to(out, replay_.peak.bytes);
+    return out;
+  }
+
+ private:
+  Role role(uint8_t kind, uint32_t stack, const SiteAcc* acc = nullptr) {
+    if (const auto found = account_.find(kind, stack)) return found->first;
+    const uint64_t key = (static_cast<uint64_t>(kind) << 32) | stack;
+    if (const auto it = classified_.find(key); it != classified_.end()) return it->second;
+    if (acc == nullptr) {
+      if (sites_.empty()) {
+        for (const SiteAcc& a : replay_.sites) sites_.emplace((static_cast<uint64_t>(a.kind) << 32) | a.stack, &a);
+      }
+      if (const auto it = sites_.find(key); it != sites_.end()) acc = it->second;
+    }
+    RoleSubject subject;
+    subject.kind = kind;
+    if (acc != nullptr) subject = subject_of(*acc, steps_, steps_.size() >= 2 ? first_step_start_ns(steps_) : 0);
+    const Role role = table_.classify(subject, frames_of_(stack), nullptr);
+    classified_.emplace(key, role);
+    return role;
+  }
+
+  const ReplayOutput& replay_;
+  const RoleAccount& account_;
+  const RoleTable& table_;
+  const std::function<FrameWalk(uint32_t stack)>& frames_of_;
+  const std::vector<StepStats>& steps_;
+  absl::flat_hash_map<uint64_t, const SiteAcc*> sites_;
+  absl::flat_hash_map<uint64_t, Role> classified_;
+};
+
+}  // namespace
+
 void assign_roles(ProcessReport& r, const ReplayOutput& replay, const RoleTable& table,
                   const std::function<FrameWalk(uint32_t stack)>& frames_of,
                   const std::function<Site(uint32_t stack, uint8_t kind)>& name_site, bool sampled) {
   const RoleAccount account = account_roles(replay, r.steps, table, frames_of, sampled);
+  LiveSetRoles live_set_roles(replay, account, table, frames_of, r.steps);
+  r.roles.at_peak = r.live_at_peak.empty() ? std::vector<int64_t>{} : live_set_roles.at_peak(sampled);
+  for (OomEvent& oom : r.ooms) {
+    if (!oom.live_sites.empty()) oom.live_by_role = live_set_roles.of(oom.live_sites);
+    oom.live_sites = {};
+  }
   RoleLive& out = r.roles;
   out.names.clear();
   for (int k = 0; k < kRoleCount; ++k) out.names.push_back(kRoleNames[k]);

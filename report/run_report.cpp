@@ -408,7 +408,8 @@ json ooms_json(const ProcessReport& p) {
                     {"held_unused", o.held_unused},
                     {"holders", holders},
                     {"stack", frames_json(o.stack)},
-                    {"live_by_site", site_totals_json(o.live_by_site)}});
+                    {"live_by_site", site_totals_json(o.live_by_site)},
+                    {"live_by_role", roles_object(o.live_by_role)}});
   }
   return ooms;
 }
@@ -782,6 +783,9 @@ void text_ooms(const ProcessReport& p, std::ostringstream& out) {
     out << "  device live set at that moment, by site:\n";
     for (const SiteTotal& t : o.live_by_site) {
       out << "    " << human_bytes(double(t.bytes)) << " in " << t.count << " at " << site_name(t.site) << "\n";
+    }
+    if (const std::string roles = roles_in_words(o.live_by_role); !roles.empty()) {
+      out << "  by role: " << roles << "\n";
     }
     for (const Holder& h : o.holders) {
       out << "    " << h.name << ": holds " << human_bytes(double(h.held)) << ", unused " << human_bytes(double(h.unused)) << "\n";

@@ -195,6 +195,9 @@ class CudaHooks(unittest.TestCase):
         self.assertEqual(oom["device_total"], int(out["TOTAL"]))
         self.assertTrue(oom["live_by_site"])
         self.assertTrue(any("plant_device_leak" in s["site"] for s in oom["live_by_site"]), oom["live_by_site"])
+        # The same live set by role: every byte of it (a C++ program: no rule knows its stacks).
+        self.assertEqual(sum(oom["live_by_role"].values()), oom["device_live"], oom["live_by_role"])
+        self.assertEqual(oom["live_by_role"]["other"], oom["device_live"])
         self.assertIn("CUDA out of memory", verdict["summary"])
 
     def test_oom_runtime(self):

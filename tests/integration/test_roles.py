@@ -75,6 +75,11 @@ class Roles(clients.ClientTestCase):
             live = sum(step["live"].values())
             self.assertEqual(sum(step["roles"].values()), live, "step %d: %s" % (step["index"], step["roles"]))
             self.assertTrue(all(v >= 0 for v in step["roles"].values()), step["roles"])
+        # The peak by role adds up to the peak (sampled host mode: the host
+        # heap's, split by the sampled shares).
+        at_peak = run.report["roles"]["at_peak"]
+        self.assertEqual(sum(at_peak.values()), run.report["peak"]["bytes"], at_peak)
+        self.assertTrue(all(v >= 0 for v in at_peak.values()), at_peak)
         return run
 
     # PyTorch
@@ -97,6 +102,14 @@ class Roles(clients.ClientTestCase):
         # Every allocation recorded: the roles add up without any estimate.
         run = self.check_clean("torch", "--host", "full")
         self.assertFalse(run.report["roles"]["estimated"])
+        # The peak by role: every live byte of the peak has a role, the
+        # forward pass's activations (freed within their step) among them.
+        at_peak = run.report["roles"]["at_peak"]
+        for role in ("parameter", "gradient", "activation"):
+            self.assertGreater(at_peak[role], 0, at_peak)
+        with open(os.path.join(run.run_dir, "report.txt")) as f:
+            text = f.read()
+        self.assertRegex(text, r"\nat the peak \([\d.]+ [KMG]iB, in step \d+\): .*activation [\d.]+ [KMG]iB \(\d+%\)")
 
     # Keras
     def test_keras_callback_keeping_logits_is_activation(self):
