@@ -46,6 +46,7 @@ TARGET_REPORT = 1.0
 DEFAULT_STEPS = 200
 QUICK_STEPS = 10
 DEFAULT_ALLOCS_PER_STEP = 100000
+DEEP_DEPTH = 20
 
 STORM_LINE = re.compile(r"storm:.*\bmaxrss_kib=(\d+)\s+elapsed_s=([0-9.]+)")
 
@@ -169,7 +170,9 @@ class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.build = self._find_build(args.build)
-        self.storm = self.build / "bench" / "storm"
+        # --deep: the storm built without frame pointers, 20 to 40 more
+        # frames above each call site (DEEP_DEPTH to 2 DEEP_DEPTH).
+        self.storm = self.build / "bench" / ("storm_nofp" if args.deep else "storm")
         self.memledger = self.build / "tools" / "memledger"
         self.heaptrack = shutil.which("heaptrack")
         self.heaptrack_print = shutil.which("heaptrack_print")
@@ -177,6 +180,8 @@ class Bench:
         self.storm_args = ["--steps", str(args.steps),
                            "--allocs-per-step", str(args.allocs_per_step),
                            "--threads", str(args.threads)]
+        if args.deep:
+            self.storm_args += ["--depth", str(DEEP_DEPTH)]
         self.run_flags: list[str] = []
         self.has_no_report = False
         self.counter = 0
@@ -312,7 +317,7 @@ class Bench:
     def main(self) -> int:
         if not os.access(self.storm, os.X_OK):
             print(f"error: {self.storm} not found; build it first:\n"
-                  f"  meson compile -C {self.build} bench/storm", file=sys.stderr)
+                  f"  meson compile -C {self.build} bench/{self.storm.name}", file=sys.stderr)
             return 2
         self.tmp = Path(tempfile.mkdtemp(prefix="memledger-bench-"))
         try:
@@ -692,6 +697,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help=f"storm allocations per step (default {DEFAULT_ALLOCS_PER_STEP})")
     p.add_argument("--threads", type=int, default=1,
                    help="storm threads (default 1)")
+    p.add_argument("--deep", action="store_true",
+                   help=f"the second storm: built without frame pointers, {DEEP_DEPTH} to "
+                        f"{2 * DEEP_DEPTH} more frames above each call site (build/bench/storm_nofp)")
     p.add_argument("--keep", action="store_true",
                    help="keep the traces and logs (their folder is printed)")
     p.add_argument("--json", metavar="FILE", help="also write raw results as JSON")

@@ -35,6 +35,7 @@ struct Options {
   long allocs_per_step = 100000;
   long threads = 1;
   long leak_bytes = 4096;
+  long depth = 0;  // extra frames above each call site: DEPTH to 2 DEPTH
 };
 
 // Deterministic, cheap, and never allocates: splitmix64.
@@ -242,21 +243,29 @@ __attribute__((noinline)) long optimizer_step(Worker& w, int params) {
 
 // --- one step, the leak, the step marker --------------------------------------
 
-// Mix per step by allocation count: forward 40%, backward 30%, tokenizer 20%,
-// optimizer 10%.
-__attribute__((noinline)) void run_step(Worker& w, long allocs) {
+// One call site of the mix: forward 40%, backward 30%, tokenizer 20%,
+// optimizer 10% (by allocation count).
+__attribute__((noinline)) long call_site(Worker& w, std::uint64_t pick) {
+  if (pick < 4) return forward(w, 4);
+  if (pick < 7) return backward(w, 4);
+  if (pick < 9) return tokenize_batch(w);
+  return optimizer_step(w, 4);
+}
+
+// `levels` frames of a deep framework stack (interpreter, dispatcher,
+// autograd) above a call site. Not a tail call: the count is used after.
+__attribute__((noinline)) long nest(Worker& w, std::uint64_t pick, long levels) {
+  const long done = levels == 0 ? call_site(w, pick) : nest(w, pick, levels - 1);
+  w.checksum += static_cast<std::uint64_t>(levels);
+  return done;
+}
+
+__attribute__((noinline)) void run_step(Worker& w, long allocs, long depth) {
   long done = 0;
   while (done < allocs) {
-    std::uint64_t pick = w.rng.next() % 10;
-    if (pick < 4) {
-      done += forward(w, 4);
-    } else if (pick < 7) {
-      done += backward(w, 4);
-    } else if (pick < 9) {
-      done += tokenize_batch(w);
-    } else {
-      done += optimizer_step(w, 4);
-    }
+    const std::uint64_t r = w.rng.next();
+    const std::uint64_t pick = r % 10;
+    done += depth == 0 ? call_site(w, pick) : nest(w, pick, depth + static_cast<long>((r >> 32) % (depth + 1)));
   }
 }
 
@@ -313,12 +322,15 @@ Options parse(int argc, char** argv) {
       o.threads = parse_long(a, v), ++i;
     } else if (std::strcmp(a, "--leak-bytes") == 0) {
       o.leak_bytes = parse_long(a, v), ++i;
+    } else if (std::strcmp(a, "--depth") == 0) {
+      o.depth = parse_long(a, v), ++i;
     } else if (std::strcmp(a, "-h") == 0 || std::strcmp(a, "--help") == 0) {
       std::printf(
           "usage: storm [--steps N] [--allocs-per-step K] [--threads T] "
-          "[--leak-bytes B]\n"
+          "[--leak-bytes B] [--depth D]\n"
           "  defaults: --steps 30 --allocs-per-step 100000 --threads 1 "
-          "--leak-bytes 4096\n");
+          "--leak-bytes 4096 --depth 0\n"
+          "  --depth D: D to 2D more frames above each call site\n");
       std::exit(0);
     } else {
       std::fprintf(stderr, "storm: unknown argument '%s' (try --help)\n", a);
@@ -352,7 +364,7 @@ int main(int argc, char** argv) {
   auto body = [&](long tid) {
     Worker w(0x5eed0000ULL + static_cast<std::uint64_t>(tid));
     for (long s = 0; s < opt.steps; ++s) {
-      run_step(w, per_thread);
+      run_step(w, per_thread, opt.depth);
       sync.arrive_and_wait();
     }
     checksums[static_cast<std::size_t>(tid)] = w.checksum;
@@ -370,9 +382,9 @@ int main(int argc, char** argv) {
   for (std::uint64_t c : checksums) sum += c;
   const long peak_kib = peak_rss_kib();
   std::printf(
-      "storm: steps=%ld allocs_per_step=%ld threads=%ld leak_bytes=%ld "
+      "storm: steps=%ld allocs_per_step=%ld threads=%ld leak_bytes=%ld depth=%ld "
       "marker=%s checksum=%llu maxrss_kib=%ld elapsed_s=%.6f\n",
-      opt.steps, opt.allocs_per_step, opt.threads, opt.leak_bytes,
+      opt.steps, opt.allocs_per_step, opt.threads, opt.leak_bytes, opt.depth,
       step_marker != nullptr ? "yes" : "no", static_cast<unsigned long long>(sum),
       peak_kib, elapsed);
   return 0;
