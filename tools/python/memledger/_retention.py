@@ -3,7 +3,9 @@
 At exit (and on memledger.snapshot()), the traced program's large memory
 owners are found among the objects the garbage collector tracks and what
 they refer to: torch tensors and storages (their storage's data pointer),
-NumPy arrays that own their data, JAX arrays, bytes and bytearrays. From
+NumPy arrays that own their data, JAX arrays, TensorFlow's eager tensors
+and resource variables (the buffer's address through DLPack, which shares
+it on every device), bytes and bytearrays. From
 each, the chain of referrers is followed up to a named root: a module
 global, a local variable of a running function, or an attribute of a named
 object. The result goes to retention.PID.json in the run folder, where the
@@ -15,12 +17,12 @@ suspects and prints the chain under the suspect:
 
 The walk reads what the interpreter holds while this thread holds the GIL,
 and never runs a finalizer or a property. It stops after a budget of about
-a second, and the file says what it skipped. TensorFlow's tensors expose no
-data pointer from Python and are not matched.
+a second, and the file says what it skipped.
 """
 
 import array
 import bisect
+import ctypes
 import gc
 import json
 import os
@@ -51,6 +53,23 @@ class _Owners:
         self.jax_array = getattr(jax, "Array", None) if jax is not None else None
         self.tensor = getattr(self.torch, "Tensor", None) if self.torch is not None else None
         self.ndarray = getattr(self.numpy, "ndarray", None) if self.numpy is not None else None
+        # TensorFlow: its eager tensors and resource variables (Keras 3's
+        # variables hold one), when the program imported TensorFlow.
+        ops = sys.modules.get("tensorflow.python.framework.ops")
+        variables = sys.modules.get("tensorflow.python.ops.resource_variable_ops")
+        dlpack = sys.modules.get("tensorflow.python.dlpack.dlpack")
+        context = sys.modules.get("tensorflow.python.eager.context")
+        self.tf_tensor = getattr(ops, "EagerTensor", None)
+        self.tf_variable = getattr(variables, "BaseResourceVariable", None)
+        self.tf_to_dlpack = getattr(dlpack, "to_dlpack", None)
+        self.tf_eager = getattr(context, "executing_eagerly", None)
+        if self.tf_to_dlpack is None:
+            self.tf_tensor = self.tf_variable = None
+
+    def types(self):
+        """The types whose objects may own a large buffer."""
+        return tuple(t for t in (bytes, bytearray, self.tensor, self.ndarray, self.jax_array, self.tf_tensor,
+                                 self.tf_variable) if t is not None)
 
     def of(self, obj):
         t = type(obj)
@@ -61,8 +80,6 @@ class _Owners:
             n = len(obj)
             if n < MIN_BYTES:
                 return None
-            import ctypes
-
             view = (ctypes.c_char * 1).from_buffer(obj)
             address = ctypes.addressof(view)
             del view
@@ -84,7 +101,36 @@ class _Owners:
                 return None
             return (address, obj.nbytes, "host" if platform == "cpu" else "device",
                     "jax.Array (%s%s)" % (obj.dtype, list(obj.shape)))
+        if self.tf_tensor is not None and isinstance(obj, self.tf_tensor):
+            return self._tf(obj, obj, "tf.Tensor")
+        if self.tf_variable is not None and isinstance(obj, self.tf_variable):
+            # Reading a resource variable in eager mode gives a tensor that
+            # shares the variable's buffer (no copy); never while a function
+            # is being traced, where it would add an op to its graph.
+            if self.tf_eager is None or not self.tf_eager():
+                return None
+            return self._tf(obj, obj.read_value_no_copy(), "tf.Variable `%s`" % obj.name)
         return None
+
+    def _tf(self, obj, tensor, what):
+        """A TensorFlow buffer's address: DLPack hands it out without a copy
+        on every device (NumPy conversion would copy a device tensor)."""
+        dtype = tensor.dtype
+        nbytes = tensor.shape.num_elements() * dtype.size if tensor.shape.is_fully_defined() else 0
+        if nbytes < MIN_BYTES:
+            return None
+        capsule = self.tf_to_dlpack(tensor)  # fails for dtypes DLPack lacks (strings, resources)
+        managed = _capsule_pointer(capsule, b"dltensor")
+        if not managed:
+            return None
+        dl = _DLTensor.from_address(managed)
+        address, device = dl.data + dl.byte_offset, dl.device_type
+        del dl, capsule  # the capsule's destructor gives the tensor back
+        if not address:
+            return None
+        # DLPack devices: 1 CPU, 3 CUDA host (pinned), 2 CUDA, 10 ROCm...
+        kind = "host" if device in (1, 3) else "device"
+        return (address, nbytes, kind, "%s (%s%s)" % (what, dtype.name, tensor.shape.as_list()))
 
     def _tensor(self, obj):
         try:
@@ -106,6 +152,21 @@ class _Owners:
             parts.append("grad_fn %s" % type(grad_fn).__name__)
         kind = "host" if device == "cpu" else "device"
         return (address, nbytes, kind, "Tensor (%s)" % ", ".join(parts))
+
+
+class _DLTensor(ctypes.Structure):
+    """The head of DLPack's DLManagedTensor (dlpack.h): its DLTensor."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32),
+                ("ndim", ctypes.c_int32), ("dtype", ctypes.c_uint32), ("shape", ctypes.c_void_p),
+                ("strides", ctypes.c_void_p), ("byte_offset", ctypes.c_uint64)]
+
+
+def _capsule_pointer(capsule, name):
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    return get(capsule, name)
 
 
 def _describe(obj):
@@ -221,8 +282,7 @@ class _Walk:
         found = {}    # id -> (obj, address, bytes, kind, description)
         parents = {}  # id(child) -> [container, ...]
         self.own.update((id(found), id(parents), id(kinds)))
-        candidates = tuple(t for t in (bytes, bytearray, recognise.tensor, recognise.ndarray, recognise.jax_array)
-                           if t is not None)
+        candidates = recognise.types()
         for n, container in enumerate(self.objects):
             if n % 4096 == 0 and self.over_budget():
                 self.skipped.append("the search for large objects stopped after %d of %d objects"
@@ -423,13 +483,18 @@ def find(budget_s=BUDGET_S):
             gc.enable()
 
 
-def write(run_dir, when):
-    """Finds the paths and writes retention.PID.json in the run folder. The
-    budget is BUDGET_S seconds, or MEMLEDGER_RETENTION_BUDGET's."""
+def configured_budget():
+    """BUDGET_S seconds, or MEMLEDGER_RETENTION_BUDGET's."""
     try:
-        budget = float(os.environ.get("MEMLEDGER_RETENTION_BUDGET", BUDGET_S))
+        return float(os.environ.get("MEMLEDGER_RETENTION_BUDGET", BUDGET_S))
     except ValueError:
-        budget = BUDGET_S
+        return BUDGET_S
+
+
+def write(run_dir, when, budget_s=None):
+    """Finds the paths and writes retention.PID.json in the run folder,
+    within budget_s seconds (configured_budget() when None)."""
+    budget = budget_s if budget_s is not None else configured_budget()
     import memledger
 
     seq = memledger.live().seq  # the trace's moment: the report matches the live set of then
