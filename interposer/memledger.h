@@ -21,6 +21,14 @@ void memledger_loader_step(const char *label);
  * "12.1"): shown in the report's environment block. The Python module
  * writes the frameworks' builds with it; keys are listed in trace_format.h. */
 void memledger_note(const char *key, const char *value);
+/* For a SIGTERM handler that ends the process itself (the Python module's,
+ * which finds retention paths first): from now until SIGTERM's action is set
+ * again, a SIGTERM handed to the program's handler also starts a deadline of
+ * deadline_ms; if the process is still alive then (its handler could not
+ * run: the main thread blocked in native code), SIGTERM takes its default
+ * action. 0 clears it. Returns 0, or -1 when memledger does not handle
+ * SIGTERM in this process (not traced, or SIGTERM ignored). */
+int memledger_defer_sigterm(int deadline_ms);
 /* 1 when this process is being traced, else 0. */
 int memledger_active(void);
 /* Writes everything recorded so far to the trace (waits up to 2 s). */

@@ -4,6 +4,7 @@
 #include <csignal>
 #include <cstring>
 #include <dlfcn.h>
+#include <ctime>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -23,6 +24,38 @@ std::atomic<bool> g_installed{false};
 SpinLock g_actions_lock;
 struct sigaction g_app_action[NSIG];  // what the program believes is installed
 SigactionFn g_real_sigaction = nullptr;
+
+// The SIGTERM deadline (memledger_defer_sigterm): while it is set, a SIGTERM
+// handed to the program's handler also starts a one-shot kernel timer that
+// sends SIGTERM again, tagged, after this many milliseconds; the tagged
+// signal takes the default action at once. Any later change of SIGTERM's
+// action clears it.
+std::atomic<int> g_term_deadline_ms{0};
+std::atomic<bool> g_term_timer_started{false};
+constexpr int kDeadlineTag = 0x6d6c6467;  // "mldg"
+
+bool is_deadline(int signo, const siginfo_t* info) {
+  return signo == SIGTERM && info != nullptr && info->si_code == SI_TIMER && info->si_value.sival_int == kDeadlineTag;
+}
+
+// Async-signal-safe: two system calls (the kernel's timer, not glibc's
+// timer_create, whose thread notification is not safe here; a forked child
+// starts its own, as kernel timers are not inherited).
+void start_term_deadline(int ms) {
+  if (g_term_timer_started.exchange(true)) return;
+  struct sigevent event;
+  memset(&event, 0, sizeof event);
+  event.sigev_notify = SIGEV_SIGNAL;
+  event.sigev_signo = SIGTERM;
+  event.sigev_value.sival_int = kDeadlineTag;
+  int timer = 0;
+  if (syscall(SYS_timer_create, CLOCK_MONOTONIC, &event, &timer) != 0) return;
+  struct itimerspec when;
+  memset(&when, 0, sizeof when);
+  when.it_value.tv_sec = ms / 1000;
+  when.it_value.tv_nsec = static_cast<long>(ms % 1000) * 1000000L;
+  syscall(SYS_timer_settime, timer, 0, &when, nullptr);
+}
 
 bool watched(int signo) {
   for (int s : kWatched) {
@@ -74,6 +107,14 @@ void handler(int signo, siginfo_t* info, void* context) {
     // No lock here: a handler may interrupt sigaction() itself. A torn read
     // of a struct being replaced is no worse than the race the program has.
     memcpy(&app, &g_app_action[signo], sizeof app);
+  }
+  if (is_deadline(signo, info)) {
+    // The handler that was to end the process did not in time: the default action.
+    memset(&app, 0, sizeof app);
+    app.sa_handler = SIG_DFL;
+  } else if (signo == SIGTERM) {
+    const int deadline_ms = g_term_deadline_ms.load(std::memory_order_acquire);
+    if (deadline_ms > 0) start_term_deadline(deadline_ms);
   }
   errno = saved_errno;
   if (app.sa_flags & SA_SIGINFO) {
@@ -169,7 +210,11 @@ __attribute__((visibility("default"))) int sigaction(int signo, const struct sig
   if (!owned_by_us(signo)) return real(signo, act, oldact);
   memledger::interposer::SpinGuard guard(g_actions_lock);
   if (oldact != nullptr) *oldact = g_app_action[signo];
-  if (act != nullptr) g_app_action[signo] = *act;
+  if (act != nullptr) {
+    g_app_action[signo] = *act;
+    // The program (or the Python module itself) chose SIGTERM's action anew.
+    if (signo == SIGTERM) memledger::interposer::g_term_deadline_ms.store(0, std::memory_order_release);
+  }
   return 0;
 }
 
@@ -182,6 +227,12 @@ __attribute__((visibility("default"))) sighandler_t signal(int signo, sighandler
   if (sigaction(signo, &act, &old) != 0) return SIG_ERR;
   if (old.sa_flags & SA_SIGINFO) return reinterpret_cast<sighandler_t>(reinterpret_cast<void*>(old.sa_sigaction));
   return old.sa_handler;
+}
+
+__attribute__((visibility("default"))) int memledger_defer_sigterm(int deadline_ms) {
+  if (deadline_ms < 0 || !owned_by_us(SIGTERM)) return -1;
+  memledger::interposer::g_term_deadline_ms.store(deadline_ms, std::memory_order_release);
+  return 0;
 }
 
 }  // extern "C"

@@ -10,9 +10,15 @@ the suspect. The clean control keeps nothing: no suspect, and no path.
 
 A Keras model.fit whose callback keeps every batch's logits (TensorFlow
 eager tensors) and tf.Variable copies of them in its attributes; a JAX loop
-that keeps every step's output in a dict `outputs`, global or local."""
+that keeps every step's output in a dict `outputs`, global or local. A loop
+sent SIGTERM: the walk runs in its SIGTERM handler and the process still
+dies of SIGTERM; blocked in native code, it dies of SIGTERM by the
+deadline."""
 
 import os
+import signal
+import subprocess
+import time
 
 import clients
 import mltest
@@ -20,6 +26,7 @@ import mltest
 SCRIPT = os.path.join(clients.CLIENTS_DIR, "retention_client.py")
 KERAS = os.path.join(clients.CLIENTS_DIR, "retention_keras_client.py")
 JAX = os.path.join(clients.CLIENTS_DIR, "retention_jax_client.py")
+SIGTERM = os.path.join(clients.CLIENTS_DIR, "retention_sigterm_client.py")
 
 
 def leak_line(mode, script=SCRIPT):
@@ -160,6 +167,89 @@ class Retention(clients.ClientTestCase):
                          r"^dict `outputs` \(20 items\), local in train_local \(retention_jax_client\.py:\d+\)$")
         self.assertEqual(top["hops"][1], "jax.Array (float32[256, 512])")
         self.assertGreaterEqual(top["objects"], 12)
+
+
+class RetentionAtSigterm(clients.ClientTestCase):
+    """The walk at SIGTERM, and that SIGTERM still ends the process."""
+
+    def start(self, block, env, memledger_run=None):
+        """Starts the client (under `memledger run -o memledger_run` when
+        given, else as env says), waits for its READY line, and returns
+        (process, client pid)."""
+        command = [clients.PYTHON_TORCH, SIGTERM, "--block", block]
+        if memledger_run is not None:
+            command = [mltest.MEMLEDGER, "run", "-q", "-o", memledger_run, "--host", "full", "--"] + command
+        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        self.addCleanup(self.reap, proc)
+        line = proc.stdout.readline()
+        if not line.startswith("READY "):
+            proc.kill()
+            self.fail(line + proc.communicate()[1])
+        return proc, int(line.split()[1])
+
+    @staticmethod
+    def reap(proc):
+        if proc.poll() is None:
+            mltest.kill_session(proc.pid)
+        proc.communicate()
+
+    def terminate(self, proc, pid):
+        """Sends SIGTERM to the client; (exit status, seconds to exit, the
+        rest of its output)."""
+        start = time.monotonic()
+        os.kill(pid, signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        return proc.returncode, time.monotonic() - start, out
+
+    def test_kept_by_at_sigterm(self):
+        run_dir = os.path.join(self.tmpdir(), "run")
+        env = mltest.clean_env(MEMLEDGER_RETENTION_BUDGET="30")
+        proc, pid = self.start("none", env, memledger_run=run_dir)
+        status, _, _ = self.terminate(proc, pid)
+        self.assertEqual(status, 128 + signal.SIGTERM)  # memledger run's status for a child killed by SIGTERM
+        report = self.load_report(run_dir)
+        self.assertEqual(report["verdict"]["kind"], "signal", report["verdict"])
+        self.assertIn("SIGTERM", report["verdict"]["summary"])
+        process = report["processes"][report["job"]["rows"][0]["process"]]
+        self.assertEqual(process["stats"]["retention"]["when"], "sigterm")
+        with_paths = [s for s in process["leak_suspects"] if s.get("kept_by")]
+        self.assertEqual(len(with_paths), 1, process["leak_suspects"])
+        self.assertIn("retention_sigterm_client.py:%d" % leak_line("history", SIGTERM), frames(with_paths[0]))
+        top = with_paths[0]["kept_by"][0]
+        self.assertRegex(top["hops"][0], r"^list `history` \(\d+ items\), global in __main__ "
+                                         r"\(retention_sigterm_client\.py\)$")
+        self.assertEqual(top["hops"][1], "bytearray (262144)")
+        self.assertGreaterEqual(top["objects"], 20)
+
+    def raw_env(self, run_dir):
+        """What `memledger run` sets for a traced Python program, without
+        it: the parent sees the program's own exit status."""
+        boot = os.path.join(mltest.SOURCE_DIR, "tools", "python", "memledger", "_boot")
+        return mltest.clean_env(LD_PRELOAD=mltest.LIBRARY, MEMLEDGER_DIR=run_dir,
+                                PYTHONPATH="%s:%s" % (boot, os.path.join(mltest.SOURCE_DIR, "tools", "python")))
+
+    def test_status_is_still_sigterm(self):
+        run_dir = os.path.join(self.tmpdir(), "raw")
+        proc, pid = self.start("none", self.raw_env(run_dir))
+        status, _, _ = self.terminate(proc, pid)
+        self.assertEqual(status, -signal.SIGTERM)
+        self.assertEqual([f for f in os.listdir(run_dir) if f.startswith("retention.")], ["retention.%d.json" % pid])
+
+    def test_blocked_in_native_code(self):
+        # Untraced, SIGTERM ends the blocked program at once; traced, its
+        # Python handler cannot run, and the deadline ends it, by SIGTERM.
+        proc, pid = self.start("native", mltest.clean_env())
+        status, _, _ = self.terminate(proc, pid)
+        self.assertEqual(status, -signal.SIGTERM)
+        run_dir = os.path.join(self.tmpdir(), "raw")
+        proc, pid = self.start("native", self.raw_env(run_dir))
+        status, seconds, out = self.terminate(proc, pid)
+        self.assertEqual(status, -signal.SIGTERM)
+        self.assertNotIn("NOT_REACHED", out)
+        self.assertGreaterEqual(seconds, 1.5)  # the deadline: 2 s after the signal
+        self.assertLess(seconds, 10)
+        self.assertEqual([f for f in os.listdir(run_dir) if f.startswith("retention.")], [])
 
 
 if __name__ == "__main__":

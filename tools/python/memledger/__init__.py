@@ -297,7 +297,7 @@ def run_dir():
     return None if value is None else value.decode("utf-8", "replace")
 
 
-def snapshot(when="snapshot"):
+def snapshot(when="snapshot", budget_s=None):
     """Finds what keeps this process's large buffers alive now (tensors,
     arrays, bytes: the chain of referrers from each to a global, a local or
     an attribute) and writes it to the run folder, where the report matches
@@ -313,7 +313,7 @@ def snapshot(when="snapshot"):
 
     if when == "snapshot":
         _snapshot_taken = True  # the program chose its moment: no walk at exit replaces it
-    return _retention.write(directory, when)
+    return _retention.write(directory, when, budget_s)
 
 
 _snapshot_taken = False

@@ -16,6 +16,8 @@ start-up by the sitecustomize that `memledger run` puts first on PYTHONPATH
   paths, memledger._retention) and writes them to the run folder for the
   report; MEMLEDGER_RETENTION=0 (`memledger run --no-retention`) turns it
   off.
+- at SIGTERM, when SIGTERM has its default action: the same, then the
+  process ends by SIGTERM as it would have (see _install_sigterm).
 
 Nothing is imported for it: the hooks wait for the program's own imports."""
 
@@ -142,6 +144,87 @@ def _retention_at_exit():
         pass
 
 
+SIGTERM_DEADLINE_MS = 2000  # a SIGTERM ends the process within this, walk or not
+SIGTERM_BUDGET_S = 1.0      # the walk's budget at SIGTERM, at most
+_sigterm_started = False
+
+
+def _on_sigterm(signum, frame):
+    """SIGTERM with its default action: the walk, then the default action."""
+    global _sigterm_started
+    del frame  # not a root of the walk
+    if _sigterm_started:
+        return  # a second SIGTERM during the walk: the first one ends the process
+    _sigterm_started = True
+    import signal
+
+    try:
+        if not memledger._snapshot_taken:
+            budget = min(_retention_budget(), SIGTERM_BUDGET_S)
+            memledger.snapshot(when="sigterm", budget_s=budget)
+        memledger.flush()
+    except Exception:  # never let the walk change how the program ends
+        pass
+    _real_signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _retention_budget():
+    from memledger import _retention
+
+    return _retention.configured_budget()
+
+
+_real_signal = None
+
+
+def _install_sigterm(defer):
+    """Only while SIGTERM has its default action: its handler runs the walk
+    (within SIGTERM_BUDGET_S), then restores the default action and sends
+    SIGTERM again, so the process ends as it would have (killed by SIGTERM).
+    A Python handler runs only when the main thread runs Python: the preload
+    library ends the process by the default action if it is still alive
+    SIGTERM_DEADLINE_MS after the signal (memledger_defer_sigterm). The
+    program sees SIGTERM's default action: signal.getsignal() says SIG_DFL,
+    signal.signal() returns SIG_DFL as the previous handler, and setting
+    SIG_DFL puts this handler back. Setting its own handler (from Python or
+    native code) replaces it."""
+    global _real_signal
+    import functools
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return
+    real_signal, real_getsignal = signal.signal, signal.getsignal
+    _real_signal = real_signal
+    real_signal(signal.SIGTERM, _on_sigterm)
+    if defer(SIGTERM_DEADLINE_MS) != 0:  # memledger does not handle SIGTERM here (ignored)
+        real_signal(signal.SIGTERM, signal.SIG_DFL)
+        return
+
+    @functools.wraps(real_signal)
+    def signal_(signalnum, handler):
+        if signalnum != signal.SIGTERM:
+            return real_signal(signalnum, handler)
+        if handler == signal.SIG_DFL and not _sigterm_started:
+            previous = real_signal(signalnum, _on_sigterm)
+            defer(SIGTERM_DEADLINE_MS)
+        else:
+            previous = real_signal(signalnum, handler)
+        return signal.SIG_DFL if previous is _on_sigterm else previous
+
+    @functools.wraps(real_getsignal)
+    def getsignal(signalnum):
+        handler = real_getsignal(signalnum)
+        return signal.SIG_DFL if handler is _on_sigterm else handler
+
+    signal.signal = signal_
+    signal.getsignal = getsignal
+
+
 def _install():
     global _loader_step
     import ctypes
@@ -150,6 +233,13 @@ def _install():
     if _loader_step is None or not memledger.active():
         return
     atexit.register(_retention_at_exit)
+    if os.environ.get("MEMLEDGER_RETENTION", "1") != "0":
+        defer = memledger._c_function("memledger_defer_sigterm", [ctypes.c_int], ctypes.c_int)
+        if defer is not None:
+            try:
+                _install_sigterm(defer)
+            except Exception:
+                pass
     hooks = {
         "torch.utils.data.dataloader": _hook_dataloader,
         "tensorflow.python.data.experimental.service.server_lib": _hook_tfdata_service,
