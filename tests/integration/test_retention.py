@@ -15,6 +15,7 @@ sent SIGTERM: the walk runs in its SIGTERM handler and the process still
 dies of SIGTERM; blocked in native code, it dies of SIGTERM by the
 deadline."""
 
+import json
 import os
 import signal
 import subprocess
@@ -235,6 +236,27 @@ class RetentionAtSigterm(clients.ClientTestCase):
         status, _, _ = self.terminate(proc, pid)
         self.assertEqual(status, -signal.SIGTERM)
         self.assertEqual([f for f in os.listdir(run_dir) if f.startswith("retention.")], ["retention.%d.json" % pid])
+
+    def test_program_sees_the_default_and_its_handler_wins(self):
+        # What Lightning does: install its SIGTERM handler only where none is.
+        program = ("import os, signal, sys\n"
+                   "print(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, flush=True)\n"
+                   "def own(signum, frame):\n"
+                   "    print('OWN', flush=True)\n"
+                   "    sys.exit(3)\n"
+                   "print(signal.signal(signal.SIGTERM, own) is signal.SIG_DFL, flush=True)\n"
+                   "print(signal.getsignal(signal.SIGTERM) is own, flush=True)\n"
+                   "os.kill(os.getpid(), signal.SIGTERM)\n")
+        for env in (mltest.clean_env(), self.raw_env(os.path.join(self.tmpdir(), "raw"))):
+            proc = self.run_cmd([clients.PYTHON_TORCH, "-c", program], env=env)
+            self.assertEqual((proc.returncode, proc.stdout), (3, "True\nTrue\nTrue\nOWN\n"), proc.stderr)
+        # The walk ran at exit, not at the signal.
+        run_dir = os.path.join(self.tmpdir(), "raw")
+        self.run_cmd([clients.PYTHON_TORCH, "-c", program], env=self.raw_env(run_dir))
+        files = [f for f in os.listdir(run_dir) if f.startswith("retention.")]
+        self.assertEqual(len(files), 1)
+        with open(os.path.join(run_dir, files[0])) as f:
+            self.assertEqual(json.load(f)["when"], "exit")
 
     def test_blocked_in_native_code(self):
         # Untraced, SIGTERM ends the blocked program at once; traced, its
