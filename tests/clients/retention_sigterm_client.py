@@ -4,11 +4,12 @@ sent SIGTERM, for memledger's retention paths at SIGTERM.
     retention_sigterm_client.py [--steps N] [--block none|native]
 
 Each step appends a 256 KiB bytearray to the list `history` and ends a
-memledger step. After N steps it prints `READY PID` and goes on:
+memledger step. After N steps it prints `READY PID` and goes on (the test
+waits a moment before it sends SIGTERM to a blocking one):
 --block none: the loop goes on (one step every 20 ms) until the signal;
---block native: the main thread blocks in a native read of a pipe that
-    never gets data, holding the GIL (ctypes.PyDLL): no Python runs until
-    the read returns, and a restarted read never does.
+--block native: the main thread blocks in native code for good, holding
+    the GIL (ctypes.PyDLL): it locks a mutex it already holds, a wait that
+    no signal interrupts, so no Python runs again in the process.
 It never ends by itself."""
 
 import argparse
@@ -37,12 +38,15 @@ def main():
     args = parser.parse_args()
     for _ in range(args.steps):
         step()
-    print("READY %d" % os.getpid(), flush=True)
     if args.block == "native":
-        r, w = os.pipe()  # w stays open: the read never ends
-        buf = ctypes.create_string_buffer(1)
-        ctypes.PyDLL(None).read(r, buf, 1)
+        libc = ctypes.PyDLL(None)
+        lock = libc.pthread_mutex_lock
+        mutex = ctypes.create_string_buffer(64)  # zeroed: PTHREAD_MUTEX_INITIALIZER, a normal mutex
+        lock(mutex)
+        print("READY %d" % os.getpid(), flush=True)
+        lock(mutex)  # a normal mutex locked again by its owner: waits for ever
         print("NOT_REACHED", flush=True)
+    print("READY %d" % os.getpid(), flush=True)
     while True:
         step()
         time.sleep(0.02)

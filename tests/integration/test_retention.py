@@ -226,9 +226,9 @@ class RetentionAtSigterm(clients.ClientTestCase):
     def raw_env(self, run_dir):
         """What `memledger run` sets for a traced Python program, without
         it: the parent sees the program's own exit status."""
-        boot = os.path.join(mltest.SOURCE_DIR, "tools", "python", "memledger", "_boot")
-        return mltest.clean_env(LD_PRELOAD=mltest.LIBRARY, MEMLEDGER_DIR=run_dir,
-                                PYTHONPATH="%s:%s" % (boot, os.path.join(mltest.SOURCE_DIR, "tools", "python")))
+        package = os.environ.get("MLTEST_PYTHON_PACKAGE", str(mltest.SOURCE_DIR / "tools" / "python"))
+        boot = os.path.join(package, "memledger", "_boot")
+        return mltest.clean_env(LD_PRELOAD=mltest.LIBRARY, MEMLEDGER_DIR=run_dir, PYTHONPATH="%s:%s" % (boot, package))
 
     def test_status_is_still_sigterm(self):
         run_dir = os.path.join(self.tmpdir(), "raw")
@@ -266,6 +266,7 @@ class RetentionAtSigterm(clients.ClientTestCase):
         self.assertEqual(status, -signal.SIGTERM)
         run_dir = os.path.join(self.tmpdir(), "raw")
         proc, pid = self.start("native", self.raw_env(run_dir))
+        time.sleep(0.5)  # from READY to the wait: one call
         status, seconds, out = self.terminate(proc, pid)
         self.assertEqual(status, -signal.SIGTERM)
         self.assertNotIn("NOT_REACHED", out)

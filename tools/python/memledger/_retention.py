@@ -1,12 +1,13 @@
 """Who keeps the program's large buffers alive: retention paths.
 
-At exit (and on memledger.snapshot()), the traced program's large memory
+At exit (and on memledger.snapshot(), and at SIGTERM when SIGTERM has its
+default action: memledger._autoload), the traced program's large memory
 owners are found among the objects the garbage collector tracks and what
 they refer to: torch tensors and storages (their storage's data pointer),
 NumPy arrays that own their data, JAX arrays, TensorFlow's eager tensors
 and resource variables (the buffer's address through DLPack, which shares
-it on every device), bytes and bytearrays. From
-each, the chain of referrers is followed up to a named root: a module
+it on every device), bytes and bytearrays. From each, the chain of
+referrers is followed up to a named root: a module
 global, a local variable of a running function, or an attribute of a named
 object. The result goes to retention.PID.json in the run folder, where the
 report matches each owner's address with the live blocks of its growth
