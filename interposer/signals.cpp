@@ -147,6 +147,19 @@ void handler(int signo, siginfo_t* info, void* context) {
   raise(signo);
 }
 
+// Our handler in front of the program's action: interrupted system calls
+// restart, and other signals are blocked while it runs, as the program's
+// action asked (Python's handlers do not restart: a blocked read returns
+// EINTR so that the interpreter runs them).
+void install_ours(SigactionFn real, int signo, const struct sigaction& app) {
+  struct sigaction ours;
+  memset(&ours, 0, sizeof ours);
+  ours.sa_sigaction = handler;
+  ours.sa_flags = SA_SIGINFO | SA_ONSTACK | (app.sa_flags & SA_RESTART);
+  ours.sa_mask = app.sa_mask;
+  real(signo, &ours, nullptr);
+}
+
 }  // namespace
 
 void install_signal_handlers() {
@@ -169,12 +182,7 @@ void install_signal_handlers() {
       continue;
     }
     g_app_action[signo] = old;
-    struct sigaction ours;
-    memset(&ours, 0, sizeof ours);
-    ours.sa_sigaction = handler;
-    ours.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
-    sigemptyset(&ours.sa_mask);
-    real(signo, &ours, nullptr);
+    install_ours(real, signo, old);
   }
   g_installed.store(true, std::memory_order_release);
 }
@@ -212,6 +220,7 @@ __attribute__((visibility("default"))) int sigaction(int signo, const struct sig
   if (oldact != nullptr) *oldact = g_app_action[signo];
   if (act != nullptr) {
     g_app_action[signo] = *act;
+    memledger::interposer::install_ours(real, signo, *act);
     // The program (or the Python module itself) chose SIGTERM's action anew.
     if (signo == SIGTERM) memledger::interposer::g_term_deadline_ms.store(0, std::memory_order_release);
   }

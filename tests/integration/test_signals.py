@@ -155,5 +155,44 @@ class SignalOutcomes(mltest.TestCase):
         self.assertEqual(v.get("fault_address", "0x0"), "0x0")
 
 
+# Blocked in a read on a pipe no one writes to: Ctrl-C must still raise
+# KeyboardInterrupt there. Python installs its handlers without SA_RESTART,
+# so the read returns EINTR and the interpreter runs the handler; a handler
+# in front of Python's that restarted the read would leave it blocked.
+BLOCKED_READ = r"""
+import os, sys
+r, w = os.pipe()
+print("READY", flush=True)
+try:
+    os.read(r, 1)
+    print("READ_RETURNED", flush=True)
+except KeyboardInterrupt:
+    print("INTERRUPTED", flush=True)
+"""
+
+
+class InterruptedSystemCalls(mltest.TestCase):
+    def interrupt(self, env):
+        import subprocess
+        import sys
+        import time
+
+        proc = subprocess.Popen([sys.executable, "-c", BLOCKED_READ], stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            self.assertEqual(proc.stdout.readline().strip(), "READY")
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            out, _ = proc.communicate(timeout=20)
+        finally:
+            proc.kill()
+        return proc.returncode, out
+
+    def test_ctrl_c_interrupts_a_blocked_read(self):
+        untraced = self.interrupt(mltest.clean_env())
+        self.assertEqual(untraced, (0, "INTERRUPTED\n"))
+        traced = self.interrupt(mltest.clean_env(LD_PRELOAD=mltest.LIBRARY, MEMLEDGER_DIR=self.tmpdir()))
+        self.assertEqual(traced, untraced)
+
+
 if __name__ == "__main__":
     mltest.main()
