@@ -99,16 +99,37 @@ RetentionFile read_retention(const std::string& dir, int pid) {
 void attach_retention(const RetentionFile& file, const std::vector<InheritedBlock>& live, const ReplayOutput& replay,
                       std::vector<LeakSuspect>& suspects, size_t max_paths) {
   if (file.owners.empty() || suspects.empty()) return;
+  constexpr uint8_t kDevice = static_cast<uint8_t>(fmt::Kind::kDevice);
   absl::flat_hash_map<uint64_t, const InheritedBlock*> at;
   at.reserve(live.size());
-  for (const InheritedBlock& b : live) at.emplace(b.key, &b);
+  // Device blocks by address range: a framework's caching allocator hands
+  // tensors out of larger blocks it got from the driver (PyTorch's
+  // segments), so a device tensor's pointer lies inside its block.
+  std::vector<std::pair<uint64_t, const InheritedBlock*>> device;
+  for (const InheritedBlock& b : live) {
+    at.emplace(b.key, &b);
+    if (b.kind == kDevice) device.emplace_back(b.key ^ live_key(kDevice, 0, 0), &b);
+  }
+  std::sort(device.begin(), device.end());
+  auto device_block_holding = [&](uint64_t address) -> const InheritedBlock* {
+    auto it = std::upper_bound(device.begin(), device.end(), address,
+                               [](uint64_t a, const auto& block) { return a < block.first; });
+    if (it == device.begin()) return nullptr;
+    --it;
+    return address - it->first < it->second->weight ? it->second : nullptr;
+  };
   // The site (stack and kind) of each owner's live block.
   std::map<std::pair<uint32_t, uint8_t>, std::map<size_t, KeptBy>> by_site;
   for (const RetentionOwner& o : file.owners) {
-    const uint8_t kind = static_cast<uint8_t>(o.device ? fmt::Kind::kDevice : fmt::Kind::kHost);
-    auto block = at.find(live_key(kind, 0, o.address));
-    if (block == at.end() || block->second->kind != kind || block->second->site >= replay.sites.size()) continue;
-    const SiteAcc& site = replay.sites[block->second->site];
+    const uint8_t kind = o.device ? kDevice : static_cast<uint8_t>(fmt::Kind::kHost);
+    const InheritedBlock* block = nullptr;
+    if (auto exact = at.find(live_key(kind, 0, o.address)); exact != at.end() && exact->second->kind == kind) {
+      block = exact->second;
+    } else if (o.device) {
+      block = device_block_holding(o.address);
+    }
+    if (block == nullptr || block->site >= replay.sites.size()) continue;
+    const SiteAcc& site = replay.sites[block->site];
     KeptBy& k = by_site[{site.stack, site.kind}][o.path];
     if (k.hops.empty()) k.hops = file.paths[o.path];
     ++k.objects;

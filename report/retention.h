@@ -8,7 +8,8 @@
 //      hold its live blocks at the end, most bytes first: an owner's data
 //      pointer is the address its allocator returned (a torch storage, a
 //      NumPy array that owns its data, bytes), so owners and blocks meet
-//      by address.
+//      by address; a device owner also meets the device block that holds
+//      its address (a caching allocator's segment).
 #pragma once
 
 #include <cstdint>
