@@ -164,7 +164,47 @@ constexpr RoleCode kRoleCodes[] = {
     {"_process_worker", "concurrent/futures/process.py", "ProcessPool worker"},
 };
 
+// Jupyter, by the command line: a kernel is started with its connection
+// file, `python -m ipykernel_launcher -f .../kernel-<id>.json` (the
+// server names the file after the kernel's id, whatever the kernel's
+// language); the server runs as jupyter-lab, jupyter-server or
+// jupyter-notebook, or `python -m jupyterlab` and the like.
+void find_jupyter_role(const Trace& trace, ProcessReport& r) {
+  std::vector<std::string> argv;
+  std::string arg;
+  for (char c : trace.header_value("command")) {
+    if (c == '\x1f') {
+      argv.push_back(std::move(arg));
+      arg.clear();
+    } else {
+      arg += c;
+    }
+  }
+  argv.push_back(std::move(arg));
+  auto base = [](const std::string& path) { return path.substr(path.find_last_of('/') + 1); };
+  for (size_t i = 0; i < argv.size(); ++i) {
+    std::string file = argv[i];
+    if (file.starts_with("--f=") || file.starts_with("-f=")) file = file.substr(file.find('=') + 1);
+    const std::string name = base(file);
+    if (name.starts_with("kernel-") && name.ends_with(".json") && name.size() > 12) {
+      r.python_role = "Jupyter kernel";
+      r.kernel_id = name.substr(7, name.size() - 12);
+      return;
+    }
+  }
+  for (size_t i = 0; i < argv.size() && i < 3; ++i) {
+    const std::string name = base(argv[i]);
+    const bool module = i > 0 && argv[i - 1] == "-m";
+    if (name == "jupyter-lab" || name == "jupyter-server" || name == "jupyter-notebook" ||
+        (module && (name == "jupyterlab" || name == "jupyter_server" || name == "notebook"))) {
+      r.python_role = "Jupyter server";
+      return;
+    }
+  }
+}
+
 void find_python_role(const Trace& trace, ProcessReport& r) {
+  find_jupyter_role(trace, r);
   for (const auto& [id, code] : trace.python_codes) {
     for (const RoleCode& rc : kRoleCodes) {
       if (code.qualname == rc.qualname && code.filename.ends_with(rc.file_suffix)) r.python_role = rc.role;
@@ -178,6 +218,7 @@ void find_python_role(const Trace& trace, ProcessReport& r) {
       r.python_role = value->second;
     }
   }
+  if (r.python_role != "Jupyter kernel") r.kernel_id.clear();  // a worker forked by a kernel
   // multiprocessing starts a spawned or forkserver child as
   // `python -c 'from multiprocessing.spawn import spawn_main; ...' --multiprocessing-fork`.
   const std::string command = trace.command_line();

@@ -341,8 +341,12 @@ struct ProcessReport {
   // "ProcessPool worker" (concurrent.futures); empty when none.
   // start_method: "spawn" or "forkserver" when multiprocessing started the
   // interpreter that way, else empty.
+  // A Jupyter kernel ("Jupyter kernel") and a Jupyter server ("Jupyter
+  // server") are named from their command line; kernel_id: the kernel's id,
+  // from its connection file (kernel-<id>.json), else empty.
   std::string python_role;
   std::string start_method;
+  std::string kernel_id;
   GrowthView growth_view;
   int pid = 0;
   int ppid = 0;

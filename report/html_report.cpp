@@ -916,7 +916,7 @@ void process_section(const ProcessReport& p, size_t index, bool root, bool open,
 
 void job_section(const RunReport& run, const JobSummary& job, std::ostringstream& o) {
   o << "<h2 id=\"job\">Whole job: " << run.processes.size() << " processes</h2>\n";
-  o << "<div class=\"card " << (job.growing.empty() ? "verdict" : "verdict bad") << "\"><b>" << esc(job.conclusion)
+  o << "<div class=\"card " << (job.growing.empty() && job.died.empty() ? "verdict" : "verdict bad") << "\"><b>" << esc(job.conclusion)
     << "</b></div>\n";
   o << "<table class=\"job\"><thead><tr><th>process</th><th>role</th><th class=\"n\">steps</th><th class=\"n\">peak live</th>"
        "<th class=\"n\">live growth/step</th><th class=\"n\">suspects</th><th>top growth</th><th class=\"n\">exit leaks</th>"

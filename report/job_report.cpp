@@ -92,6 +92,7 @@ JobSummary summarize_job(const RunReport& run) {
     const ProcessReport& p = run.processes[i];
     ProcessRow row;
     row.index = i;
+    row.root = i == run.root;
     row.label = p.rank.empty() ? "pid " + std::to_string(p.pid) : "rank " + p.rank + " (pid " + std::to_string(p.pid) + ")";
     const int image = ++image_seen[p.pid];  // processes are in start order
     const bool parent_traced = std::any_of(run.processes.begin(), run.processes.end(),
@@ -119,6 +120,7 @@ JobSummary summarize_job(const RunReport& run) {
     }
     row.python_role = p.python_role;
     row.start_method = p.start_method;
+    row.kernel_id = p.kernel_id;
     row.suspects = p.leak_suspects.size();
     for (const LeakSuspect& s : p.leak_suspects) row.suspect_bytes_per_step += s.bytes_per_step;
     row.time_windows = p.window_seconds > 0;
@@ -142,6 +144,14 @@ JobSummary summarize_job(const RunReport& run) {
   // that role, in start order.
   for (ProcessRow& row : job.rows) {
     if (row.python_role.empty()) continue;
+    if (row.python_role.starts_with("Jupyter ")) {
+      // "Jupyter kernel <id> (pid 12)": a notebook's kernel is known by its
+      // id; one the server restarts keeps it, in a new process.
+      const std::string named = row.python_role + (row.kernel_id.empty() ? "" : " " + row.kernel_id);
+      row.label = named + " (pid " + std::to_string(run.processes[row.index].pid) + ")";
+      row.role = named + ", " + row.role;
+      continue;
+    }
     const int ppid = run.processes[row.index].ppid;
     for (const ProcessRow& other : job.rows) {
       if (other.python_role != row.python_role || run.processes[other.index].ppid != ppid) continue;
@@ -212,6 +222,20 @@ JobSummary summarize_job(const RunReport& run) {
                       (k == 0 ? " of its parent's memory on write (copy-on-write: see its notes)" : "");
   }
   if (copied.size() > 3) job.conclusion += ", ...";
+  // A process killed or crashed while the job went on (a notebook's kernel
+  // under a Jupyter server, a worker): the verdict names it.
+  for (size_t i = 0; i < job.rows.size(); ++i) {
+    const std::string& kind = job.rows[i].verdict_kind;
+    if (job.rows[i].index != run.root && (kind == "killed" || kind == "host_oom_kill" || kind == "crash")) {
+      job.died.push_back(i);
+    }
+  }
+  std::stable_sort(job.died.begin(), job.died.end(), [&](size_t a, size_t b) { return job.rows[a].index < job.rows[b].index; });
+  for (size_t k = 0; k < job.died.size() && k < 3; ++k) {
+    const ProcessRow& r = job.rows[job.died[k]];
+    job.conclusion += "; " + r.label + (r.verdict_kind == "crash" ? " " : " was ") + r.verdict;
+  }
+  if (job.died.size() > 3) job.conclusion += "; " + std::to_string(job.died.size() - 3) + " more processes died";
   return job;
 }
 
@@ -225,6 +249,7 @@ nlohmann::json job_json(const JobSummary& job) {
                     {"role_index", r.role_index},
                     {"role_count", r.role_count},
                     {"start_method", r.start_method},
+                    {"kernel_id", r.kernel_id},
                     {"suspect_bytes_per_second", r.suspect_bytes_per_second},
                     {"time_windows", r.time_windows},
                     {"suspect_bytes_per_parent_step", r.suspect_bytes_per_parent_step},
@@ -246,19 +271,27 @@ nlohmann::json job_json(const JobSummary& job) {
   }
   nlohmann::json growing = nlohmann::json::array();
   for (size_t g : job.growing) growing.push_back(job.rows[g].index);
-  return {{"rows", rows}, {"growing", growing}, {"conclusion", job.conclusion}};
+  nlohmann::json died = nlohmann::json::array();
+  for (size_t d : job.died) died.push_back(job.rows[d].index);
+  return {{"rows", rows}, {"growing", growing}, {"died", died}, {"conclusion", job.conclusion}};
 }
 
 std::string render_job_text(const JobSummary& job) {
   std::ostringstream out;
   out << "whole job: " << job.conclusion << "\n";
-  out << "  process                                   steps   peak live       growth  suspects  exit leaks  verdict\n";
+  // The process column is 40 wide, wider for a longer label (a Jupyter
+  // kernel's id).
+  int width = 40;
+  for (const ProcessRow& r : job.rows) width = std::max(width, std::min(80, static_cast<int>(r.label.size())));
+  out << "  " << std::string("process") + std::string(static_cast<size_t>(width) - 7, ' ')
+      << "  steps   peak live       growth  suspects  exit leaks  verdict\n";
   for (const ProcessRow& r : job.rows) {
-    char line[256];
-    std::snprintf(line, sizeof line, "  %-40s %6zu  %10s  %11s  %8zu  %10s  ", r.label.substr(0, 40).c_str(), r.steps,
+    char line[320];
+    std::snprintf(line, sizeof line, "  %-*s %6zu  %10s  %11s  %8zu  %10s  ", width,
+                  r.label.substr(0, static_cast<size_t>(width)).c_str(), r.steps,
                   human_bytes(double(r.peak_bytes)).c_str(), r.suspects ? growth_rate_text(r).c_str() : "-", r.suspects,
                   human_bytes(double(r.exit_leak_bytes)).c_str());
-    out << line << r.status << (r.role == "root" ? " (root)" : "") << "\n";
+    out << line << r.status << (r.root ? " (root)" : "") << "\n";
   }
   return out.str();
 }

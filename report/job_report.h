@@ -13,6 +13,7 @@ namespace memledger::report {
 
 struct ProcessRow {
   size_t index = 0;     // into RunReport::processes
+  bool root = false;    // RunReport::root
   std::string label;    // "rank 3" when the launcher set a rank, else "pid 1234"
   std::string role;     // "root", "child of pid 1234", "not a child of a traced process",
                         // then ", image 2 of 2 (exec)" for a pid with several images, ", rank 1 of 8"
@@ -31,6 +32,7 @@ struct ProcessRow {
   int role_index = -1;
   int role_count = 0;
   std::string start_method;
+  std::string kernel_id;  // a Jupyter kernel's id (ProcessReport::kernel_id)
   size_t suspects = 0;
   double suspect_bytes_per_step = 0;  // sum over the growth suspects
   // The same per second: over time windows (a process without steps), or
@@ -59,7 +61,10 @@ std::string growth_rate_text(const ProcessRow& row, bool per_parent_step = false
 struct JobSummary {
   std::vector<ProcessRow> rows;  // root first, then by rank, then in start order
   std::vector<size_t> growing;   // indices into rows of the processes with growth suspects, fastest first
-  std::string conclusion;        // one sentence: which process or rank grows
+  // Indices into rows of the processes other than the root that were killed
+  // (SIGKILL, the OOM killer) or crashed, in start order.
+  std::vector<size_t> died;
+  std::string conclusion;        // one sentence: which process or rank grows, then which died
 };
 
 JobSummary summarize_job(const RunReport& run);

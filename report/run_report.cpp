@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <sstream>
+#include <sys/wait.h>
 
 #include "environment.h"
 #include "pressure.h"
@@ -453,6 +456,7 @@ json process_json(const ProcessReport& p, size_t max_step_rows) {
       {"window_seconds", p.window_seconds},
       {"python_role", p.python_role},
       {"start_method", p.start_method},
+      {"kernel_id", p.kernel_id},
       {"warmup_steps", p.warmup_steps},
       {"duration_ns", p.duration_ns},
       {"steps", steps},
@@ -604,9 +608,26 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options, cons
       if (std::to_string(traces[p].pid()) == parent) forked_from[i] = static_cast<int>(p);  // its latest image
     }
   }
+  // How children ended, as their traced parents' own waits saw them (the
+  // Python module notes "child.status" = "PID STATUS" for each child of
+  // subprocess.Popen): a parent is analysed before its children, so its
+  // notes are read by then. Keyed by (parent pid, child pid).
+  std::map<std::pair<int, int>, int> child_status;
   for (size_t i = 0; i < traces.size(); ++i) {
     ExitInfo exit_info;
     if (i == root && rf.exit.known) exit_info = rf.exit;
+    const int ppid = std::atoi(traces[i].header_value("ppid", "0").c_str());
+    // The status is the last image's: an image that exec'ed is judged by
+    // its exec.
+    const bool later_image = std::any_of(traces.begin() + static_cast<std::ptrdiff_t>(i) + 1, traces.end(),
+                                         [&](const Trace& t) { return t.pid() == traces[i].pid(); });
+    if (auto seen = child_status.find({ppid, traces[i].pid()});
+        !exit_info.known && !later_image && seen != child_status.end()) {
+      exit_info.known = true;
+      exit_info.signaled = WIFSIGNALED(seen->second);
+      exit_info.signo = exit_info.signaled ? WTERMSIG(seen->second) : 0;
+      exit_info.code = WIFEXITED(seen->second) ? WEXITSTATUS(seen->second) : 0;
+    }
     exit_info.kernel = rf.kernel.checked ? &rf.kernel : nullptr;
     AnalysisOptions process_options = options;
     for (size_t c = i + 1; c < traces.size(); ++c) {
@@ -620,6 +641,13 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options, cons
     }
     run.processes.push_back(analyze_stream(traces[i], exit_info, process_options));
     std::vector<InheritedBlock>().swap(inherited[i]);
+    for (const TraceInfo& info : traces[i].info) {
+      auto key = traces[i].strings.find(info.key);
+      auto value = traces[i].strings.find(info.value);
+      if (key == traces[i].strings.end() || key->second != "child.status" || value == traces[i].strings.end()) continue;
+      int pid = 0, status = 0;
+      if (std::sscanf(value->second.c_str(), "%d %d", &pid, &status) == 2) child_status[{traces[i].pid(), pid}] = status;
+    }
     // The process exited, but its trace has neither the exit nor the end:
     // tracing was lost before the end (the trace file became unwritable).
     const Trace& t = traces[i];
@@ -737,7 +765,10 @@ void text_allocator(const HostAllocator& a, std::ostringstream& out) {
 void text_heading(const ProcessReport& p, bool root, std::ostringstream& out) {
   out << "\n== process " << p.pid;
   if (!p.rank.empty()) out << " (rank " << p.rank << ")";
-  if (!p.python_role.empty()) out << " (" << p.python_role << (p.start_method.empty() ? "" : ", " + p.start_method) << ")";
+  if (!p.python_role.empty()) {
+    out << " (" << p.python_role << (p.kernel_id.empty() ? "" : " " + p.kernel_id)
+        << (p.start_method.empty() ? "" : ", " + p.start_method) << ")";
+  }
   if (root) out << " (root)";
   out << ": " << p.command << "\n";
   out << "stop verdict: " << p.verdict.summary << "\n";

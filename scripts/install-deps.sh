@@ -107,3 +107,12 @@ else
   setup_step_optional "installing meson-python into .venv" "the wheel's test will be skipped" \
     "$venv/bin/pip" install --disable-pip-version-check --progress-bar off meson-python
 fi
+
+# JupyterLab and ipykernel in .venv for the Jupyter test (memledger run --
+# jupyter lab: the kernels' verdicts in the job table).
+if "$venv/bin/python3" -c "import importlib.util as u, sys; sys.exit(not (u.find_spec('jupyterlab') and u.find_spec('ipykernel')))"; then
+  setup_note "jupyterlab and ipykernel: in .venv"
+else
+  setup_step_optional "installing jupyterlab and ipykernel into .venv" "the Jupyter test will be skipped" \
+    "$venv/bin/pip" install --disable-pip-version-check --progress-bar off jupyterlab ipykernel
+fi

@@ -330,6 +330,42 @@ TEST_CASE("the whole-job table says which rank grows", "[job]") {
   CHECK(html.find("Whole job: 4 processes") != std::string::npos);
 }
 
+TEST_CASE("the whole-job table names Jupyter kernels by id and the ones that died", "[job]") {
+  RunReport run;
+  run.processes.push_back(process(100, "", 0));
+  run.processes[0].python_role = "Jupyter server";
+  auto kernel = [&](int pid, const std::string& kind, const std::string& summary) {
+    ProcessReport k = process(pid, "", 0);
+    k.ppid = 100;
+    k.python_role = "Jupyter kernel";
+    k.kernel_id = "5f0c-e21a";
+    k.verdict.kind = kind;
+    k.verdict.summary = summary;
+    run.processes.push_back(k);
+  };
+  kernel(101, "killed", "killed by SIGKILL; last RSS 58.0 MiB");
+  kernel(102, "exit", "clean exit (code 0)");
+  kernel(103, "crash", "crashed with SIGSEGV at address 0x0");
+  run.root = 0;
+  const JobSummary job = summarize_job(run);
+  REQUIRE(job.rows.size() == 4);
+  CHECK(job.rows[0].label == "Jupyter server (pid 100)");
+  CHECK(job.rows[0].root);
+  CHECK(job.rows[1].label == "Jupyter kernel 5f0c-e21a (pid 101)");
+  CHECK(job.rows[1].role == "Jupyter kernel 5f0c-e21a, child of pid 100");
+  CHECK(job.died == std::vector<size_t>{1, 3});
+  CHECK(job.conclusion.find("; Jupyter kernel 5f0c-e21a (pid 101) was killed by SIGKILL; last RSS 58.0 MiB") !=
+        std::string::npos);
+  CHECK(job.conclusion.find("; Jupyter kernel 5f0c-e21a (pid 103) crashed with SIGSEGV at address 0x0") !=
+        std::string::npos);
+  CHECK(job.conclusion.find("pid 102") == std::string::npos);
+  CHECK(job_json(job)["died"] == nlohmann::json::array({1, 3}));
+  CHECK(job_json(job)["rows"][1]["kernel_id"] == "5f0c-e21a");
+  const std::string text = render_job_text(job);
+  CHECK(text.find("  Jupyter kernel 5f0c-e21a (pid 101)") != std::string::npos);
+  CHECK(text.find("exit 0 (root)") != std::string::npos);
+}
+
 TEST_CASE("analysis keeps the live set by site at the peak and at the end", "[analysis]") {
   Trace trace;
   trace.path = "synthetic";

@@ -5,6 +5,10 @@ start-up by the sitecustomize that `memledger run` puts first on PYTHONPATH
 - imports `memledger`, which records the frameworks' builds at exit and the
   exception that ends the program (see its docstring);
 - names a process that starts a tf.data service worker (python.role);
+- records how each child started with subprocess.Popen ended, as the
+  program's own wait saw it (child.status: "PID STATUS"), so the report
+  tells a child killed by SIGKILL (a Jupyter kernel) from one that stopped
+  without a word;
 - when the program imports torch.utils.data, marks a step each time a
   DataLoader iterator hands out its next batch (step source "loader"), so a
   PyTorch loop has steps without markers. The step taken under
@@ -93,6 +97,28 @@ def _hook_tfdata_service(module):
     __init__.__wrapped__ = init
     worker.__init__ = __init__
     worker._memledger_hooked = True
+
+
+def _hook_subprocess(module):
+    """Wraps Popen._handle_exitstatus, through which every wait of a Popen
+    (wait, poll, communicate, the reaping of an abandoned Popen) learns the
+    child's status."""
+    popen = getattr(module, "Popen", None)
+    handle = getattr(popen, "_handle_exitstatus", None)
+    if handle is None or getattr(popen, "_memledger_hooked", False):
+        return
+
+    def _handle_exitstatus(self, sts, *args, **kwargs):
+        try:
+            if self.returncode is None and isinstance(sts, int) and not os.WIFSTOPPED(sts):
+                memledger._note("child.status", "%d %d" % (self.pid, sts))
+        except Exception:
+            pass
+        return handle(self, sts, *args, **kwargs)
+
+    _handle_exitstatus.__wrapped__ = handle
+    popen._handle_exitstatus = _handle_exitstatus
+    popen._memledger_hooked = True
 
 
 class _PostImportHooks:
@@ -243,6 +269,7 @@ def _install():
     hooks = {
         "torch.utils.data.dataloader": _hook_dataloader,
         "tensorflow.python.data.experimental.service.server_lib": _hook_tfdata_service,
+        "subprocess": _hook_subprocess,
     }
     for name in list(hooks):
         if name in sys.modules:
