@@ -5,6 +5,7 @@
 #include <cstring>
 #include <dlfcn.h>
 #include <ctime>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -21,6 +22,12 @@ using SigactionFn = int (*)(int, const struct sigaction*, struct sigaction*);
 constexpr int kWatched[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGSEGV, SIGBUS, SIGABRT, SIGFPE, SIGILL};
 
 std::atomic<bool> g_installed{false};
+// The process whose handlers g_app_action holds: set at installation and in
+// each fork child. A vfork child (CPython's subprocess resets every handler
+// to the default there before exec) shares the parent's memory but has
+// handlers of its own: its sigaction() calls go to the kernel, never into
+// the parent's g_app_action.
+std::atomic<pid_t> g_owner{0};
 SpinLock g_actions_lock;
 struct sigaction g_app_action[NSIG];  // what the program believes is installed
 SigactionFn g_real_sigaction = nullptr;
@@ -184,6 +191,12 @@ void install_signal_handlers() {
     g_app_action[signo] = old;
     install_ours(real, signo, old);
   }
+  g_owner.store(static_cast<pid_t>(syscall(SYS_getpid)), std::memory_order_relaxed);
+  static bool registered = false;
+  if (!registered) {
+    registered = true;
+    pthread_atfork(nullptr, nullptr, [] { g_owner.store(static_cast<pid_t>(syscall(SYS_getpid)), std::memory_order_relaxed); });
+  }
   g_installed.store(true, std::memory_order_release);
 }
 
@@ -192,12 +205,14 @@ void install_signal_handlers() {
 using memledger::interposer::g_actions_lock;
 using memledger::interposer::g_app_action;
 using memledger::interposer::g_installed;
+using memledger::interposer::g_owner;
 
 namespace {
 
 bool owned_by_us(int signo) {
   if (!g_installed.load(std::memory_order_acquire) || signo <= 0 || signo >= NSIG) return false;
   if (!memledger::interposer::watched(signo)) return false;
+  if (static_cast<pid_t>(syscall(SYS_getpid)) != g_owner.load(std::memory_order_relaxed)) return false;  // a vfork child
   // Only while our handler is the one installed (not for signals left ignored).
   struct sigaction current;
   if (memledger::interposer::real_sigaction()(signo, nullptr, &current) != 0) return false;

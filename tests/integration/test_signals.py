@@ -17,6 +17,7 @@ MODES = {
     "term-self": ("signal", "SIGTERM", None),
     "handler": ("exit", None, 42),
     "python-style": ("exit", None, 0),
+    "vfork-reset": ("exit", None, 42),
 }
 
 
@@ -64,7 +65,8 @@ class SignalOutcomes(mltest.TestCase):
                 self.assertNotIn("NOT_REACHED", o.direct.stdout)
 
     def test_programs_own_handlers_run(self):
-        for mode, expected in (("handler", "HANDLER_RAN"), ("python-style", "FLAG_SET\nCONTINUED")):
+        for mode, expected in (("handler", "HANDLER_RAN"), ("python-style", "FLAG_SET\nCONTINUED"),
+                               ("vfork-reset", "HANDLER_RAN")):
             with self.subTest(mode=mode):
                 o = self.outcomes[mode]
                 self.assertIn(expected, o.direct.stdout)

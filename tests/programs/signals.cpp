@@ -1,7 +1,7 @@
 // signals: ends (or survives) in one of several signal-related ways, so the
 // tests can check that memledger leaves the outcome unchanged and names it.
 //
-//   signals MODE   MODE: segv | segv-deep | abort | term-self | handler | python-style
+//   signals MODE   MODE: segv | segv-deep | abort | term-self | handler | python-style | vfork-reset
 //
 //   segv          null-pointer write in `crash_here`, the first
 //                 instruction of the function                   -> SIGSEGV
@@ -13,12 +13,16 @@
 //                 the handler prints HANDLER_RAN and _exit(42)  -> exit 42
 //   python-style  a SIGINT handler that sets a flag (as CPython does);
 //                 raise(SIGINT), check the flag, go on          -> exit 0
+//   vfork-reset   as handler, but first a vfork child resets SIGTERM to the
+//                 default before it ends (as CPython's subprocess does
+//                 before exec): the parent's handler still runs -> exit 42
 //
 // Every mode first runs three steps with a little allocation, printing
 // STEP_DONE i. The segv modes print CRASH_LINE=N (the faulting line) first.
 
 #include <dlfcn.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -72,7 +76,7 @@ void install(int signo, void (*fn)(int)) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s segv|segv-deep|abort|term-self|handler|python-style\n", argv[0]);
+    std::fprintf(stderr, "usage: %s segv|segv-deep|abort|term-self|handler|python-style|vfork-reset\n", argv[0]);
     return 2;
   }
   const char* mode = argv[1];
@@ -110,6 +114,26 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(mode, "handler") == 0) {
     install(SIGTERM, term_handler);
+    raise(SIGTERM);
+    std::puts("NOT_REACHED");
+    return 0;
+  }
+  if (std::strcmp(mode, "vfork-reset") == 0) {
+    install(SIGTERM, term_handler);
+    const pid_t child = vfork();
+    if (child == 0) {
+      struct sigaction dfl;
+      std::memset(&dfl, 0, sizeof dfl);
+      dfl.sa_handler = SIG_DFL;
+      sigemptyset(&dfl.sa_mask);
+      sigaction(SIGTERM, &dfl, nullptr);
+      _exit(0);
+    }
+    int status = 0;
+    if (child < 0 || waitpid(child, &status, 0) != child) {
+      std::perror("vfork");
+      return 1;
+    }
     raise(SIGTERM);
     std::puts("NOT_REACHED");
     return 0;
