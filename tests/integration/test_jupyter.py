@@ -6,7 +6,8 @@ One run drives three kernels through the REST API and their connection files
 (jupyter/notebook_driver.py): one that SIGKILLs itself from a cell, one that
 segfaults, each restarted by the server under the same id, and one restarted
 on request; then the server is shut down (POST /api/shutdown). A control run
-whose only kernel ends normally names no dead kernel.
+whose only kernel ends normally names no dead kernel; it is stopped with
+SIGTERM, on which the server shuts down cleanly as it does untraced.
 
 Needs jupyterlab and ipykernel in .venv (scripts/install-deps.sh); skipped
 with the reason otherwise."""
@@ -14,6 +15,7 @@ with the reason otherwise."""
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import time
@@ -46,9 +48,10 @@ def free_port():
 
 
 class JupyterRun:
-    """A traced `jupyter lab` in TMP, driven through SCENARIOS, then shut down."""
+    """A traced `jupyter lab` in TMP, driven through SCENARIOS, then shut down
+    through the REST API, or with SIGTERM to memledger (which forwards it)."""
 
-    def __init__(self, case, tmp, scenarios):
+    def __init__(self, case, tmp, scenarios, stop="api"):
         self.run_dir = os.path.join(tmp, "run")
         runtime = os.path.join(tmp, "runtime")
         env = mltest.clean_env(JUPYTER_RUNTIME_DIR=runtime, JUPYTER_CONFIG_DIR=os.path.join(tmp, "config"),
@@ -69,9 +72,12 @@ class JupyterRun:
                 raise AssertionError("the notebook driver failed (exit %d):\n%s%s" %
                                      (driver.returncode, driver.stdout, driver.stderr[-3000:]))
             self.kernels = json.loads(driver.stdout)
-            request = urllib.request.Request(url + "/api/shutdown", method="POST",
-                                             headers={"Authorization": "token " + TOKEN})
-            urllib.request.urlopen(request, timeout=30).read()
+            if stop == "api":
+                request = urllib.request.Request(url + "/api/shutdown", method="POST",
+                                                 headers={"Authorization": "token " + TOKEN})
+                urllib.request.urlopen(request, timeout=30).read()
+            else:
+                proc.send_signal(signal.SIGTERM)
             self.output, _ = proc.communicate(timeout=60)
         except BaseException:
             mltest.kill_session(proc.pid)
@@ -105,7 +111,7 @@ class Jupyter(mltest.TestCase):
             print("test_jupyter: skipped: " + why)
             raise mltest.unittest.SkipTest(why)
         cls.job = JupyterRun(cls, cls.class_tmpdir(), ["killed", "crashed", "clean"])
-        cls.control = JupyterRun(cls, cls.class_tmpdir(), ["clean"])
+        cls.control = JupyterRun(cls, cls.class_tmpdir(), ["clean"], stop="sigterm")
 
     def rows(self, run, kernel):
         """The job table's rows of one kernel, by pid."""
@@ -119,7 +125,7 @@ class Jupyter(mltest.TestCase):
         return found
 
     def test_server_serves_and_exits_cleanly(self):
-        for run in (self.job, self.control):
+        for run in (self.job, self.control):  # POST /api/shutdown, SIGTERM
             self.assertEqual(run.returncode, 0, run.output[-3000:])
             servers = [r for r in run.report["job"]["rows"] if r["python_role"] == "Jupyter server"]
             self.assertEqual(len(servers), 1, [(r["label"], r["role"]) for r in run.report["job"]["rows"]])
