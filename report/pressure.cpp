@@ -179,8 +179,12 @@ OomKillEvidence oom_kill_evidence(const Trace& trace, const KernelLog* kernel) {
     for (auto it = trace.pressure.rbegin(); it != trace.pressure.rend() && events == nullptr; ++it) {
       if (has(*it, fmt::kPressureCgroupEvents)) events = &*it;
     }
+    // A readable kernel log that names the OOM killer's victims, none of
+    // them this process, tells whose kills the cgroup counted (another
+    // process of the job that outgrew the limit later).
+    const bool others_named = kernel->readable && !kernel->oom_kills.empty() && kernel->line_for(pid) == nullptr;
     if (!cgroup.empty() && after != kernel->cgroup_oom_kills.end() && events != nullptr &&
-        after->second > events->cgroup_oom_kills) {
+        after->second > events->cgroup_oom_kills && !others_named) {
       e.reasons.push_back("the cgroup's OOM kill count rose from " + std::to_string(events->cgroup_oom_kills) + " to " +
                           std::to_string(after->second) + " after the process's last sample");
     }
