@@ -22,12 +22,14 @@ import time
 import urllib.request
 
 import mltest
+from test_host_pressure import MemoryCgroup
 
 VENV = mltest.SOURCE_DIR / ".venv" / "bin"
 JUPYTER = str(VENV / "jupyter")
 PYTHON = str(VENV / "python3")
 DRIVER = str(mltest.SOURCE_DIR / "tests" / "integration" / "jupyter" / "notebook_driver.py")
 TOKEN = "memledger-test"
+OOM_LIMIT = 768 << 20
 
 
 def missing():
@@ -51,7 +53,7 @@ class JupyterRun:
     """A traced `jupyter lab` in TMP, driven through SCENARIOS, then shut down
     through the REST API, or with SIGTERM to memledger (which forwards it)."""
 
-    def __init__(self, case, tmp, scenarios, stop="api"):
+    def __init__(self, case, tmp, scenarios, stop="api", cgroup=None):
         self.run_dir = os.path.join(tmp, "run")
         runtime = os.path.join(tmp, "runtime")
         env = mltest.clean_env(JUPYTER_RUNTIME_DIR=runtime, JUPYTER_CONFIG_DIR=os.path.join(tmp, "config"),
@@ -59,9 +61,11 @@ class JupyterRun:
                                JUPYTER_PLATFORM_DIRS="1")
         port = free_port()
         url = "http://127.0.0.1:%d" % port
-        command = [mltest.MEMLEDGER, "run", "-q", "-o", self.run_dir, "--", JUPYTER, "lab", "--no-browser",
-                   "--allow-root", "--ip=127.0.0.1", "--port=%d" % port, "--ServerApp.port_retries=0",
-                   "--IdentityProvider.token=" + TOKEN, "--ServerApp.root_dir=" + tmp]
+        server = [JUPYTER, "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", "--port=%d" % port,
+                  "--ServerApp.port_retries=0", "--IdentityProvider.token=" + TOKEN, "--ServerApp.root_dir=" + tmp]
+        if cgroup is not None:
+            server = cgroup.enter_command(server)
+        command = [mltest.MEMLEDGER, "run", "-q", "-o", self.run_dir, "--", *server]
         proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 errors="replace", start_new_session=True)
         try:
@@ -110,7 +114,22 @@ class Jupyter(mltest.TestCase):
         if why:
             print("test_jupyter: skipped: " + why)
             raise mltest.unittest.SkipTest(why)
-        cls.job = JupyterRun(cls, cls.class_tmpdir(), ["killed", "crashed", "clean"])
+        # The server in a memory-limited cgroup where one can be made: a
+        # kernel that outgrows it meets the kernel's OOM killer.
+        cls.cgroup = MemoryCgroup(OOM_LIMIT)
+        cls.addClassCleanup(cls.cgroup.remove)
+        scenarios = ["killed", "crashed", "clean"]
+        if cls.cgroup.path is not None:
+            swap = os.path.join(cls.cgroup.path, "memory.memsw.limit_in_bytes")
+            if os.path.exists(swap):  # v1 with swap accounting: no way out through swap
+                with open(swap, "w") as f:
+                    f.write(str(OOM_LIMIT))
+            elif cls.cgroup.v2 and os.path.exists(os.path.join(cls.cgroup.path, "memory.swap.max")):
+                with open(os.path.join(cls.cgroup.path, "memory.swap.max"), "w") as f:
+                    f.write("0")
+            scenarios.append("oom")
+        cls.job = JupyterRun(cls, cls.class_tmpdir(), scenarios,
+                             cgroup=cls.cgroup if cls.cgroup.path is not None else None)
         cls.control = JupyterRun(cls, cls.class_tmpdir(), ["clean"], stop="sigterm")
 
     def rows(self, run, kernel):
@@ -136,7 +155,16 @@ class Jupyter(mltest.TestCase):
         kernel = self.job.kernels["killed"]
         dead, new = kernel["pids"]
         rows = self.rows(self.job, kernel)
-        self.assertIn(rows[dead]["verdict_kind"], ("killed", "host_oom_kill"), rows[dead]["verdict"])
+        with open(os.path.join(self.job.run_dir, "run.json")) as f:
+            log_read = json.load(f)["kernel"]["log_read"]
+        if log_read or "oom" not in self.job.kernels:
+            # The OOM kill the cgroup counted later is the other kernel's:
+            # the kernel log names it.
+            self.assertEqual(rows[dead]["verdict_kind"], "killed", rows[dead]["verdict"])
+        else:
+            # Without the kernel log, the cgroup's OOM kill count rose after
+            # this kernel's last sample: the OOM killer is called likely.
+            self.assertIn(rows[dead]["verdict_kind"], ("killed", "host_oom_kill"), rows[dead]["verdict"])
         self.assertTrue(rows[dead]["verdict"].startswith("killed by SIGKILL"), rows[dead]["verdict"])
         self.assertEqual(rows[new]["status"], "exit 0", rows[new]["verdict"])
         server = next(r for r in self.job.report["job"]["rows"] if r["python_role"] == "Jupyter server")
@@ -157,6 +185,18 @@ class Jupyter(mltest.TestCase):
         self.assertIn("Jupyter kernel %s (pid %d) crashed with SIGSEGV" % (kernel["id"], dead),
                       self.job.report["job"]["conclusion"])
 
+    def test_kernel_killed_by_the_oom_killer(self):
+        if "oom" not in self.job.kernels:
+            self.skipTest("no memory-limited cgroup can be made here: " + "; ".join(self.cgroup.why_not))
+        kernel = self.job.kernels["oom"]
+        dead, new = kernel["pids"]
+        rows = self.rows(self.job, kernel)
+        self.assertEqual(rows[dead]["verdict_kind"], "host_oom_kill", rows[dead]["verdict"])
+        self.assertIn("cgroup limit 768.0 MiB", rows[dead]["verdict"])
+        self.assertEqual(rows[new]["status"], "exit 0", rows[new]["verdict"])
+        self.assertIn("Jupyter kernel %s (pid %d) was killed by SIGKILL: killed by the kernel's OOM killer" % (kernel["id"], dead),
+                      self.job.report["job"]["conclusion"])
+
     def test_kernel_restarted_on_request_ends_cleanly(self):
         kernel = self.job.kernels["clean"]
         for pid, row in self.rows(self.job, kernel).items():
@@ -164,7 +204,7 @@ class Jupyter(mltest.TestCase):
         labels = {r["process"]: r["label"] for r in self.job.report["job"]["rows"]}
         dead = sorted(labels[i] for i in self.job.report["job"]["died"])
         self.assertEqual(dead, sorted("Jupyter kernel %s (pid %d)" % (self.job.kernels[k]["id"], self.job.kernels[k]["pids"][0])
-                                      for k in ("killed", "crashed")))
+                                      for k in ("killed", "crashed", "oom") if k in self.job.kernels))
 
     def test_html_names_the_kernels(self):
         with open(os.path.join(self.job.run_dir, "report.html")) as f:

@@ -9,6 +9,9 @@ runs cells in it through its connection file:
   the server restarts the kernel (same id, new process), which is then shut
   down;
 - crashed: a cell that reads address 0 (SIGSEGV); restarted, then shut down;
+- oom: a cell that keeps memory until the kernel's OOM killer ends the
+  kernel (the server runs in a memory-limited cgroup); restarted, then shut
+  down;
 - clean: a cell, a restart asked of the server, then a shut-down.
 
 Prints one JSON object: for each scenario the kernel's id and the pids of its
@@ -106,6 +109,8 @@ def scenario(name):
         run(kc, "leak = []\nfor _ in range(8): leak.append(bytearray(1 << 20))")
         if name == "killed":
             kc.execute("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+        elif name == "oom":
+            kc.execute("kept = []\nwhile True: kept.append(b'x' * (8 << 20))")
         else:
             kc.execute("import ctypes; ctypes.string_at(0)")
         kc, pid = restarted(kc, kernel_id, pids[0])
