@@ -18,6 +18,8 @@ ends the steps. Prints DONE."""
 import argparse
 import os
 
+import keras_model
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import numpy as np  # noqa: E402
@@ -55,17 +57,7 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--keep", choices=("logits", "variables", "both", "none"), default="logits")
     args = parser.parse_args()
-    # The test machines are small and shared.
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.random.set_seed(0)
-    model = tf.keras.Sequential([
-        tf.keras.Input(shape=(FEATURES,)),
-        tf.keras.layers.Dense(HIDDEN, activation="relu"),
-        tf.keras.layers.Dense(CLASSES),
-    ])
-    model.compile(optimizer=tf.keras.optimizers.SGD(0.01),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras_model.small_classifier(tf, FEATURES, HIDDEN, CLASSES)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((BATCH * args.steps, FEATURES), dtype=np.float32)
     y = rng.integers(0, CLASSES, BATCH * args.steps)

@@ -21,6 +21,7 @@ STEPS, then DONE.
 import argparse
 import os
 
+import keras_model
 import planted
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -98,17 +99,7 @@ def main():
     parser.add_argument("--markers", choices=("callback", "none"), default="callback")
     args = parser.parse_args()
 
-    # The test machines are small and shared.
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.random.set_seed(0)
-    model = tf.keras.Sequential([
-        tf.keras.Input(shape=(FEATURES,)),
-        tf.keras.layers.Dense(HIDDEN, activation="relu"),
-        tf.keras.layers.Dense(CLASSES),
-    ])
-    model.compile(optimizer=tf.keras.optimizers.SGD(0.01),
-                  loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras_model.small_classifier(tf, FEATURES, HIDDEN, CLASSES)
     generator_kept = [] if args.leak == "generator" else None
     callbacks = [ProbePredictions(keep=args.leak == "callback")]
     if memledger is not None and args.markers == "callback":
