@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <span>
 
 #include <absl/container/flat_hash_map.h>
 
@@ -272,6 +273,28 @@ std::optional<std::pair<Role, uint32_t>> RoleAccount::find(uint8_t kind, uint32_
 
 namespace {
 
+// Scales host estimates by role to the exact host total, keeping their
+// shares; the rounding goes to the largest, and all of it to `other` when
+// nothing was sampled.
+void scale_to(std::span<int64_t> by_role, int64_t exact) {
+  int64_t estimate = 0;
+  for (int64_t bytes : by_role) estimate += bytes;
+  size_t largest = static_cast<size_t>(Role::kOther);
+  if (estimate > 0) {
+    for (size_t r = 0; r < by_role.size(); ++r) {
+      if (by_role[r] > by_role[largest]) largest = r;
+    }
+  }
+  int64_t given = 0;
+  for (int64_t& bytes : by_role) {
+    bytes = estimate > 0 ? static_cast<int64_t>(static_cast<double>(bytes) * static_cast<double>(exact) /
+                                                static_cast<double>(estimate))
+                         : 0;
+    given += bytes;
+  }
+  by_role[largest] += exact - given;
+}
+
 // When a site allocated, from its first and last allocation.
 RoleSubject subject_of(const SiteAcc& acc, const std::vector<StepStats>& steps, uint64_t steps_begin) {
   RoleSubject s;
@@ -346,21 +369,8 @@ RoleAccount account_roles(const ReplayOutput& replay, const std::vector<StepStat
     if (!sampled) continue;
     // The host sites' bytes are estimates from the sampled allocations; the
     // step's host live bytes are exact. Their shares by role are kept.
-    int64_t estimate = 0;
-    for (int r = 0; r < kRoleCount; ++r) estimate += host_running[r];
-    const int64_t exact = steps[k].live[0];
-    std::array<int64_t, kRoleCount> scaled{};
-    int64_t given = 0;
-    int largest = static_cast<int>(Role::kOther);
-    for (int r = 0; r < kRoleCount; ++r) {
-      if (estimate > 0) {
-        scaled[r] = static_cast<int64_t>(static_cast<double>(host_running[r]) * static_cast<double>(exact) /
-                                         static_cast<double>(estimate));
-        if (host_running[r] > host_running[largest]) largest = r;
-      }
-      given += scaled[r];
-    }
-    scaled[largest] += exact - given;  // rounding, or all of it when nothing was sampled
+    std::array<int64_t, kRoleCount> scaled = host_running;
+    scale_to(scaled, steps[k].live[0]);
     for (int r = 0; r < kRoleCount; ++r) out.live[k][r] += scaled[r] - host_running[r];
   }
   out.estimated = sampled;
@@ -435,24 +445,6 @@ void give_role(Site& site, const RoleAccount& account, const RoleTable& table) {
 }  // namespace
 
 namespace {
-
-// Scales estimates by role to an exact total, keeping their shares; the
-// rounding goes to the largest.
-void scale_to(std::vector<int64_t>& by_role, int64_t exact) {
-  int64_t estimate = 0;
-  size_t largest = static_cast<size_t>(Role::kOther);
-  for (size_t r = 0; r < by_role.size(); ++r) {
-    estimate += by_role[r];
-    if (by_role[r] > by_role[largest]) largest = r;
-  }
-  if (estimate <= 0) return;
-  int64_t given = 0;
-  for (int64_t& bytes : by_role) {
-    bytes = static_cast<int64_t>(static_cast<double>(bytes) * static_cast<double>(exact) / static_cast<double>(estimate));
-    given += bytes;
-  }
-  by_role[largest] += exact - given;
-}
 
 // A live set's bytes by role: a site live at a step end or at exit has its
 // role already; one that never is (an activation freed within its step,
