@@ -1226,32 +1226,22 @@ json diff_runs(const RunData& a, const RunData& b, int warmup_steps, size_t max_
   json series = json::object();
   const ProcessData* pa = a.processes.empty() ? nullptr : &a.processes[a.main];
   const ProcessData* pb = b.processes.empty() ? nullptr : &b.processes[b.main];
-  const size_t na = pa ? pa->live.size() : 0;
-  const size_t nb = pb ? pb->live.size() : 0;
-  for (Scope kind : kinds.empty() ? std::vector<Scope>{Scope::kHost} : kinds) {
-    const int k = scope_kind(kind);
+  // One scope's live bytes at each step end of both runs, side by side.
+  auto side_by_side = [&](Scope scope) {
+    const std::vector<double> sa = pa ? series_of(*pa, scope) : std::vector<double>{};
+    const std::vector<double> sb = pb ? series_of(*pb, scope) : std::vector<double>{};
     json rows = json::array();
-    for (size_t i = 0; i < std::max(na, nb); ++i) {
+    for (size_t i = 0; i < std::max(sa.size(), sb.size()); ++i) {
       rows.push_back({{"step", i + 1},
-                      {"a", i < na ? json(pa->live[i][k]) : json(nullptr)},
-                      {"b", i < nb ? json(pb->live[i][k]) : json(nullptr)}});
+                      {"a", i < sa.size() ? json(sa[i]) : json(nullptr)},
+                      {"b", i < sb.size() ? json(sb[i]) : json(nullptr)}});
     }
-    series[scope_name(kind)] = rows;
-  }
+    return rows;
+  };
+  for (Scope kind : kinds.empty() ? std::vector<Scope>{Scope::kHost} : kinds) series[scope_name(kind)] = side_by_side(kind);
   out["series"] = series;
   json role_series = json::object();
-  for (Scope role : roles) {
-    const int r = scope_role(role);
-    const size_t ra = pa ? pa->roles.size() : 0;
-    const size_t rb = pb ? pb->roles.size() : 0;
-    json rows = json::array();
-    for (size_t i = 0; i < std::max(ra, rb); ++i) {
-      rows.push_back({{"step", i + 1},
-                      {"a", i < ra ? json(pa->roles[i][r]) : json(nullptr)},
-                      {"b", i < rb ? json(pb->roles[i][r]) : json(nullptr)}});
-    }
-    role_series[scope_name(role)] = rows;
-  }
+  for (Scope role : roles) role_series[scope_name(role)] = side_by_side(role);
   out["role_series"] = role_series;
   out["growth_sites"] = site_changes(sites_by_name(a, "leak_suspects", nullptr, "bytes_per_step_exact"),
                                      sites_by_name(b, "leak_suspects", nullptr, "bytes_per_step_exact"), max_sites);
