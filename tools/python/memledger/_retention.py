@@ -284,6 +284,20 @@ class _Walk:
         parents = {}  # id(child) -> [container, ...]
         self.own.update((id(found), id(parents), id(kinds)))
         candidates = recognise.types()
+
+        def record(obj):
+            """Keeps obj when it owns a large buffer; whether it does."""
+            try:
+                owned = recognise.of(obj)
+            except Exception:
+                owned = None
+            if owned is None:
+                return False
+            entry = (obj,) + owned
+            found[id(obj)] = entry
+            self.own.add(id(entry))
+            return True
+
         for n, container in enumerate(self.objects):
             if n % 4096 == 0 and self.over_budget():
                 self.skipped.append("the search for large objects stopped after %d of %d objects"
@@ -301,29 +315,13 @@ class _Walk:
                 key = id(child)
                 if key in found:
                     parents[key].append(container)
-                    continue
-                try:
-                    owned = recognise.of(child)
-                except Exception:
-                    owned = None
-                if owned is not None:
-                    entry = (child,) + owned
-                    found[key] = entry
-                    self.own.add(id(entry))
+                elif record(child):
                     parents[key] = [container]
                     self.own.add(id(parents[key]))
         # What only a running function's local holds.
         for value in self.local_values:
-            if id(value) in found:
-                continue
-            try:
-                owned = recognise.of(value)
-            except Exception:
-                owned = None
-            if owned is not None:
-                entry = (value,) + owned
-                found[id(value)] = entry
-                self.own.add(id(entry))
+            if id(value) not in found:
+                record(value)
         return found, parents
 
     def referrers(self, heads):
