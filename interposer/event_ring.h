@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "stack_table.h"
+#include "unwinder.h"
 
 namespace memledger::interposer {
 
@@ -80,6 +81,8 @@ struct ThreadRing {
   std::atomic<uint64_t> host_frees{0};
   // The owning thread's last stack path (StackTable::intern).
   StackTable::PathCache path_cache;
+  // The owning thread's last native walk (fast_backtrace).
+  UnwindMemo unwind_memo;
   Event events[kCapacity];
 };
 

@@ -474,9 +474,12 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
   void** frames = reinterpret_cast<void**>(words + python);
   const int want = static_cast<int>(config_.stack_depth + skip_extra);
   int n = 0;
+  // The thread's own ring holds its path cache and unwind memo (threads without one go without).
+  ThreadState& t = tls_state;
+  ThreadRing* own = t.status == 1 ? t.ring : nullptr;
   if (enter_loader_section()) {
     // memledger's own frames (the hook, this function) are left out.
-    n = fast_backtrace(frames, want, self_begin_, self_end_);
+    n = fast_backtrace(frames, want, self_begin_, self_end_, own != nullptr ? &own->unwind_memo : nullptr);
     leave_loader_section();
   }
   const int first = static_cast<int>(skip_extra);
@@ -484,10 +487,7 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
   if (depth > config_.stack_depth) depth = config_.stack_depth;
   if (python + depth == 0) return 0;
   if (first > 0) memmove(words + python, words + python + first, depth * sizeof(uintptr_t));
-  // The thread's own ring holds its path cache (threads without one go without).
-  ThreadState& t = tls_state;
-  StackTable::PathCache* cache = t.status == 1 && t.ring != nullptr ? &t.ring->path_cache : nullptr;
-  return stacks_.intern(words, python + depth, python, cache);
+  return stacks_.intern(words, python + depth, python, own != nullptr ? &own->path_cache : nullptr);
 }
 
 bool Recorder::is_sampled(uintptr_t addr) {

@@ -94,8 +94,16 @@ uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t py
   uint32_t shared = 0;
   uint32_t node = 0;
   if (cache != nullptr) {
+    // Compared in two plain loops (one per part of the path): this runs
+    // over the whole stack at every allocation.
     const uint32_t limit = cache->depth < depth ? cache->depth : depth;
-    while (shared < limit && cache->words[shared] == path(shared)) ++shared;
+    const uintptr_t* cached = cache->words;
+    const uint32_t in_python = limit < python ? limit : python;
+    while (shared < in_python && cached[shared] == frames[python - 1 - shared]) ++shared;
+    if (shared == python) {
+      const uintptr_t* native = frames + depth - 1 + python;  // native[-i] is path(i)
+      while (shared < limit && cached[shared] == native[-static_cast<ptrdiff_t>(shared)]) ++shared;
+    }
     if (shared > 0) node = cache->nodes[shared - 1];
   }
   for (uint32_t i = shared; i < depth; ++i) {

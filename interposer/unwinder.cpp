@@ -444,6 +444,8 @@ enum class Mode : uint8_t { kFast, kLibunwind, kCheck };
 Mode g_mode = Mode::kFast;
 std::atomic<uint64_t> g_checked{0}, g_handed_over{0}, g_differed{0};
 constexpr int kMaxFrames = 256;  // more than a capture asks for (StackTable::kMaxNativeDepth + 16)
+// A walk records one state per frame it returns.
+static_assert(kMaxFrames <= UnwindMemo::kStates);
 
 }  // namespace
 
@@ -466,17 +468,109 @@ bool unwinder_checking() { return g_mode == Mode::kCheck; }
 
 namespace {
 
+// Marks a thread's memo in use for one walk.
+class MemoUse {
+ public:
+  explicit MemoUse(UnwindMemo*& memo) : memo_(memo) {
+    if (memo_ == nullptr) return;
+    if (memo_->busy) {
+      memo = memo_ = nullptr;  // interrupted walk on this thread: leave its memo alone
+      return;
+    }
+    memo_->busy = 1;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  }
+  ~MemoUse() {
+    if (memo_ == nullptr) return;
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    memo_->busy = 0;
+  }
+  MemoUse(const MemoUse&) = delete;
+  MemoUse& operator=(const MemoUse&) = delete;
+
+ private:
+  UnwindMemo* memo_;
+};
+
 // Walks from a frame whose return address, stack pointer (its callee's CFA)
 // and frame pointer are given, recording the return address first, as
 // libunwind's tdep_trace does. -1: a frame the rules do not cover.
-inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max) {
+//
+// With a memo (UnwindMemo): the last walk's frames and this one's are both
+// in stack order (each frame's stack pointer above the one before), so one
+// cursor finds where this walk reaches a frame of the last one. From such
+// a frame on, the last walk is followed while the stack agrees with it.
+// Its states are internally consistent (each one the rule of the one
+// before applied to the values it read), so when a state agrees in every
+// register its rule reads and the values read from the same addresses are
+// the same, the next state is the same: by induction the walk is.
+constexpr uint64_t kRbpMatters = 1u << 5;  // in a memo state's rule word: the rest of that walk reads rbp
+
+inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max, UnwindMemo* memo) {
   int depth = 0;
   if (max <= 0) return 0;
   frames[depth++] = reinterpret_cast<void*>(rip);
+  const UnwindMemo::State* last = nullptr;
+  uint32_t last_count = 0;
+  UnwindMemo::State* out = nullptr;
+  uint32_t generation = 0, next = 0;
+  if (memo != nullptr) {
+    generation = g_generation.load(std::memory_order_relaxed);
+    const uint32_t current = memo->current & 1;
+    if (memo->generation[current] == generation) {
+      last = memo->states[current];
+      last_count = memo->count[current];
+    }
+    next = current ^ 1;
+    out = memo->states[next];
+  }
+  // States recorded from `same_from` on are the last walk's, to its end:
+  // their kRbpMatters bits still hold (they depend only on what follows).
+  constexpr uint32_t kNone = UINT32_MAX;
+  uint32_t seen = 0, written = 0, same_from = kNone;
+  bool stopped = true;  // by the frame limit
   while (depth < max) {
-    const uint64_t rule = rule_of(rip);
+    uint64_t rule;
+    while (seen < last_count && last[seen].rsp < rsp) ++seen;
+    if (seen < last_count && last[seen].rsp == rsp && last[seen].rip == rip && last[seen].rule != 0 &&
+        (!(last[seen].rule & kRbpMatters) || last[seen].rbp == rbp)) {
+      // Follow the last walk while the stack holds what it read.
+      if (same_from == kNone) same_from = written;
+      const UnwindMemo::State* __restrict at = last + seen;
+      const UnwindMemo::State* const end = last + last_count;
+      UnwindMemo::State* __restrict put = out + written;
+      void** __restrict frame = frames + depth;
+      void** const frames_end = frames + max;
+      for (;;) {
+        rule = at->rule;
+        *put++ = {rip, rsp, rbp, rule};
+        const UnwindMemo::State* then = at + 1;
+        if (then == end || static_cast<Kind>((rule >> 1) & 3) != Kind::kStandard || then->rule == 0) break;
+        const uint64_t ret = *reinterpret_cast<const uint64_t*>(then->rsp - 8);
+        const uint64_t saved =
+            (rule & 16) ? *reinterpret_cast<const uint64_t*>(then->rsp + static_cast<int16_t>(rule >> 16)) : rbp;
+        if (ret != then->rip || ((then->rule & kRbpMatters) && saved != then->rbp)) break;
+        rip = ret;
+        rsp = then->rsp;
+        rbp = saved;
+        at = then;
+        *frame++ = reinterpret_cast<void*>(rip);
+        if (frame == frames_end) break;
+      }
+      seen = static_cast<uint32_t>(at - last);
+      written = static_cast<uint32_t>(put - out);
+      depth = static_cast<int>(frame - frames);
+      if (depth >= max) break;
+    } else {
+      rule = rule_of(rip);
+      same_from = kNone;
+      if (out != nullptr) out[written++] = {rip, rsp, rbp, rule};
+    }
     const Kind kind = static_cast<Kind>((rule >> 1) & 3);
-    if (kind == Kind::kOutermost) break;
+    if (kind == Kind::kOutermost) {
+      stopped = false;
+      break;
+    }
     if (kind != Kind::kStandard) return -1;
     const uint64_t cfa = ((rule & 8) ? rbp : rsp) + static_cast<int64_t>(static_cast<int32_t>(rule >> 32));
     // A caller's frame lies above its callee's: anything else is unwind
@@ -485,8 +579,40 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
     rip = *reinterpret_cast<const uint64_t*>(cfa - 8);
     if (rule & 16) rbp = *reinterpret_cast<const uint64_t*>(cfa + static_cast<int16_t>(rule >> 16));
     rsp = cfa;
-    if (rip < 0x4000) break;  // libunwind's end of a bogus chain
+    if (rip < 0x4000) {  // libunwind's end of a bogus chain
+      stopped = false;
+      break;
+    }
+    same_from = kNone;  // a state the last walk did not reach this way
     frames[depth++] = reinterpret_cast<void*>(rip);
+  }
+  if (out != nullptr) {
+    if (stopped) out[written++] = {rip, rsp, rbp, 0};
+    // Which states' rbp the rest of this walk reads: the last state's if
+    // its rule took the CFA from it (the walk ended on what that read); an
+    // earlier state's if its rule does, or passes rbp on unchanged to a
+    // state whose rbp is read. A walk cut short by the frame limit keeps
+    // what the last walk said of the states it shares with it: more than
+    // this walk reads, which only makes a match stricter.
+    uint32_t i = written;
+    bool read_after = false;
+    if (same_from != kNone && same_from < written) {
+      i = same_from;
+      read_after = (out[i].rule & kRbpMatters) != 0;
+    }
+    while (i-- > 0) {
+      uint64_t& rule = out[i].rule;
+      if (rule == 0) continue;
+      bool read = false;
+      if (static_cast<Kind>((rule >> 1) & 3) == Kind::kStandard) {
+        read = (rule & 8) != 0 || (i + 1 < written && !(rule & 16) && read_after);
+      }
+      rule = read ? rule | kRbpMatters : rule & ~kRbpMatters;
+      read_after = read;
+    }
+    memo->count[next] = written;
+    memo->generation[next] = generation;
+    memo->current = next;
   }
   return depth;
 }
@@ -498,9 +624,12 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
 // caller's registers are read from it. The frame pointer holds the saved
 // rbp, the return address sits above it, and the CFA above that.
 __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace_no_fallback(void** frames,
-                                                                                            int max) {
+                                                                                            int max,
+                                                                                            UnwindMemo* memo) {
+  if (max > kMaxFrames) max = kMaxFrames;
   const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
-  return walk(fp[1], reinterpret_cast<uint64_t>(fp + 2), fp[0], frames, max);
+  MemoUse use(memo);
+  return walk(fp[1], reinterpret_cast<uint64_t>(fp + 2), fp[0], frames, max, memo);
 }
 
 namespace {
@@ -547,14 +676,16 @@ inline bool skip_own_frames(const uint64_t* fp, uintptr_t skip_begin, uintptr_t 
 
 __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(void** frames, int max,
                                                                               uintptr_t skip_begin,
-                                                                              uintptr_t skip_end) {
+                                                                              uintptr_t skip_end,
+                                                                              UnwindMemo* memo) {
   if (max > kMaxFrames) max = kMaxFrames;
   if (g_mode == Mode::kLibunwind) return libunwind_backtrace(frames, max, skip_begin, skip_end);
   const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
   uint64_t rip, rsp, rbp;
+  MemoUse use(memo);
   if (g_mode == Mode::kFast) {
     if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) {
-      const int walked = walk(rip, rsp, rbp, frames, max);
+      const int walked = walk(rip, rsp, rbp, frames, max, memo);
       if (walked >= 0) return walked;
     }
     return libunwind_backtrace(frames, max, skip_begin, skip_end);
@@ -562,7 +693,7 @@ __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(
   // kCheck
   void* mine[kMaxFrames];
   int walked = -1;
-  if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) walked = walk(rip, rsp, rbp, mine, max);
+  if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) walked = walk(rip, rsp, rbp, mine, max, memo);
   const int depth = libunwind_backtrace(frames, max, skip_begin, skip_end);
   g_checked.fetch_add(1, std::memory_order_relaxed);
   if (walked < 0) {

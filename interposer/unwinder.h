@@ -23,6 +23,37 @@
 
 namespace memledger::interposer {
 
+// A thread's last walk, each frame's registers and rule, innermost first.
+// The next walk, once it reaches a frame of the last one (same return
+// address, stack pointer and, where the rest of the walk depends on it,
+// frame pointer), follows the last walk from there as long as the stack
+// holds what that walk read from it: the return addresses and saved frame
+// pointers it loaded, at the same places. Those loads are made all the
+// same, but their addresses are known in advance, so they no longer wait
+// for one another and the rule table is not consulted. The result is the
+// walk's own, frame for frame. Owned by one thread at a time; mapped
+// memory (ThreadRing).
+struct UnwindMemo {
+  static constexpr int kStates = 256;
+  struct State {
+    uint64_t rip;
+    uint64_t rsp;
+    uint64_t rbp;
+    uint64_t rule;  // 0: the walk stopped here (enough frames)
+  };
+  // Set while a walk uses it: a signal handler that walks on the same
+  // thread in the middle of that goes without.
+  volatile uint32_t busy;
+  uint32_t current;  // which of `states` holds the last walk
+  uint32_t count[2];
+  uint32_t generation[2];
+  // One walk reads one array while it writes the other, at about the same
+  // index: 2 KiB more than a multiple of 4 KiB apart, so that a store to
+  // one does not look to the processor like a store to what it loads from
+  // the other (4 KiB aliasing).
+  State states[2][kStates + 64];
+};
+
 // Fills `frames` with up to `max` return addresses, innermost first,
 // starting with the one into the caller of this function: the array
 // unw_backtrace() would give if called in its place, less its leading
@@ -30,11 +61,13 @@ namespace memledger::interposer {
 // pointers, left by their chain). Returns the count. The caller holds a
 // loader section (Recorder::enter_loader_section): a first sight of an
 // address reads the loaded objects' list.
-int fast_backtrace(void** frames, int max, uintptr_t skip_begin = 0, uintptr_t skip_end = 0);
+// `memo`: the calling thread's, or nullptr.
+int fast_backtrace(void** frames, int max, uintptr_t skip_begin = 0, uintptr_t skip_end = 0,
+                   UnwindMemo* memo = nullptr);
 
 // The walk alone, for tests: -1 where fast_backtrace() hands over to
 // libunwind.
-int fast_backtrace_no_fallback(void** frames, int max);
+int fast_backtrace_no_fallback(void** frames, int max, UnwindMemo* memo = nullptr);
 
 // Loaded objects went away (dlclose): rules learnt for their addresses
 // must not be applied to what is loaded there next.

@@ -4,6 +4,7 @@
 // outermost frame and a signal handler's frame.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -179,4 +180,134 @@ TEST_CASE("a short buffer gets the innermost frames", "[unwind]") {
   CHECK(frames[1] == full.fast[1]);
   CHECK(frames[2] == full.fast[2]);
   CHECK(frames[3] == full.fast[3]);
+}
+
+// --- The memo (UnwindMemo): each walk follows the one before where it can.
+
+namespace {
+
+using memledger::interposer::UnwindMemo;
+
+struct MemoCapture {
+  UnwindMemo* memo;
+  int max;
+  std::vector<void*> libunwind, memoised;
+};
+
+// libunwind's frames and the memo walk's, from one function (compared from
+// the second frame on, as capture_here's).
+__attribute__((noinline)) int memo_leaf(void* arg) {
+  auto& c = *static_cast<MemoCapture*>(arg);
+  void* a[kMax];
+  void* b[kMax];
+  const int na = unw_backtrace(a, kMax);
+  const int nb = fast_backtrace(b, c.max, 0, 0, c.memo);
+  c.libunwind.assign(a + (na > 0 ? 1 : 0), a + na);
+  c.memoised.assign(b + (nb > 0 ? 1 : 0), b + nb);
+  return na + nb;
+}
+
+void check_memo(const MemoCapture& c) {
+  INFO("libunwind:" << describe(c.libunwind));
+  INFO("memo:     " << describe(c.memoised));
+  REQUIRE(c.libunwind.size() > 3);
+  // A cut walk is the start of the whole one.
+  const size_t n = c.max - 1 < static_cast<int>(c.libunwind.size()) ? static_cast<size_t>(c.max - 1) : c.libunwind.size();
+  REQUIRE(c.memoised.size() == n);
+  CHECK(std::equal(c.memoised.begin(), c.memoised.end(), c.libunwind.begin()));
+}
+
+// One caller, two call sites at the same stack depth: the frames below are
+// at the same places with the same return addresses, and only the return
+// address into this function tells the two stacks apart.
+__attribute__((noinline)) int two_sites(int which, const char* pattern, void* arg) {
+  volatile int keep = which;
+  if (keep) return chain_nofp(pattern, memo_leaf, arg) + 1;
+  return chain_nofp(pattern, memo_leaf, arg) + 2;
+}
+
+}  // namespace
+
+TEST_CASE("walks that follow the last one give libunwind's stacks", "[unwind]") {
+  static UnwindMemo memo;
+  MemoCapture c{&memo, kMax, {}, {}};
+  uint64_t r = 88172645463325252ull;
+  auto next = [&] {
+    r ^= r << 13;
+    r ^= r >> 7;
+    r ^= r << 17;
+    return r;
+  };
+  int followed_stacks = 0;
+  std::vector<void*> before;
+  for (int i = 0; i < 400; ++i) {
+    // Random chains of frames with and without frame pointers and
+    // rbp-based ones, 0 to 11 links: consecutive walks share outer frames,
+    // inner frames, both or neither.
+    std::string pattern;
+    const int links = static_cast<int>(next() % 12);
+    for (int k = 0; k < links; ++k) pattern += "fnv"[next() % 3];
+    c.max = next() % 5 == 0 ? 3 + static_cast<int>(next() % 8) : kMax;
+    INFO("walk " << i << " pattern '" << pattern << "' max " << c.max);
+    switch (next() % 3) {
+      case 0: chain_nofp(pattern.c_str(), memo_leaf, &c); break;
+      case 1: chain_vla(pattern.c_str(), memo_leaf, &c); break;
+      default: two_sites(static_cast<int>(next() % 2), pattern.c_str(), &c); break;
+    }
+    check_memo(c);
+    if (!before.empty() && c.memoised.size() > 4 && before.size() > 4 &&
+        c.memoised[c.memoised.size() - 3] == before[before.size() - 3]) {
+      ++followed_stacks;
+    }
+    before = c.memoised;
+  }
+  // The outer frames were shared often: the memo was used, not skipped.
+  CHECK(followed_stacks > 100);
+}
+
+TEST_CASE("a walk that follows the last one stops where the two call sites part", "[unwind]") {
+  static UnwindMemo memo;
+  for (int round = 0; round < 4; ++round) {
+    MemoCapture both[2] = {{&memo, kMax, {}, {}}, {&memo, kMax, {}, {}}};
+    for (int which = 0; which < 2; ++which) two_sites(1 - which, "nvfn", &both[which]);
+    const MemoCapture& a = both[0];
+    const MemoCapture& b = both[1];
+    check_memo(a);
+    check_memo(b);
+    // The same frames up to the caller, then different return addresses
+    // into it (the loop here may have been unrolled too: the frames above
+    // are libunwind's, checked above).
+    INFO("a:" << describe(a.memoised));
+    INFO("b:" << describe(b.memoised));
+    REQUIRE(a.memoised.size() == b.memoised.size());
+    REQUIRE(a.memoised.size() > 6);
+    // memoised[0..4]: the returns into the five chain functions (the one
+    // two_sites calls, then one per letter of "nvfn"); [5]: into two_sites.
+    for (size_t k = 0; k < 5; ++k) CHECK(a.memoised[k] == b.memoised[k]);
+    CHECK(a.memoised[5] != b.memoised[5]);
+  }
+}
+
+namespace {
+void* memo_thread(void* arg) {
+  for (const char* pattern : {"vfn", "nnv", "vfn"}) {
+    chain_vla(pattern, memo_leaf, arg);
+    check_memo(*static_cast<MemoCapture*>(arg));
+  }
+  return nullptr;
+}
+}  // namespace
+
+TEST_CASE("a memo handed from one thread to another gives the new thread's stacks", "[unwind]") {
+  static UnwindMemo memo;
+  MemoCapture c{&memo, kMax, {}, {}};
+  chain_nofp("fnvfnv", memo_leaf, &c);
+  check_memo(c);
+  for (int i = 0; i < 3; ++i) {
+    pthread_t thread;
+    REQUIRE(pthread_create(&thread, nullptr, memo_thread, &c) == 0);
+    pthread_join(thread, nullptr);
+  }
+  chain_nofp("fnvfnv", memo_leaf, &c);
+  check_memo(c);
 }
