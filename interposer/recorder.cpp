@@ -372,10 +372,15 @@ namespace {
 // at most 100 ms of it. A few threads allocating without pause in full mode
 // fill a ring (32 Ki events) in a few milliseconds; the writer then took
 // 100 ms and more (on a busy machine) to write the 128 Ki events of four
-// full rings, and a step marker waited behind them. Held back at 4 Ki
+// full rings, and a step marker waited behind them. Held back at 8 Ki
 // events or 20 ms, the program runs at the writer's pace with a backlog of
-// milliseconds.
-constexpr uint64_t kSoftCapacity = 4096;
+// milliseconds. (At 4 Ki, one thread allocating without pause was held
+// back at every compressed frame the writer made, a millisecond each.)
+constexpr uint64_t kSoftCapacity = 8192;
+// A quarter of that wakes a writer in a long wait: it drains while the
+// program goes on, where it otherwise often began only once the program
+// was held back, and the two took turns.
+constexpr uint64_t kWakeAt = kSoftCapacity / 4;
 constexpr uint64_t kMaxLagNs = 20'000'000;
 constexpr uint64_t kMaxHoldNs = 50'000'000;  // per check: a stalled writer costs little
 
@@ -410,7 +415,8 @@ bool Recorder::push(ThreadState& t, Event& event) {
     g_shared_lock.lock();
   }
   uint64_t head = ring->head.load(std::memory_order_relaxed);
-  if (head - ring->tail.load(std::memory_order_acquire) >= ThreadRing::kCapacity) {
+  const uint64_t tail = ring->tail.load(std::memory_order_acquire);
+  if (head - tail >= ThreadRing::kCapacity) {
     // Full: give the writer up to ~10 ms to catch up, then count a drop.
     trace_writer().wake();
     for (int i = 0; i < 2000; ++i) {
@@ -428,6 +434,7 @@ bool Recorder::push(ThreadState& t, Event& event) {
       return false;
     }
   } else if (!shared && (head & 63) == 0) {
+    if (head - tail >= kWakeAt) trace_writer().nudge();
     hold_back_if_behind(ring, head);
   }
   // A free recorded after its real call took its number before that call

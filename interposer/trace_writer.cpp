@@ -48,7 +48,10 @@ constexpr uint64_t kSampleEveryNs = 100'000'000;
 // steps far more often), /proc/vmstat at most once per kSampleEveryNs.
 constexpr uint64_t kPressureMinGapNs = 50'000'000;
 constexpr uint64_t kStatusEveryNs = 250'000'000;
-constexpr size_t kFrameTarget = 1u << 20;
+// Raw bytes in a frame: compressing one takes the writer well under a
+// millisecond, in which one thread allocating without pause fills less than
+// its hold-back mark (Recorder::push).
+constexpr size_t kFrameTarget = 256u << 10;
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -606,6 +609,12 @@ void TraceWriter::note_exec(const char* path) {
   exec_pending_.store(1, std::memory_order_release);
 }
 
+namespace {
+// A cycle that took this many events found the program allocating without
+// pause (a quarter of Recorder::push's hold-back mark).
+constexpr size_t kStreamingEvents = 1024;
+}  // namespace
+
 void TraceWriter::run() {
   // Ends when the trace is lost: there is nothing left to write. `seen` is
   // taken before each cycle: a wake during a cycle (a step marker) starts
@@ -613,8 +622,16 @@ void TraceWriter::run() {
   uint32_t seen = wake_word_.load(std::memory_order_acquire);
   while (!stopping_.load(std::memory_order_acquire) && trace_.is_open()) {
     if (flush_requested_.load(std::memory_order_acquire) == flush_done_.load(std::memory_order_acquire)) {
-      timespec wait = {0, 10'000'000};
+      // While the program allocates without pause, the next cycle comes
+      // after a short wait on the writer's own timer: a wake from the
+      // program costs the program a system call each time, more than the
+      // writer's short waits cost the writer. Otherwise a long wait, that
+      // a filling ring cuts short (Recorder::push).
+      const bool streaming = last_drained_ >= kStreamingEvents;
+      timespec wait = {0, streaming ? 250'000 : 10'000'000};
+      if (!streaming) waiting_.store(true, std::memory_order_seq_cst);
       futex(&wake_word_, FUTEX_WAIT_PRIVATE, seen, &wait);
+      waiting_.store(false, std::memory_order_relaxed);
     }
     seen = wake_word_.load(std::memory_order_acquire);
     thread_busy_.store(true, std::memory_order_release);
@@ -759,6 +776,7 @@ void TraceWriter::cycle(bool final) {
     shared->tail.store(head, std::memory_order_release);
   }
   merge_runs(st);
+  last_drained_ = st.batch.size();
 
   // 3. Modules, when the set of loaded objects changed (skipped while a
   // fork is under way: see Recorder::enter_loader_section).

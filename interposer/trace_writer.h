@@ -83,6 +83,11 @@ class TraceWriter {
   // in the file (or timeout). Async-signal-safe.
   void flush_and_wait(int timeout_ms);
   void wake();
+  // wake(), if the writer is in a long wait for work and nobody woke it
+  // since it began to (one load otherwise, no system call).
+  void nudge() {
+    if (waiting_.load(std::memory_order_relaxed) && waiting_.exchange(false, std::memory_order_acq_rel)) wake();
+  }
   // The writer thread is there to drain the rings (not before it starts,
   // nor once stop() has begun).
   bool draining() const {
@@ -127,6 +132,8 @@ class TraceWriter {
   std::atomic<bool> stopping_{false};
   std::atomic<bool> running_{false};
   std::atomic<bool> thread_busy_{false};
+  std::atomic<bool> waiting_{false};
+  size_t last_drained_ = 0;  // events the last cycle took from the rings
   pthread_t thread_{};
   OwnedFile trace_;
   OwnedFile status_;
