@@ -916,6 +916,16 @@ void TraceWriter::cycle(bool final) {
       case EventType::kAlloc: {
         write_stack(e.stack);
         uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
+        if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == 0 && e.aux == 0 &&
+            e.weight == e.size) {
+          *p++ = static_cast<uint8_t>(format::Tag::kHostAlloc);
+          p = enc.put_seq_ts(p, e.seq, ts);
+          p = enc.put_addr(p, e.addr);
+          p = Encoder::put(p, e.size);
+          p = Encoder::put(p, e.stack);
+          enc.end(p);
+          break;
+        }
         *p++ = static_cast<uint8_t>(format::Tag::kAlloc);
         p = enc.put_seq_ts(p, e.seq, ts);
         p = Encoder::put(p, e.tid);
@@ -931,6 +941,13 @@ void TraceWriter::cycle(bool final) {
       }
       case EventType::kFree: {
         uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
+        if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == 0) {
+          *p++ = static_cast<uint8_t>(format::Tag::kHostFree);
+          p = enc.put_seq_ts(p, e.seq, ts);
+          p = enc.put_addr(p, e.addr);
+          enc.end(p);
+          break;
+        }
         *p++ = static_cast<uint8_t>(format::Tag::kFree);
         p = enc.put_seq_ts(p, e.seq, ts);
         p = Encoder::put(p, e.tid);

@@ -135,6 +135,8 @@ class RecordDecoder {
       switch (tag) {
         case fmt::Tag::kAlloc:
         case fmt::Tag::kFree:
+        case fmt::Tag::kHostAlloc:
+        case fmt::Tag::kHostFree:
         case fmt::Tag::kStep:
           ok = event(tag, c, d);
           break;
@@ -199,6 +201,30 @@ class RecordDecoder {
         e.size = (e.flags & fmt::kAllocSampled) ? weight : size;
         if ((e.flags & fmt::kAllocSampled) && weight != size) e.flags |= kAllocByChance;
         if (e.flags & fmt::kAllocFailed) e.addr = weight;  // the error code
+        if (!c.ok()) return false;
+        note_ts(e.ts);
+        t_.events.push_back(e);
+        break;
+      }
+      case fmt::Tag::kHostAlloc: {
+        TraceEvent e;
+        e.type = EvType::kAlloc;
+        d.seq_ts(c, e);
+        e.kind = static_cast<uint8_t>(fmt::Kind::kHost);
+        e.addr = d.addr_of(c);
+        e.size = c.varint();
+        e.stack = static_cast<uint32_t>(c.varint());
+        if (!c.ok()) return false;
+        note_ts(e.ts);
+        t_.events.push_back(e);
+        break;
+      }
+      case fmt::Tag::kHostFree: {
+        TraceEvent e;
+        e.type = EvType::kFree;
+        d.seq_ts(c, e);
+        e.kind = static_cast<uint8_t>(fmt::Kind::kHost);
+        e.addr = d.addr_of(c);
         if (!c.ok()) return false;
         note_ts(e.ts);
         t_.events.push_back(e);
