@@ -556,13 +556,11 @@ void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usab
   ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
   add_totals(ring ? ring : shared_ring_, ring == nullptr, static_cast<int64_t>(usable), 1, 0);
 
-  Event e{};
-  e.type = EventType::kAlloc;
-  e.kind = static_cast<uint8_t>(format::Kind::kHost);
-  e.addr = reinterpret_cast<uintptr_t>(ptr);
-  e.size = size;
-  e.weight = size;
-  if (config_.host_mode == HostMode::kSampled) {
+  // Sampled mode: almost every allocation ends at the countdown, before
+  // anything else is done for it.
+  uint64_t weight = size;
+  const bool sampled = config_.host_mode == HostMode::kSampled;
+  if (sampled) {
     const uint64_t interval = config_.sample_interval;
     if (size < interval) {
       if (t.sample_countdown == 0) t.sample_countdown = next_sample_distance(t, interval);
@@ -572,14 +570,22 @@ void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usab
       // Unbiased: an allocation of `size` bytes is sampled with probability
       // 1 - exp(-size / interval).
       const double p = -std::expm1(-static_cast<double>(size) / static_cast<double>(interval));
-      e.weight = static_cast<uint64_t>(std::llround(static_cast<double>(size) / p));
+      weight = static_cast<uint64_t>(std::llround(static_cast<double>(size) / p));
     }
+  }
+  Event e{};
+  e.type = EventType::kAlloc;
+  e.kind = static_cast<uint8_t>(format::Kind::kHost);
+  e.addr = reinterpret_cast<uintptr_t>(ptr);
+  e.size = size;
+  e.weight = weight;
+  if (sampled) {
     e.flags = format::kAllocSampled;
     remember_sampled(e.addr);
   }
   e.stack = capture_stack();
   push(t, e);
-  if (config_.host_mode == HostMode::kSampled) {
+  if (sampled) {
     // The exact totals beside each recorded allocation: the report corrects
     // its estimate at step ends that no marker carries (automatic steps).
     Event totals{};
