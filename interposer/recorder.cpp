@@ -558,25 +558,31 @@ void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usab
 
   // Sampled mode: almost every allocation ends at the countdown, before
   // anything else is done for it.
-  uint64_t weight = size;
   const bool sampled = config_.host_mode == HostMode::kSampled;
-  if (sampled) {
-    const uint64_t interval = config_.sample_interval;
-    if (size < interval) {
-      if (t.sample_countdown == 0) t.sample_countdown = next_sample_distance(t, interval);
-      t.sample_countdown -= static_cast<int64_t>(size);
-      if (t.sample_countdown > 0) return;
-      t.sample_countdown = next_sample_distance(t, interval);
-      // Unbiased: an allocation of `size` bytes is sampled with probability
-      // 1 - exp(-size / interval).
-      const double p = -std::expm1(-static_cast<double>(size) / static_cast<double>(interval));
-      weight = static_cast<uint64_t>(std::llround(static_cast<double>(size) / p));
-    }
+  bool by_chance = false;
+  if (sampled && size < config_.sample_interval) {
+    if (t.sample_countdown == 0) t.sample_countdown = next_sample_distance(t, config_.sample_interval);
+    t.sample_countdown -= static_cast<int64_t>(size);
+    if (t.sample_countdown > 0) return;
+    t.sample_countdown = next_sample_distance(t, config_.sample_interval);
+    by_chance = true;
+  }
+  record_host_alloc(t, reinterpret_cast<uintptr_t>(ptr), size, sampled, by_chance);
+}
+
+__attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintptr_t addr, size_t size, bool sampled,
+                                                           bool by_chance) {
+  uint64_t weight = size;
+  if (by_chance) {
+    // Unbiased: an allocation of `size` bytes is sampled with probability
+    // 1 - exp(-size / interval).
+    const double p = -std::expm1(-static_cast<double>(size) / static_cast<double>(config_.sample_interval));
+    weight = static_cast<uint64_t>(std::llround(static_cast<double>(size) / p));
   }
   Event e{};
   e.type = EventType::kAlloc;
   e.kind = static_cast<uint8_t>(format::Kind::kHost);
-  e.addr = reinterpret_cast<uintptr_t>(ptr);
+  e.addr = addr;
   e.size = size;
   e.weight = weight;
   if (sampled) {
@@ -598,16 +604,20 @@ void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usab
 void Recorder::on_host_free(ThreadState& t, void* ptr, size_t usable) {
   ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
   add_totals(ring ? ring : shared_ring_, ring == nullptr, -static_cast<int64_t>(usable), 0, 1);
+  const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
   if (config_.host_mode == HostMode::kSampled) {
     // Almost every free: the counting filter says "not sampled" here, without a call.
-    const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
     if (g_filter == nullptr || g_filter[filter_index(addr)].load(std::memory_order_relaxed) == 0) return;
     if (!forget_sampled(addr)) return;
   }
+  record_host_free(t, addr);
+}
+
+__attribute__((noinline)) void Recorder::record_host_free(ThreadState& t, uintptr_t addr) {
   Event e{};
   e.type = EventType::kFree;
   e.kind = static_cast<uint8_t>(format::Kind::kHost);
-  e.addr = reinterpret_cast<uintptr_t>(ptr);
+  e.addr = addr;
   push(t, e);
 }
 
