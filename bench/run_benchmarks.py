@@ -494,7 +494,7 @@ class Bench:
             added = "" if traced is None or base is None else f"{v - base:+.1f} {unit}"
             target = ""
             if config.name == "pairs traced, stacks" and base is not None:
-                target = f"added <= 1000 ns: {'ok' if v - base <= 1000 else 'MISSED'}"
+                target = f"added <= 250 ns: {'ok' if v - base <= 250 else 'MISSED'}"
             if config.name == "train traced" and base is not None:
                 target = f"step time {fmt_ratio(ratio(v, base))}"
             rows.append(f"{config.name:<26} {v:>13.1f} {unit} {added:>12}  {target}")
