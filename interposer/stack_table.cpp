@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include "owned_use.h"
+
 namespace memledger::interposer {
 namespace {
 
@@ -56,35 +58,9 @@ uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
   }
 }
 
-namespace {
-
-// Marks a thread's path cache in use for one intern().
-class CacheUse {
- public:
-  explicit CacheUse(StackTable::PathCache*& cache) : cache_(cache) {
-    if (cache_ == nullptr) return;
-    if (cache_->busy) {
-      cache = cache_ = nullptr;  // interrupted intern() on this thread: leave its cache alone
-      return;
-    }
-    cache_->busy = 1;
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-  }
-  ~CacheUse() {
-    if (cache_ == nullptr) return;
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-    cache_->busy = 0;
-  }
-
- private:
-  StackTable::PathCache* cache_;
-};
-
-}  // namespace
-
 uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t python, PathCache* cache) {
   if (words_ == nullptr || depth == 0) return 0;
-  CacheUse use(cache);
+  OwnedUse use(cache);
   if (depth > kMaxDepth) depth = kMaxDepth;
   if (python > depth) python = depth;
   // The path: Python frames outermost first, then native frames outermost

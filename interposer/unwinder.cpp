@@ -8,6 +8,8 @@
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 
+#include "owned_use.h"
+
 namespace memledger::interposer {
 namespace {
 
@@ -468,30 +470,6 @@ bool unwinder_checking() { return g_mode == Mode::kCheck; }
 
 namespace {
 
-// Marks a thread's memo in use for one walk.
-class MemoUse {
- public:
-  explicit MemoUse(UnwindMemo*& memo) : memo_(memo) {
-    if (memo_ == nullptr) return;
-    if (memo_->busy) {
-      memo = memo_ = nullptr;  // interrupted walk on this thread: leave its memo alone
-      return;
-    }
-    memo_->busy = 1;
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-  }
-  ~MemoUse() {
-    if (memo_ == nullptr) return;
-    std::atomic_signal_fence(std::memory_order_seq_cst);
-    memo_->busy = 0;
-  }
-  MemoUse(const MemoUse&) = delete;
-  MemoUse& operator=(const MemoUse&) = delete;
-
- private:
-  UnwindMemo* memo_;
-};
-
 // Walks from a frame whose return address, stack pointer (its callee's CFA)
 // and frame pointer are given, recording the return address first, as
 // libunwind's tdep_trace does. -1: a frame the rules do not cover.
@@ -628,7 +606,7 @@ __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace_
                                                                                             UnwindMemo* memo) {
   if (max > kMaxFrames) max = kMaxFrames;
   const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
-  MemoUse use(memo);
+  OwnedUse use(memo);
   return walk(fp[1], reinterpret_cast<uint64_t>(fp + 2), fp[0], frames, max, memo);
 }
 
@@ -682,7 +660,7 @@ __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(
   if (g_mode == Mode::kLibunwind) return libunwind_backtrace(frames, max, skip_begin, skip_end);
   const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
   uint64_t rip, rsp, rbp;
-  MemoUse use(memo);
+  OwnedUse use(memo);
   if (g_mode == Mode::kFast) {
     if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) {
       const int walked = walk(rip, rsp, rbp, frames, max, memo);

@@ -185,11 +185,11 @@ class RecordDecoder {
 
   // Allocations, frees and step markers: the records of the hot path.
   bool event(fmt::Tag tag, fmt::Cursor& c, Deltas& d) {
+    TraceEvent e;
+    d.seq_ts(c, e);
     switch (tag) {
       case fmt::Tag::kAlloc: {
-        TraceEvent e;
         e.type = EvType::kAlloc;
-        d.seq_ts(c, e);
         c.varint();  // tid
         e.kind = static_cast<uint8_t>(c.varint());
         e.device = static_cast<uint8_t>(c.varint());
@@ -201,65 +201,41 @@ class RecordDecoder {
         e.size = (e.flags & fmt::kAllocSampled) ? weight : size;
         if ((e.flags & fmt::kAllocSampled) && weight != size) e.flags |= kAllocByChance;
         if (e.flags & fmt::kAllocFailed) e.addr = weight;  // the error code
-        if (!c.ok()) return false;
-        note_ts(e.ts);
-        t_.events.push_back(e);
         break;
       }
-      case fmt::Tag::kHostAlloc: {
-        TraceEvent e;
+      case fmt::Tag::kHostAlloc:
         e.type = EvType::kAlloc;
-        d.seq_ts(c, e);
         e.kind = static_cast<uint8_t>(fmt::Kind::kHost);
         e.addr = d.addr_of(c);
         e.size = c.varint();
         e.stack = static_cast<uint32_t>(c.varint());
-        if (!c.ok()) return false;
-        note_ts(e.ts);
-        t_.events.push_back(e);
         break;
-      }
-      case fmt::Tag::kHostFree: {
-        TraceEvent e;
+      case fmt::Tag::kFree:
         e.type = EvType::kFree;
-        d.seq_ts(c, e);
-        e.kind = static_cast<uint8_t>(fmt::Kind::kHost);
-        e.addr = d.addr_of(c);
-        if (!c.ok()) return false;
-        note_ts(e.ts);
-        t_.events.push_back(e);
-        break;
-      }
-      case fmt::Tag::kFree: {
-        TraceEvent e;
-        e.type = EvType::kFree;
-        d.seq_ts(c, e);
         c.varint();  // tid
         e.kind = static_cast<uint8_t>(c.varint());
         e.addr = d.addr_of(c);
         e.flags = static_cast<uint8_t>(c.varint());
-        if (!c.ok()) return false;
-        note_ts(e.ts);
-        t_.events.push_back(e);
         break;
-      }
-      case fmt::Tag::kStep: {
-        TraceEvent e;
+      case fmt::Tag::kHostFree:
+        e.type = EvType::kFree;
+        e.kind = static_cast<uint8_t>(fmt::Kind::kHost);
+        e.addr = d.addr_of(c);
+        break;
+      case fmt::Tag::kStep:
         e.type = EvType::kStep;
-        d.seq_ts(c, e);
         c.varint();  // tid
         e.addr = c.varint();
         e.flags = static_cast<uint8_t>(c.varint());
         e.size = c.varint();
         if (version_ >= 3) host_totals(c, e.seq);
-        if (!c.ok()) return false;
-        note_ts(e.ts);
-        t_.events.push_back(e);
         break;
-      }
       default:
         return false;
     }
+    if (!c.ok()) return false;
+    note_ts(e.ts);
+    t_.events.push_back(e);
     return true;
   }
 
