@@ -610,9 +610,12 @@ void TraceWriter::note_exec(const char* path) {
 }
 
 namespace {
-// A cycle that took this many events found the program allocating without
-// pause (a quarter of Recorder::push's hold-back mark).
-constexpr size_t kStreamingEvents = 1024;
+// Events per second from which the writer takes short waits: at this rate
+// a ring reaches Recorder::push's wake mark (2 Ki events) within a long
+// wait, and the program would make a system call to wake the writer about
+// every 10 ms or more often. Below it (sampled mode, most programs) the
+// writer wakes 100 times a second.
+constexpr uint64_t kStreamingPerSecond = 200'000;
 }  // namespace
 
 void TraceWriter::run() {
@@ -620,6 +623,10 @@ void TraceWriter::run() {
   // taken before each cycle: a wake during a cycle (a step marker) starts
   // the next one at once instead of being lost in a 10 ms wait.
   uint32_t seen = wake_word_.load(std::memory_order_acquire);
+  // When the last cycle began, and how long after the one before: the
+  // events it drained came in over that time.
+  uint64_t last_cycle_ns = monotonic_ns();
+  uint64_t interval_ns = 1;
   while (!stopping_.load(std::memory_order_acquire) && trace_.is_open()) {
     if (flush_requested_.load(std::memory_order_acquire) == flush_done_.load(std::memory_order_acquire)) {
       // While the program allocates without pause, the next cycle comes
@@ -627,7 +634,7 @@ void TraceWriter::run() {
       // program costs the program a system call each time, more than the
       // writer's short waits cost the writer. Otherwise a long wait, that
       // a filling ring cuts short (Recorder::push).
-      const bool streaming = last_drained_ >= kStreamingEvents;
+      const bool streaming = last_drained_ * 1'000'000'000ull >= kStreamingPerSecond * interval_ns;
       timespec wait = {0, streaming ? 250'000 : 10'000'000};
       if (!streaming) waiting_.store(true, std::memory_order_seq_cst);
       futex(&wake_word_, FUTEX_WAIT_PRIVATE, seen, &wait);
@@ -635,6 +642,9 @@ void TraceWriter::run() {
     }
     seen = wake_word_.load(std::memory_order_acquire);
     thread_busy_.store(true, std::memory_order_release);
+    const uint64_t now = monotonic_ns();
+    interval_ns = now > last_cycle_ns ? now - last_cycle_ns : 1;
+    last_cycle_ns = now;
     cycle(false);
     thread_busy_.store(false, std::memory_order_release);
   }
