@@ -847,6 +847,13 @@ void Recorder::after_fork_child() {
     ring->host_allocs.store(0, std::memory_order_relaxed);
     ring->host_frees.store(0, std::memory_order_relaxed);
     if (ring != t.ring && ring != shared_ring_) {
+      // Its thread did not come along, maybe in the middle of a walk or an
+      // intern: the next thread to take the ring starts with an empty path
+      // cache (a half-written one would give wrong ids) and a free memo (a
+      // walk replaces it only whole).
+      ring->path_cache.depth = 0;
+      ring->path_cache.busy = 0;
+      ring->unwind_memo.busy = 0;
       ring->state.store(static_cast<int>(RingState::kFree), std::memory_order_relaxed);
     }
   }
