@@ -153,7 +153,6 @@ class Recorder {
   void record_host_free(ThreadState& t, uintptr_t addr);
   void remember_sampled(uintptr_t addr);
   bool forget_sampled(uintptr_t addr);
-  void reset_rings_after_fork(ThreadRing* keep);
 
   Config config_;
   std::atomic<Lifecycle> lifecycle_{Lifecycle::kUninitialised};
