@@ -558,20 +558,20 @@ void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usab
 
   // Sampled mode: almost every allocation ends at the countdown, before
   // anything else is done for it.
-  const bool sampled = config_.host_mode == HostMode::kSampled;
   bool by_chance = false;
-  if (sampled && size < config_.sample_interval) {
+  if (config_.host_mode == HostMode::kSampled && size < config_.sample_interval) {
     if (t.sample_countdown == 0) t.sample_countdown = next_sample_distance(t, config_.sample_interval);
     t.sample_countdown -= static_cast<int64_t>(size);
     if (t.sample_countdown > 0) return;
     t.sample_countdown = next_sample_distance(t, config_.sample_interval);
     by_chance = true;
   }
-  record_host_alloc(t, reinterpret_cast<uintptr_t>(ptr), size, sampled, by_chance);
+  record_host_alloc(t, reinterpret_cast<uintptr_t>(ptr), size, by_chance);
 }
 
-__attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintptr_t addr, size_t size, bool sampled,
+__attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintptr_t addr, size_t size,
                                                            bool by_chance) {
+  const bool sampled = config_.host_mode == HostMode::kSampled;
   uint64_t weight = size;
   if (by_chance) {
     // Unbiased: an allocation of `size` bytes is sampled with probability

@@ -149,7 +149,7 @@ class Recorder {
   // the allocations and frees that are not recorded (most, in sampled mode)
   // then pay for a small function.
   // `by_chance`: sampled by the countdown (its weight is the estimate).
-  void record_host_alloc(ThreadState& t, uintptr_t addr, size_t size, bool sampled, bool by_chance);
+  void record_host_alloc(ThreadState& t, uintptr_t addr, size_t size, bool by_chance);
   void record_host_free(ThreadState& t, uintptr_t addr);
   void remember_sampled(uintptr_t addr);
   bool forget_sampled(uintptr_t addr);
