@@ -47,11 +47,7 @@ struct UnwindMemo {
   uint32_t current;  // which of `states` holds the last walk
   uint32_t count[2];
   uint32_t generation[2];
-  // One walk reads one array while it writes the other, at about the same
-  // index: 2 KiB more than a multiple of 4 KiB apart, so that a store to
-  // one does not look to the processor like a store to what it loads from
-  // the other (4 KiB aliasing).
-  State states[2][kStates + 64];
+  State states[2][kStates];
 };
 
 // Fills `frames` with up to `max` return addresses, innermost first,
