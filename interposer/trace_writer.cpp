@@ -627,6 +627,7 @@ void TraceWriter::run() {
   // events it drained came in over that time.
   uint64_t last_cycle_ns = monotonic_ns();
   uint64_t interval_ns = 1;
+  size_t drained = 0;  // events the last cycle took from the rings
   while (!stopping_.load(std::memory_order_acquire) && trace_.is_open()) {
     if (flush_requested_.load(std::memory_order_acquire) == flush_done_.load(std::memory_order_acquire)) {
       // While the program allocates without pause, the next cycle comes
@@ -634,19 +635,17 @@ void TraceWriter::run() {
       // program costs the program a system call each time, more than the
       // writer's short waits cost the writer. Otherwise a long wait, that
       // a filling ring cuts short (Recorder::push).
-      const bool streaming = last_drained_ * 1'000'000'000ull >= kStreamingPerSecond * interval_ns;
+      const bool streaming = drained * 1'000'000'000ull >= kStreamingPerSecond * interval_ns;
       timespec wait = {0, streaming ? 250'000 : 10'000'000};
       if (!streaming) waiting_.store(true, std::memory_order_seq_cst);
       futex(&wake_word_, FUTEX_WAIT_PRIVATE, seen, &wait);
       waiting_.store(false, std::memory_order_relaxed);
     }
     seen = wake_word_.load(std::memory_order_acquire);
-    thread_busy_.store(true, std::memory_order_release);
     const uint64_t now = monotonic_ns();
     interval_ns = now > last_cycle_ns ? now - last_cycle_ns : 1;
     last_cycle_ns = now;
-    cycle(false);
-    thread_busy_.store(false, std::memory_order_release);
+    drained = cycle(false);
   }
 }
 
@@ -669,7 +668,6 @@ void TraceWriter::reset_after_fork() {
   // parent. Close our copies without writing anything.
   running_.store(false, std::memory_order_relaxed);
   stopping_.store(false, std::memory_order_relaxed);
-  thread_busy_.store(false, std::memory_order_relaxed);
   flush_requested_.store(0, std::memory_order_relaxed);
   flush_done_.store(0, std::memory_order_relaxed);
   exit_pending_.store(0, std::memory_order_relaxed);
@@ -747,8 +745,8 @@ void encode_pressure(Encoder& enc, PressureSampler& sampler, uint64_t ts, bool w
 
 }  // namespace
 
-void TraceWriter::cycle(bool final) {
-  if (!trace_.is_open() || state_ == nullptr) return;
+size_t TraceWriter::cycle(bool final) {
+  if (!trace_.is_open() || state_ == nullptr) return 0;
   State& st = *state_;
   Recorder& rec = recorder();
   const uint32_t ticket = flush_requested_.load(std::memory_order_acquire);
@@ -786,7 +784,6 @@ void TraceWriter::cycle(bool final) {
     shared->tail.store(head, std::memory_order_release);
   }
   merge_runs(st);
-  last_drained_ = st.batch.size();
 
   // 3. Modules, when the set of loaded objects changed (skipped while a
   // fork is under way: see Recorder::enter_loader_section).
@@ -1225,6 +1222,7 @@ void TraceWriter::cycle(bool final) {
     if (fd >= 0 && pwrite(fd, padded, sizeof padded, 0) < 0) status_.close();
     st.last_status_ns = now;
   }
+  return st.batch.size();
 }
 
 bool TraceWriter::write_frame(const uint8_t* raw, size_t raw_len, int* err) {

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <sys/types.h>
 #include <pthread.h>
@@ -111,7 +112,8 @@ class TraceWriter {
  private:
   static void* thread_main(void* self);
   void run();
-  void cycle(bool final);
+  // Returns the number of events it took from the rings.
+  size_t cycle(bool final);
   // Writes one frame of `raw_len` payload bytes (compressed when that is
   // smaller). On a failed write, cuts the file back to its last whole frame.
   bool write_frame(const uint8_t* raw, size_t raw_len, int* err);
@@ -131,9 +133,7 @@ class TraceWriter {
   std::atomic<uint32_t> flush_done_{0};
   std::atomic<bool> stopping_{false};
   std::atomic<bool> running_{false};
-  std::atomic<bool> thread_busy_{false};
   std::atomic<bool> waiting_{false};
-  size_t last_drained_ = 0;  // events the last cycle took from the rings
   pthread_t thread_{};
   OwnedFile trace_;
   OwnedFile status_;
