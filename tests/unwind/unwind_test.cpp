@@ -238,7 +238,7 @@ TEST_CASE("walks that follow the last one give libunwind's stacks", "[unwind]") 
     r ^= r << 17;
     return r;
   };
-  int followed_stacks = 0;
+  int shared_outer = 0;
   std::vector<void*> before;
   for (int i = 0; i < 400; ++i) {
     // Random chains of frames with and without frame pointers and
@@ -257,12 +257,37 @@ TEST_CASE("walks that follow the last one give libunwind's stacks", "[unwind]") 
     check_memo(c);
     if (!before.empty() && c.memoised.size() > 4 && before.size() > 4 &&
         c.memoised[c.memoised.size() - 3] == before[before.size() - 3]) {
-      ++followed_stacks;
+      ++shared_outer;
     }
     before = c.memoised;
   }
-  // The outer frames were shared often: the memo was used, not skipped.
-  CHECK(followed_stacks > 100);
+  // Consecutive walks shared their outer frames often: the walks that
+  // follow the last one are among those compared (that they do follow it is
+  // the next test's).
+  CHECK(shared_outer > 100);
+}
+
+TEST_CASE("a frame found in the last walk takes its rule from there", "[unwind]") {
+  // The same chain walked twice from the same place; between the two, the
+  // memo's rule for the fifth frame is made "outermost" (in unwinder.cpp's
+  // packing: 1, a rule is stored, | 1 << 1, the kind). A walk that follows
+  // the memo stops there; one that looked its rules up would not.
+  static UnwindMemo memo;
+  MemoCapture c[2] = {{&memo, kMax, {}, {}}, {&memo, kMax, {}, {}}};
+  for (int i = 0; i < 2; ++i) {
+    if (i == 1) {
+      const uint32_t current = memo.current & 1;
+      REQUIRE(memo.count[current] > 6);
+      memo.states[current][4].rule = 1 | 1u << 1;
+    }
+    chain_nofp("nvfn", memo_leaf, &c[i]);
+  }
+  check_memo(c[0]);
+  INFO("first: " << describe(c[0].memoised));
+  INFO("second:" << describe(c[1].memoised));
+  // Frames 1 to 4 (memoised leaves out frame 0, the return into memo_leaf).
+  REQUIRE(c[1].memoised.size() == 4);
+  CHECK(std::equal(c[1].memoised.begin(), c[1].memoised.end(), c[0].memoised.begin()));
 }
 
 TEST_CASE("a walk that follows the last one stops where the two call sites part", "[unwind]") {
