@@ -47,6 +47,12 @@ def client(kernel_id, timeout=DEADLINE):
         time.sleep(0.1)
     kc = BlockingKernelClient()
     kc.load_connection_file(path)
+    # jupyter_client takes a kernel whose heartbeat answers more than a
+    # second late for dead ("Kernel died before replying to kernel_info");
+    # a traced kernel starting on a loaded machine can be that late. Its
+    # readiness is what this waits for (the kernel_info reply, within
+    # `timeout`); a kernel that is really gone is found by that timeout.
+    kc.hb_channel.time_to_dead = 10.0
     kc.start_channels()
     try:
         kc.wait_for_ready(timeout=timeout)
