@@ -16,7 +16,6 @@ torch imports).
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
 import subprocess
@@ -63,15 +62,19 @@ for s in range(int(sys.argv[1])):
 
 
 def timed(cmd, env):
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise SystemExit("%s failed (%d): %s" % (" ".join(cmd), proc.returncode, proc.stderr[-2000:]))
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, cpu
+    """Wall and CPU seconds, and the peak RSS in MiB of the largest process of
+    the tree (wait4's rusage covers the child and the children it waited for)."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise SystemExit("%s failed (%d): %s" % (" ".join(cmd), proc.returncode,
+                                                     err.read().decode(errors="replace")[-2000:]))
+    return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
 def main():
@@ -99,14 +102,15 @@ def main():
             configs += [("memray", "memray", memray_env), ("memray --native", "memray-native", memray_env)]
         else:
             print("memray: skipped (not importable by %s; see --memray-path)" % args.python)
-        print("%-10s %-28s %10s %8s %10s %8s" % ("workload", "mode", "wall s", "x", "cpu s", "x"))
+        print("%-10s %-28s %10s %8s %10s %8s %10s %9s" % ("workload", "mode", "wall s", "x", "cpu s", "x",
+                                                          "peak MiB", "added"))
         for name, source, steps in workloads:
             script = os.path.join(tmp, name + ".py")
             with open(script, "w") as f:
                 f.write(source)
             base = None
             for label, host, extra in configs:
-                walls, cpus = [], []
+                walls, cpus, peaks = [], [], []
                 for i in range(args.runs):
                     if host is None:
                         cmd = [args.python, script, steps]
@@ -121,13 +125,15 @@ def main():
                         shutil.rmtree(out, ignore_errors=True)
                         cmd = [args.memledger, "run", "-q", "--no-report", "-o", out, "--host", host, "--",
                                args.python, script, steps]
-                    wall, cpu = timed(cmd, dict(env, **extra))
+                    wall, cpu, peak = timed(cmd, dict(env, **extra))
                     walls.append(wall)
                     cpus.append(cpu)
-                wall, cpu = statistics.median(walls), statistics.median(cpus)
+                    peaks.append(peak)
+                wall, cpu, peak = statistics.median(walls), statistics.median(cpus), statistics.median(peaks)
                 if base is None:
-                    base = (wall, cpu)
-                print("%-10s %-28s %10.3f %8.2f %10.3f %8.2f" % (name, label, wall, wall / base[0], cpu, cpu / base[1]))
+                    base = (wall, cpu, peak)
+                print("%-10s %-28s %10.3f %8.2f %10.3f %8.2f %10.1f %+9.1f" % (
+                    name, label, wall, wall / base[0], cpu, cpu / base[1], peak, peak - base[2]))
                 sys.stdout.flush()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -851,8 +851,7 @@ void Recorder::after_fork_child() {
       // intern: the next thread to take the ring starts with an empty path
       // cache (a half-written one would give wrong ids) and a free memo (a
       // walk replaces it only whole).
-      ring->path_cache.depth = 0;
-      ring->path_cache.busy = 0;
+      ring->path_cache.clear();
       ring->unwind_memo.busy = 0;
       ring->state.store(static_cast<int>(RingState::kFree), std::memory_order_relaxed);
     }

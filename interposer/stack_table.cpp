@@ -58,32 +58,27 @@ uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
   }
 }
 
-uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t python, PathCache* cache) {
-  if (words_ == nullptr || depth == 0) return 0;
-  OwnedUse use(cache);
-  if (depth > kMaxDepth) depth = kMaxDepth;
-  if (python > depth) python = depth;
-  // The path: Python frames outermost first, then native frames outermost
-  // first (read from `frames` in place: most of it is only compared).
-  auto path = [&](uint32_t i) { return i < python ? frames[python - 1 - i] : frames[depth - 1 - (i - python)]; };
+void StackTable::PathCache::clear() {
+  python.depth = 0;
+  native.depth = 0;
+  for (Pair& pair : pairs) pair = Pair{0, 0, 0};
+  busy = 0;
+}
 
+uint32_t StackTable::intern_path(const uintptr_t* frames, uint32_t n, CachedPath* cache) {
+  const uintptr_t* outermost = frames + n - 1;  // outermost[-i] is the path's frame i
   uint32_t shared = 0;
   uint32_t node = 0;
   if (cache != nullptr) {
-    // Compared in two plain loops (one per part of the path): this runs
-    // over the whole stack at every allocation.
-    const uint32_t limit = cache->depth < depth ? cache->depth : depth;
+    // This runs over the whole stack at every allocation: a plain loop.
+    const uint32_t limit = cache->depth < n ? cache->depth : n;
     const uintptr_t* cached = cache->words;
-    const uint32_t in_python = limit < python ? limit : python;
-    while (shared < in_python && cached[shared] == frames[python - 1 - shared]) ++shared;
-    if (shared == python) {
-      const uintptr_t* native = frames + depth - 1 + python;  // native[-i] is path(i)
-      while (shared < limit && cached[shared] == native[-static_cast<ptrdiff_t>(shared)]) ++shared;
-    }
+    while (shared < limit && cached[shared] == outermost[-static_cast<ptrdiff_t>(shared)]) ++shared;
     if (shared > 0) node = cache->nodes[shared - 1];
+    if (shared == n) return node;  // the cached path goes on below: still right
   }
-  for (uint32_t i = shared; i < depth; ++i) {
-    const uintptr_t word = path(i);
+  for (uint32_t i = shared; i < n; ++i) {
+    const uintptr_t word = outermost[-static_cast<ptrdiff_t>(i)];
     node = child(node, word);
     if (node == 0) {
       if (cache != nullptr) cache->depth = i;  // what is cached is still right
@@ -94,22 +89,51 @@ uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t py
       cache->nodes[i] = node;
     }
   }
-  if (cache != nullptr) cache->depth = depth;
+  if (cache != nullptr) cache->depth = n;
   return node;
+}
+
+uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t python, PathCache* cache) {
+  if (words_ == nullptr || depth == 0) return 0;
+  OwnedUse use(cache);
+  if (depth > kMaxDepth) depth = kMaxDepth;
+  if (python > depth) python = depth;
+  const uint32_t native = depth - python;
+  uint32_t python_node = 0;
+  if (python > 0) {
+    python_node = intern_path(frames, python, cache != nullptr ? &cache->python : nullptr);
+    if (python_node == 0 || native == 0) return python_node;
+  }
+  const uint32_t native_node = intern_path(frames + python, native, cache != nullptr ? &cache->native : nullptr);
+  if (native_node == 0 || python == 0) return native_node;
+  // Both parts: the pair's node, below the native path's.
+  PathCache::Pair* recent = nullptr;
+  if (cache != nullptr) {
+    const uint64_t key = (uint64_t{native_node} << 32 | python_node) * 0x9e3779b97f4a7c15ull;
+    recent = &cache->pairs[key >> 56 & (PathCache::kPairs - 1)];
+    if (recent->native == native_node && recent->python == python_node && recent->id != 0) return recent->id;
+  }
+  const uint32_t id = child(native_node, kPairBit | python_node);
+  if (recent != nullptr && id != 0) *recent = PathCache::Pair{native_node, python_node, id};
+  return id;
 }
 
 uint32_t StackTable::get(uint32_t id, uintptr_t* out) const {
   if (words_ == nullptr || id == 0 || id >= next_id_.load(std::memory_order_acquire) || id >= kMaxNodes) return 0;
-  // From the node to the root: native frames innermost first, then Python
-  // frames innermost first. The stack lists its Python frames first.
-  uintptr_t walked[kMaxDepth];
-  uint32_t n = 0;
-  for (uint32_t at = id; at != 0 && n < kMaxDepth; at = links_[at].parent) walked[n++] = words_[at];
+  // Python frames innermost first, then native frames innermost first:
+  // each part from its node up to the root.
+  uint32_t python = id;
   uint32_t native = 0;
-  while (native < n && (walked[native] >> 63) == 0) ++native;
+  if ((words_[id] & kPartBits) == kPairBit) {
+    python = static_cast<uint32_t>(words_[id]);
+    native = links_[id].parent;
+  } else if ((words_[id] & kPythonBit) == 0) {
+    python = 0;
+    native = id;
+  }
   uint32_t depth = 0;
-  for (uint32_t i = native; i < n; ++i) out[depth++] = walked[i];
-  for (uint32_t i = 0; i < native; ++i) out[depth++] = walked[i];
+  for (uint32_t at = python; at != 0 && depth < kMaxDepth; at = links_[at].parent) out[depth++] = words_[at];
+  for (uint32_t at = native; at != 0 && depth < kMaxDepth; at = links_[at].parent) out[depth++] = words_[at];
   return depth;
 }
 

@@ -78,6 +78,79 @@ TEST_CASE("Python frames come back before native frames, each innermost first", 
   CHECK(b != c);
 }
 
+TEST_CASE("a stack's Python and native paths are kept apart, and paired", "[stacks]") {
+  static StackTable table;
+  REQUIRE(table.init());
+  // 30 Python paths (10 frames deep, differing in their innermost frame)
+  // reach each of 40 native paths (50 frames deep, differing in their
+  // innermost frame): 1,200 stacks.
+  std::vector<uintptr_t> stack(60);
+  for (int k = 0; k < 10; ++k) stack[k] = kPy | (0x100 + static_cast<uintptr_t>(k));
+  for (int k = 10; k < 60; ++k) stack[k] = 0x400000 + 16 * static_cast<uintptr_t>(k);
+  std::set<uint32_t> ids;
+  for (uintptr_t py = 0; py < 30; ++py) {
+    for (uintptr_t native = 0; native < 40; ++native) {
+      stack[0] = kPy | (0x900000 + py);
+      stack[10] = 0x900000 + native;
+      const uint32_t id = table.intern(stack.data(), 60, 10);
+      REQUIRE(id != 0);
+      ids.insert(id);
+      REQUIRE(frames_of(table, id) == stack);
+    }
+  }
+  CHECK(ids.size() == 1200);
+  // Each Python path once (9 shared frames, then 30 innermost), each
+  // native path once (49, then 40), then one node per stack. As one path
+  // per stack, every Python path had its own copy of the 49 + 40.
+  CHECK(table.count() == (9 + 30) + (49 + 40) + 1200);
+  // A Python path alone and a native path alone are stacks of their own.
+  const uint32_t python_only = table.intern(stack.data(), 10, 10);
+  const uint32_t native_only = table.intern(stack.data() + 10, 50, 0);
+  CHECK(frames_of(table, python_only) == std::vector<uintptr_t>(stack.begin(), stack.begin() + 10));
+  CHECK(frames_of(table, native_only) == std::vector<uintptr_t>(stack.begin() + 10, stack.end()));
+  CHECK(ids.count(python_only) == 0);
+  CHECK(ids.count(native_only) == 0);
+}
+
+TEST_CASE("a path cache gives the same ids as looking every frame up, Python frames or not", "[stacks]") {
+  static StackTable table;
+  REQUIRE(table.init());
+  static StackTable::PathCache cache;
+  // Stacks that change their Python part, their native part, both or
+  // neither from one to the next, and pairs that meet again later (more
+  // than the cache's recent pairs, so that some are looked up again).
+  std::vector<std::pair<std::vector<uintptr_t>, uint32_t>> stacks;
+  uint64_t x = 12345;
+  auto next = [&x] { return (x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  for (int i = 0; i < 5000; ++i) {
+    const uint32_t python = static_cast<uint32_t>(next() % 6);
+    const uint32_t native = static_cast<uint32_t>(next() % 8) + (python == 0);
+    std::vector<uintptr_t> s;
+    const uint64_t py_variant = next() % 40;
+    const uint64_t native_variant = next() % 60;
+    for (uint32_t k = 0; k < python; ++k) s.push_back(kPy | ((k < 2 ? py_variant * 8 + k : k) << 4));
+    for (uint32_t k = 0; k < native; ++k) s.push_back(0x1000 + 0x10 * (k < 2 ? native_variant * 8 + k : k));
+    stacks.emplace_back(s, python);
+  }
+  std::vector<uint32_t> cached, uncached;
+  for (const auto& [s, python] : stacks) {
+    cached.push_back(table.intern(s.data(), static_cast<uint32_t>(s.size()), python, &cache));
+  }
+  for (const auto& [s, python] : stacks) {
+    uncached.push_back(table.intern(s.data(), static_cast<uint32_t>(s.size()), python));
+  }
+  CHECK(cached == uncached);
+  for (size_t i = 0; i < stacks.size(); ++i) REQUIRE(frames_of(table, cached[i]) == stacks[i].first);
+  // A cleared cache (a fork child's, for a thread that did not come along) starts over.
+  cache.clear();
+  CHECK(cache.python.depth == 0);
+  CHECK(cache.native.depth == 0);
+  for (size_t i = 0; i < 100; ++i) {
+    const auto& [s, python] = stacks[i];
+    REQUIRE(table.intern(s.data(), static_cast<uint32_t>(s.size()), python, &cache) == cached[i]);
+  }
+}
+
 TEST_CASE("a thread's path cache gives the same ids as looking every frame up", "[stacks]") {
   static StackTable table;
   REQUIRE(table.init());
@@ -96,9 +169,9 @@ TEST_CASE("a thread's path cache gives the same ids as looking every frame up", 
   for (size_t i = 0; i < stacks.size(); ++i) CHECK(frames_of(table, cached[i]) == stacks[i]);
   // A cache left busy (an intern() interrupted by a signal handler) is not used.
   cache.busy = 1;
-  const uint32_t depth_before = cache.depth;
+  const uint32_t depth_before = cache.native.depth;
   CHECK(table.intern(stacks[5].data(), static_cast<uint32_t>(stacks[5].size()), 0, &cache) == cached[5]);
-  CHECK(cache.depth == depth_before);
+  CHECK(cache.native.depth == depth_before);
   cache.busy = 0;
 }
 
@@ -116,9 +189,10 @@ TEST_CASE("interning from many threads agrees on ids", "[stacks]") {
         // Every thread interns the same stacks, in a different order; half
         // the threads through a path cache.
         int s = (i * 7 + t * 131) % kStacks;
-        uintptr_t frames[4] = {0x400000u + static_cast<uintptr_t>(s), 0x500000, 0x600000,
-                               static_cast<uintptr_t>(0x700000 + s % 13)};
-        ids[t][s] = table.intern(frames, 4, 0, t % 2 ? &cache : nullptr);
+        // Stacks s and s + 1000 differ in their Python frame only.
+        uintptr_t frames[5] = {kPy | static_cast<uintptr_t>(s / 1000), 0x400000u + static_cast<uintptr_t>(s % 1000),
+                               0x500000, 0x600000, static_cast<uintptr_t>(0x700000 + s % 13)};
+        ids[t][s] = table.intern(frames, 5, 1, t % 2 ? &cache : nullptr);
       }
     });
   }
@@ -128,7 +202,8 @@ TEST_CASE("interning from many threads agrees on ids", "[stacks]") {
     for (int t = 1; t < kThreads; ++t) REQUIRE(ids[t][s] == ids[0][s]);
     REQUIRE(ids[0][s] != 0);
     distinct.insert(ids[0][s]);
-    const std::vector<uintptr_t> expected = {0x400000u + static_cast<uintptr_t>(s), 0x500000, 0x600000,
+    const std::vector<uintptr_t> expected = {kPy | static_cast<uintptr_t>(s / 1000),
+                                             0x400000u + static_cast<uintptr_t>(s % 1000), 0x500000, 0x600000,
                                              static_cast<uintptr_t>(0x700000 + s % 13)};
     REQUIRE(frames_of(table, ids[0][s]) == expected);
   }
