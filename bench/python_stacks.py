@@ -12,9 +12,17 @@ can import it, or from DIR (`pip install --target DIR memray`).
 Workloads: `objects` (pure Python building and dropping containers, deep
 call stacks), and `torch_cpu` (a small MLP trained on CPU with PyTorch, when
 torch imports).
+
+Then, when torch imports, the tracer's memory on `import torch` and on the
+`torch_cpu` script, read by the program itself at its end: VmHWM, and its
+resident memory split into anonymous memory (the heap and every private
+mapping: what the tracer allocates) and pages of mapped files (among them the
+libraries' unwind tables, which the unwinder reads), untraced and in each
+host mode, two runs each (`--no-memory` skips this).
 """
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -77,6 +85,58 @@ def timed(cmd, env):
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
+# Appended to a workload: prints the process's own memory at its end, as JSON
+# on the last line of stdout.
+MEMORY_REPORT = '''
+import json as _json, re as _re
+_rss = {"anon": 0, "file": 0}
+_kind = "anon"
+for _line in open("/proc/self/smaps"):
+    if _re.match(r"^[0-9a-f]+-[0-9a-f]+ ", _line):
+        _fields = _line.split()
+        _kind = "file" if len(_fields) > 5 and _fields[5].startswith("/") else "anon"
+    elif _line.startswith("Rss:"):
+        _rss[_kind] += int(_line.split()[1])
+_hwm = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0])
+print(_json.dumps({"hwm_kib": _hwm, "anon_kib": _rss["anon"], "file_kib": _rss["file"]}))
+'''
+
+
+def memory_table(args, env, tmp, scripts):
+    """The tracer's memory on each (name, script, argument): untraced and in
+    each host mode, the program's own VmHWM and its resident memory split
+    into anonymous memory and pages of mapped files, medians of two runs."""
+    print()
+    print("tracer memory (MiB, read by the program at its end; 'added': above untraced)")
+    print("%-12s %-10s %9s %7s %9s %7s %9s %7s" % ("workload", "mode", "VmHWM", "added", "anon", "added",
+                                                  "files", "added"))
+    for name, source, argument in scripts:
+        script = os.path.join(tmp, name + "-memory.py")
+        with open(script, "w") as f:
+            f.write(source + MEMORY_REPORT)
+        base = None
+        for host in (None, "sampled", "full"):
+            readings = []
+            for i in range(2):
+                if host is None:
+                    cmd = [args.python, script, argument]
+                else:
+                    out = os.path.join(tmp, "memory-%s-%d" % (name, i))
+                    shutil.rmtree(out, ignore_errors=True)
+                    cmd = [args.memledger, "run", "-q", "--no-report", "-o", out, "--host", host, "--",
+                           args.python, script, argument]
+                proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+                if proc.returncode != 0:
+                    raise SystemExit("%s failed (%d): %s" % (" ".join(cmd), proc.returncode, proc.stderr[-2000:]))
+                readings.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            row = [statistics.median(r[key] for r in readings) / 1024 for key in ("hwm_kib", "anon_kib", "file_kib")]
+            if base is None:
+                base = row
+            print("%-12s %-10s %9.1f %+7.1f %9.1f %+7.1f %9.1f %+7.1f" % (
+                name, host or "untraced", row[0], row[0] - base[0], row[1], row[1] - base[1], row[2], row[2] - base[2]))
+            sys.stdout.flush()
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -84,6 +144,7 @@ def main():
     parser.add_argument("--python", default="/usr/bin/python3")
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--memray-path", help="folder holding the memray package (pip install --target)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the tracer memory table")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="memledger-pybench-")
     try:
@@ -135,6 +196,8 @@ def main():
                 print("%-10s %-28s %10.3f %8.2f %10.3f %8.2f %10.1f %+9.1f" % (
                     name, label, wall, wall / base[0], cpu, cpu / base[1], peak, peak - base[2]))
                 sys.stdout.flush()
+        if not args.no_memory and any(name == "torch_cpu" for name, _, _ in workloads):
+            memory_table(args, env, tmp, [("import_torch", "import torch\n", ""), ("torch_cpu", TORCH_CPU, "150")])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
