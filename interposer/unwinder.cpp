@@ -483,6 +483,9 @@ namespace {
 // register its rule reads and the values read from the same addresses are
 // the same, the next state is the same: by induction the walk is.
 constexpr uint64_t kRbpMatters = 1u << 5;  // in a memo state's rule word: the rest of that walk reads rbp
+// In a memo state's rule word: that walk went on from this state by its
+// rule (a standard one) to the next state, which has a rule of its own.
+constexpr uint64_t kFollowable = 1u << 6;
 
 inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max, UnwindMemo* memo) {
   int depth = 0;
@@ -515,15 +518,14 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
       // Follow the last walk while the stack holds what it read.
       if (same_from == kNone) same_from = written;
       const UnwindMemo::State* __restrict at = last + seen;
-      const UnwindMemo::State* const end = last + last_count;
       UnwindMemo::State* __restrict put = out + written;
       void** __restrict frame = frames + depth;
       void** const frames_end = frames + max;
       for (;;) {
         rule = at->rule;
         *put++ = {rip, rsp, rbp, rule};
+        if (!(rule & kFollowable)) break;
         const UnwindMemo::State* then = at + 1;
-        if (then == end || static_cast<Kind>((rule >> 1) & 3) != Kind::kStandard || then->rule == 0) break;
         const uint64_t ret = *reinterpret_cast<const uint64_t*>(then->rsp - 8);
         const uint64_t saved =
             (rule & 16) ? *reinterpret_cast<const uint64_t*>(then->rsp + static_cast<int16_t>(rule >> 16)) : rbp;
@@ -566,6 +568,10 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
   }
   if (out != nullptr) {
     if (stopped) out[written++] = {rip, rsp, rbp, 0};
+    // States copied from the last walk keep its marks, but the last one
+    // copied may have no next state here, or a stop instead.
+    if (written > 0) out[written - 1].rule &= ~kFollowable;
+    if (stopped && written > 1) out[written - 2].rule &= ~kFollowable;
     // Which states' rbp the rest of this walk reads: the last state's if
     // its rule took the CFA from it (the walk ended on what that read); an
     // earlier state's if its rule does, or passes rbp on unchanged to a
@@ -582,10 +588,12 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
       uint64_t& rule = out[i].rule;
       if (rule == 0) continue;
       bool read = false;
+      bool followable = false;
       if (static_cast<Kind>((rule >> 1) & 3) == Kind::kStandard) {
         read = (rule & 8) != 0 || (i + 1 < written && !(rule & 16) && read_after);
+        followable = i + 1 < written && out[i + 1].rule != 0;
       }
-      rule = read ? rule | kRbpMatters : rule & ~kRbpMatters;
+      rule = (rule & ~(kRbpMatters | kFollowable)) | (read ? kRbpMatters : 0) | (followable ? kFollowable : 0);
       read_after = read;
     }
     memo->count[next] = written;

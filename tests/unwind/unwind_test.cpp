@@ -314,6 +314,40 @@ TEST_CASE("a walk that follows the last one stops where the two call sites part"
 }
 
 namespace {
+// As memo_leaf, with the walk alone: -1 where it would hand over to libunwind.
+__attribute__((noinline)) int memo_leaf_no_fallback(void* arg) {
+  auto& c = *static_cast<MemoCapture*>(arg);
+  void* a[kMax];
+  void* b[kMax];
+  const int na = unw_backtrace(a, kMax);
+  const int nb = fast_backtrace_no_fallback(b, c.max, c.memo);
+  c.libunwind.assign(a + (na > 0 ? 1 : 0), a + na);
+  c.memoised.assign(b + (nb > 0 ? 1 : 0), b + (nb > 0 ? nb : 0));  // none after a hand-over
+  return na + nb;
+}
+}  // namespace
+
+TEST_CASE("a walk cut short by the frame limit is followed to its end by the next, whole walk", "[unwind]") {
+  // The cut walk's memo ends in a stop: the next walk, with room for every
+  // frame, follows it up to there and goes on by the rules, where it would
+  // otherwise take the stop for a frame and hand over to libunwind.
+  static UnwindMemo memo;
+  for (int limit = 3; limit < 12; ++limit) {
+    INFO("limit " << limit);
+    MemoCapture cut{&memo, limit, {}, {}};
+    MemoCapture whole{&memo, kMax, {}, {}};
+    MemoCapture again{&memo, kMax, {}, {}};
+    chain_nofp("nvfnvf", memo_leaf_no_fallback, &cut);
+    check_memo(cut);
+    chain_nofp("nvfnvf", memo_leaf_no_fallback, &whole);
+    check_memo(whole);
+    // And a whole walk after a whole one, which follows it to the end.
+    chain_nofp("nvfnvf", memo_leaf_no_fallback, &again);
+    check_memo(again);
+  }
+}
+
+namespace {
 void* memo_thread(void* arg) {
   for (const char* pattern : {"vfn", "nnv", "vfn"}) {
     chain_vla(pattern, memo_leaf, arg);
