@@ -111,7 +111,7 @@ uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t py
   if (cache != nullptr) {
     const uint64_t key = (uint64_t{native_node} << 32 | python_node) * 0x9e3779b97f4a7c15ull;
     recent = &cache->pairs[key >> 56 & (PathCache::kPairs - 1)];
-    if (recent->native == native_node && recent->python == python_node && recent->id != 0) return recent->id;
+    if (recent->native == native_node && recent->python == python_node) return recent->id;  // never empty: nodes are not 0
   }
   const uint32_t id = child(native_node, kPairBit | python_node);
   if (recent != nullptr && id != 0) *recent = PathCache::Pair{native_node, python_node, id};
@@ -127,7 +127,7 @@ uint32_t StackTable::get(uint32_t id, uintptr_t* out) const {
   if ((words_[id] & kPartBits) == kPairBit) {
     python = static_cast<uint32_t>(words_[id]);
     native = links_[id].parent;
-  } else if ((words_[id] & kPythonBit) == 0) {
+  } else if (!format::is_python_frame(words_[id])) {
     python = 0;
     native = id;
   }

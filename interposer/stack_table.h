@@ -22,6 +22,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "trace_format.h"
+
 namespace memledger::interposer {
 
 class StackTable {
@@ -96,11 +98,10 @@ class StackTable {
   uint32_t intern_path(const uintptr_t* frames, uint32_t n, CachedPath* cache);
 
   // Frame words: native return addresses (below 2^57), Python frames
-  // (bit 63, trace_format.h), and pairs (bit 62 alone, the Python path's
+  // (format::kPythonFrameBit), and pairs (bit 62 alone, the Python path's
   // node in the low bits), whose node's parent is the native path's.
-  static constexpr uintptr_t kPythonBit = uintptr_t{1} << 63;
   static constexpr uintptr_t kPairBit = uintptr_t{1} << 62;
-  static constexpr uintptr_t kPartBits = kPythonBit | kPairBit;
+  static constexpr uintptr_t kPartBits = format::kPythonFrameBit | kPairBit;
 
   uintptr_t* words_ = nullptr;  // by id; id 0 is the root (no frame)
   Links* links_ = nullptr;
