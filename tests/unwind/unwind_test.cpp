@@ -192,6 +192,9 @@ struct MemoCapture {
   UnwindMemo* memo;
   int max;
   std::vector<void*> libunwind, memoised;
+  // The walk alone (fast_backtrace_no_fallback): no frames where it would
+  // hand over to libunwind.
+  bool walk_alone = false;
 };
 
 // libunwind's frames and the memo walk's, from one function (compared from
@@ -201,9 +204,9 @@ __attribute__((noinline)) int memo_leaf(void* arg) {
   void* a[kMax];
   void* b[kMax];
   const int na = unw_backtrace(a, kMax);
-  const int nb = fast_backtrace(b, c.max, 0, 0, c.memo);
+  const int nb = c.walk_alone ? fast_backtrace_no_fallback(b, c.max, c.memo) : fast_backtrace(b, c.max, 0, 0, c.memo);
   c.libunwind.assign(a + (na > 0 ? 1 : 0), a + na);
-  c.memoised.assign(b + (nb > 0 ? 1 : 0), b + nb);
+  c.memoised.assign(b + (nb > 0 ? 1 : 0), b + (nb > 0 ? nb : 0));
   return na + nb;
 }
 
@@ -313,20 +316,6 @@ TEST_CASE("a walk that follows the last one stops where the two call sites part"
   }
 }
 
-namespace {
-// As memo_leaf, with the walk alone: -1 where it would hand over to libunwind.
-__attribute__((noinline)) int memo_leaf_no_fallback(void* arg) {
-  auto& c = *static_cast<MemoCapture*>(arg);
-  void* a[kMax];
-  void* b[kMax];
-  const int na = unw_backtrace(a, kMax);
-  const int nb = fast_backtrace_no_fallback(b, c.max, c.memo);
-  c.libunwind.assign(a + (na > 0 ? 1 : 0), a + na);
-  c.memoised.assign(b + (nb > 0 ? 1 : 0), b + (nb > 0 ? nb : 0));  // none after a hand-over
-  return na + nb;
-}
-}  // namespace
-
 TEST_CASE("a walk cut short by the frame limit is followed to its end by the next, whole walk", "[unwind]") {
   // The cut walk's memo ends in a stop: the next walk, with room for every
   // frame, follows it up to there and goes on by the rules, where it would
@@ -334,15 +323,15 @@ TEST_CASE("a walk cut short by the frame limit is followed to its end by the nex
   static UnwindMemo memo;
   for (int limit = 3; limit < 12; ++limit) {
     INFO("limit " << limit);
-    MemoCapture cut{&memo, limit, {}, {}};
-    MemoCapture whole{&memo, kMax, {}, {}};
-    MemoCapture again{&memo, kMax, {}, {}};
-    chain_nofp("nvfnvf", memo_leaf_no_fallback, &cut);
+    MemoCapture cut{&memo, limit, {}, {}, true};
+    MemoCapture whole{&memo, kMax, {}, {}, true};
+    MemoCapture again{&memo, kMax, {}, {}, true};
+    chain_nofp("nvfnvf", memo_leaf, &cut);
     check_memo(cut);
-    chain_nofp("nvfnvf", memo_leaf_no_fallback, &whole);
+    chain_nofp("nvfnvf", memo_leaf, &whole);
     check_memo(whole);
     // And a whole walk after a whole one, which follows it to the end.
-    chain_nofp("nvfnvf", memo_leaf_no_fallback, &again);
+    chain_nofp("nvfnvf", memo_leaf, &again);
     check_memo(again);
   }
 }
