@@ -85,6 +85,13 @@ def timed(cmd, env):
     return wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024
 
 
+def traced(args, out, host, script, argument):
+    """`memledger run` of `script` in host mode `host`, into a fresh run folder `out`."""
+    shutil.rmtree(out, ignore_errors=True)
+    return [args.memledger, "run", "-q", "--no-report", "-o", out, "--host", host, "--",
+            args.python, script, argument]
+
+
 # Appended to a workload: prints the process's own memory at its end, as JSON
 # on the last line of stdout.
 MEMORY_REPORT = '''
@@ -121,10 +128,7 @@ def memory_table(args, env, tmp, scripts):
                 if host is None:
                     cmd = [args.python, script, argument]
                 else:
-                    out = os.path.join(tmp, "memory-%s-%d" % (name, i))
-                    shutil.rmtree(out, ignore_errors=True)
-                    cmd = [args.memledger, "run", "-q", "--no-report", "-o", out, "--host", host, "--",
-                           args.python, script, argument]
+                    cmd = traced(args, os.path.join(tmp, "memory-%s-%d" % (name, i)), host, script, argument)
                 proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
                 if proc.returncode != 0:
                     raise SystemExit("%s failed (%d): %s" % (" ".join(cmd), proc.returncode, proc.stderr[-2000:]))
@@ -182,10 +186,7 @@ def main():
                         cmd = [args.python, "-m", "memray", "run", "-q", "-o", out,
                                *(["--native"] if host == "memray-native" else []), script, steps]
                     else:
-                        out = os.path.join(tmp, "run-%s-%d" % (name, i))
-                        shutil.rmtree(out, ignore_errors=True)
-                        cmd = [args.memledger, "run", "-q", "--no-report", "-o", out, "--host", host, "--",
-                               args.python, script, steps]
+                        cmd = traced(args, os.path.join(tmp, "run-%s-%d" % (name, i)), host, script, steps)
                     wall, cpu, peak = timed(cmd, dict(env, **extra))
                     walls.append(wall)
                     cpus.append(cpu)
