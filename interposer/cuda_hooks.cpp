@@ -104,6 +104,12 @@ namespace fmt = memledger::format;
   X(cuMemUnmap, "cuMemUnmap", 10020, false)                              \
   X(cuMemAddressReserve, "cuMemAddressReserve", 10020, false)            \
   X(cuMemAddressFree, "cuMemAddressFree", 10020, false)                  \
+  X(cuStreamBeginCapture, "cuStreamBeginCapture", 10000, false)          \
+  X(cuStreamBeginCapture_ptsz, "cuStreamBeginCapture", 10000, true)      \
+  X(cuStreamBeginCapture_v2, "cuStreamBeginCapture", 10010, false)       \
+  X(cuStreamBeginCapture_v2_ptsz, "cuStreamBeginCapture", 10010, true)   \
+  X(cuStreamBeginCaptureToGraph, "cuStreamBeginCaptureToGraph", 12030, false) \
+  X(cuStreamBeginCaptureToGraph_ptsz, "cuStreamBeginCaptureToGraph", 12030, true) \
   X(cuStreamEndCapture, "cuStreamEndCapture", 10000, false)              \
   X(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 10000, true)          \
   X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 11040, false) \
@@ -224,6 +230,12 @@ CUresult cuMemMap(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, uns
 CUresult cuMemUnmap(CUdeviceptr, size_t);
 CUresult cuMemAddressReserve(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
 CUresult cuMemAddressFree(CUdeviceptr, size_t);
+CUresult cuStreamBeginCapture(CUstream);
+CUresult cuStreamBeginCapture_ptsz(CUstream);
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream, int);
+CUresult cuStreamBeginCaptureToGraph(CUstream, CUgraph, const CUgraphNode*, const void*, size_t, int);
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream, CUgraph, const CUgraphNode*, const void*, size_t, int);
 CUresult cuStreamEndCapture(CUstream, CUgraph*);
 CUresult cuStreamEndCapture_ptsz(CUstream, CUgraph*);
 CUresult cuGraphInstantiateWithFlags(CUgraphExec*, CUgraph, unsigned long long);
@@ -660,8 +672,17 @@ int capture_status(CUstream stream, bool per_thread, uint64_t* graph) {
   return status;
 }
 
+// Stream captures begun and not yet seen to end, in the whole process
+// (cuStreamBeginCapture*, cuStreamEndCapture*: every way a capture starts
+// or ends). While there are none, no stream is being captured, and an
+// allocation need not ask the driver. Counted up before a begin and down
+// only once the stream is seen to have left capture, so the count is never
+// below the captures under way.
+std::atomic<int64_t> g_captures{0};
+
 // The graph `stream` is actively being captured into, or 0.
 uint64_t capturing_graph(CUstream stream, bool per_thread) {
+  if (g_captures.load(std::memory_order_acquire) <= 0) return 0;
   uint64_t graph = 0;
   return capture_status(stream, per_thread, &graph) == CU_STREAM_CAPTURE_STATUS_ACTIVE ? graph : 0;
 }
@@ -1065,15 +1086,31 @@ MEMLEDGER_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, size_t
 
 namespace {
 
-// A capture that failed (invalidated) leaves no graph: its nodes go.
+template <typename Fn, typename... Args>
+CUresult begin_capture(Fn real, Args... args) {
+  DriverScope s;
+  if (real == nullptr) return 3;
+  g_captures.fetch_add(1, std::memory_order_acq_rel);
+  const CUresult r = real(args...);
+  if (r != CUDA_SUCCESS) g_captures.fetch_sub(1, std::memory_order_acq_rel);
+  return r;
+}
+
+// A capture that failed (invalidated) leaves no graph: its nodes go. The
+// capture count goes down when the stream was captured before the call and
+// is not after it (an end from the wrong thread, or on a stream that only
+// joined the capture, leaves it under way).
 template <typename Fn>
 CUresult end_capture(Fn real, CUstream stream, CUgraph* graph, bool per_thread) {
   DriverScope s;
   if (real == nullptr) return 3;
-  uint64_t captured = 0;
-  if (s.may_record()) capture_status(stream, per_thread, &captured);
+  uint64_t captured = 0, after = 0;
+  const int before = capture_status(stream, per_thread, &captured);
   const CUresult r = real(stream, graph);
-  if (r != CUDA_SUCCESS && captured != 0) graph_ledger().graph_destroyed(captured);
+  if (before != 0 && capture_status(stream, per_thread, &after) == 0) {
+    g_captures.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  if (r != CUDA_SUCCESS && captured != 0 && s.may_record()) graph_ledger().graph_destroyed(captured);
   return r;
 }
 
@@ -1139,6 +1176,26 @@ CUresult graph_launch(Fn real, CUgraphExec exec, CUstream stream, bool per_threa
 
 }  // namespace
 
+MEMLEDGER_EXPORT CUresult cuStreamBeginCapture(CUstream stream) {
+  return begin_capture(REAL_DRIVER(cuStreamBeginCapture), stream);
+}
+MEMLEDGER_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream) {
+  return begin_capture(REAL_DRIVER(cuStreamBeginCapture_ptsz), stream);
+}
+MEMLEDGER_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
+  return begin_capture(REAL_DRIVER(cuStreamBeginCapture_v2), stream, mode);
+}
+MEMLEDGER_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode) {
+  return begin_capture(REAL_DRIVER(cuStreamBeginCapture_v2_ptsz), stream, mode);
+}
+MEMLEDGER_EXPORT CUresult cuStreamBeginCaptureToGraph(CUstream stream, CUgraph graph, const CUgraphNode* deps,
+                                                      const void* edges, size_t count, int mode) {
+  return begin_capture(REAL_DRIVER(cuStreamBeginCaptureToGraph), stream, graph, deps, edges, count, mode);
+}
+MEMLEDGER_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, CUgraph graph, const CUgraphNode* deps,
+                                                           const void* edges, size_t count, int mode) {
+  return begin_capture(REAL_DRIVER(cuStreamBeginCaptureToGraph_ptsz), stream, graph, deps, edges, count, mode);
+}
 MEMLEDGER_EXPORT CUresult cuStreamEndCapture(CUstream stream, CUgraph* graph) {
   return end_capture(REAL_DRIVER(cuStreamEndCapture), stream, graph, false);
 }

@@ -430,6 +430,78 @@ class CudaHooks(unittest.TestCase):
         text = subprocess.run([MEMLEDGER, "report", run_dir], capture_output=True, text=True, timeout=TIMEOUT).stdout
         self.assertIn("CUDA graph-owned", text)
 
+    def test_captures_begun_every_way_are_seen(self):
+        # Allocations ask the driver whether their stream is being captured
+        # only while a capture is under way, so every way a capture begins
+        # must be seen: the exported v1, v2 and per-thread entry points, a
+        # pointer from cuGetProcAddress (as cudart finds it) and capture
+        # into an existing graph. An end that fails (a stream that is not
+        # capturing) must not count as one. Allocations captured are graph
+        # nodes, live nowhere; only the last, uncaptured one is live.
+        mib = 1 << 20
+        script = textwrap.dedent(f"""
+            import ctypes
+            import threading
+            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
+            step = ctypes.CDLL(None).memledger_step
+            MIB = {mib}
+            assert cuda.cuInit(0) == 0
+            ctx = ctypes.c_void_p()
+            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+            cuda.cuCtxSetCurrent(ctx)
+            a, b = ctypes.c_void_p(), ctypes.c_void_p()
+            assert cuda.cuStreamCreate(ctypes.byref(a), 0) == 0
+            assert cuda.cuStreamCreate(ctypes.byref(b), 0) == 0
+            begin_fn = ctypes.c_void_p()
+            status = ctypes.c_int()
+            assert cuda.cuGetProcAddress_v2(b"cuStreamBeginCapture", ctypes.byref(begin_fn), 12000,
+                                            ctypes.c_ulonglong(0), ctypes.byref(status)) == 0
+            begin_found = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int)(begin_fn.value)
+            graphs = []
+
+            def alloc(stream, size):
+                p = ctypes.c_ulonglong(0)
+                assert cuda.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(size), stream) == 0
+                return p
+
+            def end(stream, ptsz=False):
+                graph = ctypes.c_void_p()
+                fn = cuda.cuStreamEndCapture_ptsz if ptsz else cuda.cuStreamEndCapture
+                assert fn(stream, ctypes.byref(graph)) == 0
+                graphs.append(graph)
+
+            assert begin_found(a, 0) == 0
+            alloc(a, 3 * MIB)
+            assert cuda.cuStreamEndCapture(b, ctypes.byref(ctypes.c_void_p())) != 0  # b is not capturing
+            other = []
+            t = threading.Thread(target=lambda: other.append(cuda.cuStreamEndCapture(a, ctypes.byref(ctypes.c_void_p()))))
+            t.start()
+            t.join()
+            assert other == [908], other  # CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD: the capture goes on
+            alloc(a, 2 * MIB)
+            end(a)
+            assert cuda.cuStreamBeginCapture(a) == 0
+            alloc(a, 1 * MIB)
+            end(a)
+            assert cuda.cuStreamBeginCapture_ptsz(b) == 0
+            alloc(b, 1 * MIB)
+            end(b, ptsz=True)
+            assert cuda.cuStreamBeginCapture_v2_ptsz(b, 2) == 0
+            alloc(b, 1 * MIB)
+            end(b, ptsz=True)
+            into = ctypes.c_void_p()
+            assert cuda.cuGraphCreate(ctypes.byref(into), 0) == 0
+            assert cuda.cuStreamBeginCaptureToGraph(a, into, None, None, ctypes.c_size_t(0), 0) == 0
+            alloc(a, 4 * MIB)
+            end(a)
+            assert graphs[-1].value == into.value
+            assert cuda.cuStreamBeginCapture_v2(ctypes.c_void_p(1), 0) != 0  # the legacy stream: refused
+            alloc(a, 5 * MIB)
+            step(b"train")
+        """)
+        _, report, _ = self.trace_script(script)
+        self.assertEqual(report["steps"][0]["live"].get("device", 0), 5 * mib, report["steps"][0])
+
     def test_every_device_sampled_without_a_current_context(self):
         # Each step leaks a context on device 1 (SIMCUDA_CONTEXT_MB of device
         # memory that no allocation call shows) and ends on a thread with no

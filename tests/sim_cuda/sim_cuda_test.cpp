@@ -544,6 +544,34 @@ TEST_CASE("graph memory nodes: captured at a fixed address, allocated at launch,
   CU_OK(cuStreamDestroy(stream));
 }
 
+TEST_CASE("stream capture: into an existing graph, and ended only by the thread that began it") {
+  CU_OK(cuInit(0));
+  ScopedContext scope(primary(0));
+  CUstream stream = nullptr;
+  CU_OK(cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING));
+  CUgraph into = nullptr, graph = nullptr;
+  CHECK(cuGraphCreate(&into, 1) == CUDA_ERROR_INVALID_VALUE);
+  CU_OK(cuGraphCreate(&into, 0));
+  CU_OK(cuStreamBeginCaptureToGraph(stream, into, nullptr, nullptr, 0, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUdeviceptr p = 0;
+  CU_OK(cuMemAllocAsync(&p, 1 * kMiB, stream));
+  CUresult other = CUDA_SUCCESS;
+  std::thread([&] { other = cuStreamEndCapture(stream, &graph); }).join();
+  CHECK(other == CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+  CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+  CU_OK(cuStreamIsCapturing(stream, &status));
+  CHECK(status == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CU_OK(cuStreamEndCapture(stream, &graph));
+  CHECK(graph == into);
+  // Relaxed mode: any thread ends it.
+  CU_OK(cuStreamBeginCapture(stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+  std::thread([&] { other = cuStreamEndCapture(stream, &graph); }).join();
+  CHECK(other == CUDA_SUCCESS);
+  CU_OK(cuGraphDestroy(graph));
+  CU_OK(cuGraphDestroy(into));  // its node was never launched: nothing to free
+  CU_OK(cuStreamDestroy(stream));
+}
+
 TEST_CASE("VMM: reservations count nothing, physical memory is counted at cuMemCreate") {
   CU_OK(cuInit(0));
   const CUmemAllocationProp prop = device_prop(0);

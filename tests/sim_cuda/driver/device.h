@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cuda.h>
+#include <pthread.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -43,6 +44,10 @@ struct Stream {
   // its work goes into, and the capture's id.
   Graph* capture = nullptr;
   unsigned long long capture_id = 0;
+  // How it was begun, and by which thread: outside the relaxed mode only
+  // that thread may end it (cuStreamEndCapture).
+  CUstreamCaptureMode capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  pthread_t capture_thread{};
 };
 
 class Device {

@@ -63,6 +63,8 @@
   X(cuStreamBeginCapture, cuStreamBeginCapture_ptsz, 10000, kPerThread)        \
   X(cuStreamBeginCapture, cuStreamBeginCapture_v2, 10010, kLegacy)             \
   X(cuStreamBeginCapture, cuStreamBeginCapture_v2_ptsz, 10010, kPerThread)     \
+  X(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph, 12030, kLegacy) \
+  X(cuStreamBeginCaptureToGraph, cuStreamBeginCaptureToGraph_ptsz, 12030, kPerThread) \
   X(cuStreamEndCapture, cuStreamEndCapture, 10000, kLegacy)                    \
   X(cuStreamEndCapture, cuStreamEndCapture_ptsz, 10000, kPerThread)            \
   X(cuStreamIsCapturing, cuStreamIsCapturing, 10000, kLegacy)                  \
@@ -78,6 +80,7 @@
   X(cuGraphLaunch, cuGraphLaunch, 10000, kLegacy)                              \
   X(cuGraphLaunch, cuGraphLaunch_ptsz, 10000, kPerThread)                      \
   X(cuGraphExecDestroy, cuGraphExecDestroy, 10000, kLegacy)                    \
+  X(cuGraphCreate, cuGraphCreate, 10000, kLegacy)                              \
   X(cuGraphDestroy, cuGraphDestroy, 10000, kLegacy)                            \
   /* linear device, managed and pinned host memory */                         \
   X(cuMemGetInfo, cuMemGetInfo, 2000, kLegacy)                                 \

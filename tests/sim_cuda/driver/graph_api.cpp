@@ -94,7 +94,14 @@ void end_capture(State& st, Stream* stream) {
 
 namespace {
 
-CUresult begin_capture(Call& call, CUstream handle, CUstreamCaptureMode mode) {
+Graph* live_graph(Call& call, CUgraph handle) {
+  auto* g = reinterpret_cast<Graph*>(handle);
+  return g != nullptr && call.st.graphs.count(g) != 0 && !g->destroyed ? g : nullptr;
+}
+
+// `into`: cuStreamBeginCaptureToGraph's graph (its nodes so far are kept,
+// the captured ones follow them), else a new graph.
+CUresult begin_capture(Call& call, CUstream handle, CUstreamCaptureMode mode, CUgraph into = nullptr) {
   Context* ctx = nullptr;
   if (CUresult r = call.stream_context(handle, &ctx)) return r;
   if (mode != CU_STREAM_CAPTURE_MODE_GLOBAL && mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
@@ -105,11 +112,19 @@ CUresult begin_capture(Call& call, CUstream handle, CUstreamCaptureMode mode) {
   Stream* stream = call.stream_object(handle);
   if (stream == nullptr) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (stream->capture != nullptr) return CUDA_ERROR_ILLEGAL_STATE;
-  auto* g = internal_new<Graph>();
+  Graph* g = nullptr;
+  if (into != nullptr) {
+    g = live_graph(call, into);
+    if (g == nullptr || (g->context != nullptr && g->context != ctx)) return CUDA_ERROR_INVALID_VALUE;
+  } else {
+    g = internal_new<Graph>();
+    call.st.graphs.insert(g);
+  }
   g->context = ctx;
-  call.st.graphs.insert(g);
   stream->capture = g;
   stream->capture_id = call.st.next_capture_id++;
+  stream->capture_mode = mode;
+  stream->capture_thread = pthread_self();
   return CUDA_SUCCESS;
 }
 
@@ -119,6 +134,10 @@ CUresult end_capture_call(Call& call, CUstream handle, CUgraph* graph) {
   if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Stream* stream = call.stream_object(handle);
   if (stream == nullptr || stream->capture == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+  // The capture goes on.
+  if (stream->capture_mode != CU_STREAM_CAPTURE_MODE_RELAXED && !pthread_equal(stream->capture_thread, pthread_self())) {
+    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+  }
   *graph = reinterpret_cast<CUgraph>(stream->capture);
   stream->capture = nullptr;
   return CUDA_SUCCESS;
@@ -140,11 +159,6 @@ CUresult capture_info(Call& call, CUstream handle, CUstreamCaptureStatus* status
   if (edges != nullptr) *edges = nullptr;
   if (count != nullptr) *count = 0;
   return CUDA_SUCCESS;
-}
-
-Graph* live_graph(Call& call, CUgraph handle) {
-  auto* g = reinterpret_cast<Graph*>(handle);
-  return g != nullptr && call.st.graphs.count(g) != 0 && !g->destroyed ? g : nullptr;
 }
 
 constexpr unsigned long long kInstantiateFlags =
@@ -236,6 +250,25 @@ CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
 CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode) {
   Call call(Sym::cuStreamBeginCapture_v2_ptsz);
   return begin_capture(call, hStream, mode);
+}
+
+CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies,
+                                     const CUgraphEdgeData* dependencyData, size_t numDependencies,
+                                     CUstreamCaptureMode mode) {
+  Call call(Sym::cuStreamBeginCaptureToGraph);
+  // Dependencies order nodes; the simulated graphs keep capture order only.
+  if (numDependencies != 0 && dependencies == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  (void)dependencyData;
+  return begin_capture(call, hStream, mode, hGraph);
+}
+
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies,
+                                          const CUgraphEdgeData* dependencyData, size_t numDependencies,
+                                          CUstreamCaptureMode mode) {
+  Call call(Sym::cuStreamBeginCaptureToGraph_ptsz);
+  if (numDependencies != 0 && dependencies == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  (void)dependencyData;
+  return begin_capture(call, hStream, mode, hGraph);
 }
 
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
@@ -348,6 +381,16 @@ CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
   internal_delete(e);
   --g->execs;
   release_graph_if_unused(call.st, g);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuGraphCreate(CUgraph* phGraph, unsigned int flags) {
+  Call call(Sym::cuGraphCreate);
+  if (CUresult r = call.initialized()) return r;
+  if (phGraph == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  auto* g = internal_new<Graph>();
+  call.st.graphs.insert(g);
+  *phGraph = reinterpret_cast<CUgraph>(g);
   return CUDA_SUCCESS;
 }
 
