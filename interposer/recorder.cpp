@@ -484,11 +484,10 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
   // The thread's own ring holds its path cache and unwind memo (threads without one go without).
   ThreadState& t = tls_state;
   ThreadRing* own = t.status == 1 ? t.ring : nullptr;
-  if (enter_loader_section()) {
-    // memledger's own frames (the hook, this function) are left out.
-    n = fast_backtrace(frames, want, self_begin_, self_end_, own != nullptr ? &own->unwind_memo : nullptr);
-    leave_loader_section();
-  }
+  // memledger's own frames (the hook, this function) are left out.
+  static constexpr LoaderAccess kLoader = {[] { return recorder().enter_loader_section(); },
+                                           [] { recorder().leave_loader_section(); }};
+  n = fast_backtrace(frames, want, self_begin_, self_end_, own != nullptr ? &own->unwind_memo : nullptr, &kLoader);
   const int first = static_cast<int>(skip_extra);
   uint32_t depth = first < n ? static_cast<uint32_t>(n - first) : 0;
   if (depth > config_.stack_depth) depth = config_.stack_depth;

@@ -416,8 +416,29 @@ Rule compute_rule(uint64_t pc) {
   return rule;
 }
 
-// The rule for return address `pc`, from the table or worked out now.
-inline uint64_t rule_of(uint64_t pc) {
+// A walk's loader section, entered at its first need and left at its end.
+class LoaderUse {
+ public:
+  explicit LoaderUse(const LoaderAccess* access) : access_(access) {}
+  LoaderUse(const LoaderUse&) = delete;
+  LoaderUse& operator=(const LoaderUse&) = delete;
+  ~LoaderUse() {
+    if (state_ == kEntered && access_ != nullptr) access_->leave();
+  }
+  bool enter() {
+    if (state_ == kNone) state_ = access_ == nullptr || access_->enter() ? kEntered : kRefused;
+    return state_ == kEntered;
+  }
+
+ private:
+  enum State : uint8_t { kNone, kEntered, kRefused };
+  const LoaderAccess* access_;
+  State state_ = kNone;
+};
+
+// The rule for return address `pc`, from the table or worked out now; 0
+// when it must be worked out and the loader section is refused.
+inline uint64_t rule_of(uint64_t pc, LoaderUse& loader) {
   const uint32_t generation = g_generation.load(std::memory_order_relaxed) & 0xff;
   size_t i = slot_of(pc);
   for (int probe = 0; probe < kProbes; ++probe, i = (i + 1) & (kSlots - 1)) {
@@ -426,11 +447,13 @@ inline uint64_t rule_of(uint64_t pc) {
     if (seen == pc) {
       const uint64_t rule = slot.rule.load(std::memory_order_acquire);
       if (rule != 0 && ((rule >> 8) & 0xff) == generation) return rule;
+      if (!loader.enter()) return 0;
       const uint64_t fresh = pack(compute_rule(pc), generation);
       slot.rule.store(fresh, std::memory_order_release);
       return fresh;
     }
     if (seen == 0) {
+      if (!loader.enter()) return 0;
       const uint64_t fresh = pack(compute_rule(pc), generation);
       if (slot.pc.compare_exchange_strong(seen, pc, std::memory_order_acq_rel)) {
         slot.rule.store(fresh, std::memory_order_release);
@@ -439,6 +462,7 @@ inline uint64_t rule_of(uint64_t pc) {
       if (seen == pc) return fresh;  // another thread took it for the same address
     }
   }
+  if (!loader.enter()) return 0;
   return pack(compute_rule(pc), generation);
 }
 
@@ -472,7 +496,8 @@ namespace {
 
 // Walks from a frame whose return address, stack pointer (its callee's CFA)
 // and frame pointer are given, recording the return address first, as
-// libunwind's tdep_trace does. -1: a frame the rules do not cover.
+// libunwind's tdep_trace does. -1: a frame the rules do not cover; -2: a
+// rule to work out, and no loader section for it.
 //
 // With a memo (UnwindMemo): the last walk's frames and this one's are both
 // in stack order (each frame's stack pointer above the one before), so one
@@ -487,7 +512,8 @@ constexpr uint64_t kRbpMatters = 1u << 5;  // in a memo state's rule word: the r
 // rule (a standard one) to the next state, which has a rule of its own.
 constexpr uint64_t kFollowable = 1u << 6;
 
-inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max, UnwindMemo* memo) {
+inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max, UnwindMemo* memo,
+                LoaderUse& loader) {
   int depth = 0;
   if (max <= 0) return 0;
   frames[depth++] = reinterpret_cast<void*>(rip);
@@ -542,7 +568,8 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
       depth = static_cast<int>(frame - frames);
       if (depth >= max) break;
     } else {
-      rule = rule_of(rip);
+      rule = rule_of(rip, loader);
+      if (rule == 0) return -2;
       same_from = kNone;
       if (out != nullptr) out[written++] = {rip, rsp, rbp, rule};
     }
@@ -615,7 +642,8 @@ __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace_
   if (max > kMaxFrames) max = kMaxFrames;
   const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
   OwnedUse use(memo);
-  return walk(fp[1], reinterpret_cast<uint64_t>(fp + 2), fp[0], frames, max, memo);
+  LoaderUse loader(nullptr);
+  return walk(fp[1], reinterpret_cast<uint64_t>(fp + 2), fp[0], frames, max, memo, loader);
 }
 
 namespace {
@@ -663,23 +691,28 @@ inline bool skip_own_frames(const uint64_t* fp, uintptr_t skip_begin, uintptr_t 
 __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(void** frames, int max,
                                                                               uintptr_t skip_begin,
                                                                               uintptr_t skip_end,
-                                                                              UnwindMemo* memo) {
+                                                                              UnwindMemo* memo,
+                                                                              const LoaderAccess* access) {
   if (max > kMaxFrames) max = kMaxFrames;
-  if (g_mode == Mode::kLibunwind) return libunwind_backtrace(frames, max, skip_begin, skip_end);
+  LoaderUse loader(access);
+  if (g_mode == Mode::kLibunwind) return loader.enter() ? libunwind_backtrace(frames, max, skip_begin, skip_end) : 0;
   const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
   uint64_t rip, rsp, rbp;
   OwnedUse use(memo);
   if (g_mode == Mode::kFast) {
     if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) {
-      const int walked = walk(rip, rsp, rbp, frames, max, memo);
+      const int walked = walk(rip, rsp, rbp, frames, max, memo, loader);
       if (walked >= 0) return walked;
     }
-    return libunwind_backtrace(frames, max, skip_begin, skip_end);
+    return loader.enter() ? libunwind_backtrace(frames, max, skip_begin, skip_end) : 0;
   }
   // kCheck
+  if (!loader.enter()) return 0;
   void* mine[kMaxFrames];
   int walked = -1;
-  if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) walked = walk(rip, rsp, rbp, mine, max, memo);
+  if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) {
+    walked = walk(rip, rsp, rbp, mine, max, memo, loader);
+  }
   const int depth = libunwind_backtrace(frames, max, skip_begin, skip_end);
   g_checked.fetch_add(1, std::memory_order_relaxed);
   if (walked < 0) {

@@ -50,16 +50,25 @@ struct UnwindMemo {
   State states[2][kStates];
 };
 
+// How a walk enters and leaves a loader section (Recorder::
+// enter_loader_section) around what reads the loaded objects' list under
+// glibc's loader lock: a first sight of an address, and libunwind. A walk
+// whose every address has its rule already takes no section. enter()
+// false: not now (a fork is under way), and the walk gives up (0 frames).
+struct LoaderAccess {
+  bool (*enter)();
+  void (*leave)();
+};
+
 // Fills `frames` with up to `max` return addresses, innermost first,
 // starting with the one into the caller of this function: the array
 // unw_backtrace() would give if called in its place, less its leading
 // frames in [skip_begin, skip_end) (memledger's own: code that keeps frame
-// pointers, left by their chain). Returns the count. The caller holds a
-// loader section (Recorder::enter_loader_section): a first sight of an
-// address reads the loaded objects' list.
-// `memo`: the calling thread's, or nullptr.
+// pointers, left by their chain). Returns the count.
+// `memo`: the calling thread's, or nullptr. `loader`: nullptr reads the
+// loaded objects' list without a section (tests, benchmarks).
 int fast_backtrace(void** frames, int max, uintptr_t skip_begin = 0, uintptr_t skip_end = 0,
-                   UnwindMemo* memo = nullptr);
+                   UnwindMemo* memo = nullptr, const LoaderAccess* loader = nullptr);
 
 // The walk alone, for tests: -1 where fast_backtrace() hands over to
 // libunwind.
