@@ -1,7 +1,8 @@
 // The unwinder (interposer/unwinder.h) against libunwind's unw_backtrace()
 // on stacks that mix frames with and without frame pointers, frames whose
 // CFA is rbp-based, frames in the C library (qsort's callback), a thread's
-// outermost frame and a signal handler's frame.
+// outermost frame and a signal handler's frame; the memo; and when a walk
+// takes a loader section.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -358,4 +359,69 @@ TEST_CASE("a memo handed from one thread to another gives the new thread's stack
   }
   chain_nofp("fnvfnv", memo_leaf, &c);
   check_memo(c);
+}
+
+// --- The loader section (LoaderAccess): taken only to work a rule out.
+
+namespace {
+
+using memledger::interposer::LoaderAccess;
+
+struct LoaderCapture {
+  const LoaderAccess* access;
+  std::vector<void*> frames;
+};
+int g_entered = 0, g_left = 0;
+bool g_refuse = false;
+const LoaderAccess kCountingLoader = {[] {
+                                        ++g_entered;
+                                        return !g_refuse;
+                                      },
+                                      [] { ++g_left; }};
+
+__attribute__((noinline)) int loader_leaf(void* arg) {
+  auto& c = *static_cast<LoaderCapture*>(arg);
+  void* b[kMax];
+  const int n = fast_backtrace(b, kMax, 0, 0, nullptr, c.access);
+  c.frames.assign(b, b + n);
+  return n;
+}
+
+std::vector<void*> walk_with(const LoaderAccess* access) {
+  LoaderCapture c{access, {}};
+  chain_nofp("fnvfnv", loader_leaf, &c);
+  return c.frames;
+}
+
+}  // namespace
+
+TEST_CASE("a walk takes a loader section only to work a rule out", "[unwind]") {
+  // Every walk from one call site, so that each is the same stack.
+  std::vector<void*> warm;
+  for (int round = 0; round < 4; ++round) {
+    if (round == 1) {
+      g_entered = g_left = 0;
+      g_refuse = true;  // as while a fork is under way
+    }
+    // Rules of an older generation are worked out again: that needs a section.
+    if (round == 2) memledger::interposer::unwinder_modules_unloaded();
+    if (round == 3) g_refuse = false;
+    const std::vector<void*> frames = walk_with(round == 0 ? nullptr : &kCountingLoader);
+    INFO("round " << round);
+    if (round == 0) {
+      warm = frames;  // every rule of this stack known from here on
+      REQUIRE(warm.size() > 8);
+    } else if (round == 1) {
+      CHECK(frames == warm);
+      CHECK(g_entered == 0);
+    } else if (round == 2) {
+      CHECK(frames.empty());
+      CHECK(g_entered == 1);
+      CHECK(g_left == 0);
+    } else {
+      CHECK(frames == warm);
+      CHECK(g_entered == 2);
+      CHECK(g_left == 1);
+    }
+  }
 }
