@@ -94,6 +94,17 @@ namespace fmt = memledger::format;
   X(cuMemAllocFromPoolAsync_ptsz, "cuMemAllocFromPoolAsync", 11020, true) \
   X(cuMemPoolCreate, "cuMemPoolCreate", 11020, false)                    \
   X(cuMemPoolDestroy, "cuMemPoolDestroy", 11020, false)                  \
+  X(cuDeviceSetMemPool, "cuDeviceSetMemPool", 11020, false)              \
+  X(cuMemSetMemPool, "cuMemSetMemPool", 13000, false)                    \
+  X(cuStreamDestroy, "cuStreamDestroy", 2000, false)                     \
+  X(cuStreamDestroy_v2, "cuStreamDestroy", 4000, false)                  \
+  X(cuCtxDestroy, "cuCtxDestroy", 2000, false)                           \
+  X(cuCtxDestroy_v2, "cuCtxDestroy", 4000, false)                        \
+  X(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 7000, false) \
+  X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, false) \
+  X(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 7000, false)     \
+  X(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, false) \
+  X(cuGreenCtxDestroy, "cuGreenCtxDestroy", 12040, false)                \
   X(cuMemCreate, "cuMemCreate", 10020, false)                            \
   X(cuMemRelease, "cuMemRelease", 10020, false)                          \
   X(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000, false) \
@@ -162,7 +173,6 @@ std::atomic<void*> real_cuCtxGetCurrent{nullptr};
 std::atomic<void*> real_cuDeviceGetCount{nullptr};
 std::atomic<void*> real_cuDevicePrimaryCtxGetState{nullptr};
 std::atomic<void*> real_cuDevicePrimaryCtxRetain{nullptr};
-std::atomic<void*> real_cuDevicePrimaryCtxRelease_v2{nullptr};
 std::atomic<void*> real_cuCtxPushCurrent_v2{nullptr};
 std::atomic<void*> real_cuCtxPopCurrent_v2{nullptr};
 std::atomic<void*> real_cuDeviceGetGraphMemAttribute{nullptr};
@@ -220,6 +230,17 @@ CUresult cuMemAllocFromPoolAsync(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
 CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr*, size_t, CUmemoryPool, CUstream);
 CUresult cuMemPoolCreate(CUmemoryPool*, const void*);
 CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuDeviceSetMemPool(CUdevice, CUmemoryPool);
+CUresult cuMemSetMemPool(void*, int, CUmemoryPool);
+CUresult cuStreamDestroy(CUstream);
+CUresult cuStreamDestroy_v2(CUstream);
+CUresult cuCtxDestroy(CUcontext);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuDevicePrimaryCtxRelease(CUdevice);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+CUresult cuDevicePrimaryCtxReset(CUdevice);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
+CUresult cuGreenCtxDestroy(void*);
 CUresult cuMemCreate(CUmemGenericAllocationHandle*, size_t, const void*, unsigned long long);
 CUresult cuMemRelease(CUmemGenericAllocationHandle);
 CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle*, void*);
@@ -611,13 +632,47 @@ PoolLabel pool_label(CUmemoryPool pool) {
   return label;
 }
 
-// The device a stream belongs to, asked without touching the calling
-// thread's current context: cuStreamGetDevice (drivers from 12.8), else the
-// stream's context (cuStreamGetCtx) and that context's device
-// (cuCtxGetDevice_v2, CUDA 13). The default streams (NULL, legacy,
+// What the allocation hooks ask the driver about a stream's device and a
+// device's current pool is kept: each changes only through a call hooked
+// here. A stream's device is fixed for its life, and its handle can name
+// another stream only after cuStreamDestroy or the end of its context
+// (cuCtxDestroy, cuDevicePrimaryCtxRelease/Reset, cuGreenCtxDestroy); a
+// device's current pool changes by cuDeviceSetMemPool, cuMemSetMemPool or
+// cuMemPoolDestroy of that pool. Each of those calls moves the generation
+// on before and after its real call, and what was kept under an older
+// generation is asked again.
+std::atomic<uint64_t> g_device_generation{1};
+
+void device_state_changes() { g_device_generation.fetch_add(1, std::memory_order_acq_rel); }
+
+// The calling thread's last streams and their devices.
+struct KnownStream {
+  CUstream stream;
+  uint64_t generation;
+  int device;
+};
+constexpr int kKnownStreams = 4;
+__thread KnownStream tls_streams[kKnownStreams] __attribute__((tls_model("initial-exec")));
+
+int ask_stream_device(CUstream stream);
+
+// The device a stream belongs to. The default streams (NULL, legacy,
 // per-thread) are the current context's.
 int stream_device(CUstream stream) {
   if (stream == nullptr || stream == kStreamLegacy || stream == kStreamPerThread) return current_device();
+  const uint64_t generation = g_device_generation.load(std::memory_order_acquire);
+  KnownStream& known = tls_streams[(reinterpret_cast<uintptr_t>(stream) >> 4) % kKnownStreams];
+  if (known.stream == stream && known.generation == generation) return known.device;
+  const int device = ask_stream_device(stream);
+  known = {stream, generation, device};
+  return device;
+}
+
+// The device a stream belongs to, asked without touching the calling
+// thread's current context: cuStreamGetDevice (drivers from 12.8), else the
+// stream's context (cuStreamGetCtx) and that context's device
+// (cuCtxGetDevice_v2, CUDA 13), else the current context's.
+int ask_stream_device(CUstream stream) {
   using GetDevice = CUresult (*)(CUstream, CUdevice*);
   using GetCtx = CUresult (*)(CUstream, CUcontext*);
   using CtxDevice = CUresult (*)(CUdevice*, CUcontext);
@@ -634,17 +689,37 @@ int stream_device(CUstream stream) {
   return current_device();
 }
 
+// Each device's current pool's label, kept (see g_device_generation): the
+// generation it was asked under (bits 24..63, 0: nothing kept), the kind
+// (bits 16..23) and the device + 1 (bits 0..15).
+constexpr int kKnownPoolDevices = 64;
+std::atomic<uint64_t> g_known_pools[kKnownPoolDevices];
+
 // What cuMemAllocAsync on a stream of `device` allocates: memory of the pool
 // current to that device (cuDeviceSetMemPool may have replaced the default
 // one), labelled by the pool's location and allocation type.
 PoolLabel device_pool_label(int device) {
+  const uint64_t generation = g_device_generation.load(std::memory_order_acquire) & ((uint64_t{1} << 40) - 1);
+  std::atomic<uint64_t>* known = device >= 0 && device < kKnownPoolDevices ? &g_known_pools[device] : nullptr;
+  if (known != nullptr) {
+    const uint64_t word = known->load(std::memory_order_acquire);
+    if (word >> 24 == generation) {
+      return {static_cast<Kind>((word >> 16) & 0xff), static_cast<int>(word & 0xffff) - 1};
+    }
+  }
   using DevicePool = CUresult (*)(CUmemoryPool*, CUdevice);
   auto device_pool = reinterpret_cast<DevicePool>(find_real(real_cuDeviceGetMemPool, "cuDeviceGetMemPool", false));
   CUmemoryPool pool = nullptr;
   if (device_pool == nullptr || device_pool(&pool, device) != CUDA_SUCCESS || pool == nullptr) {
     return {Kind::kDevice, device};
   }
-  return pool_label(pool);
+  const PoolLabel label = pool_label(pool);
+  if (known != nullptr && label.device >= -1 && label.device < 0xffff) {
+    known->store(generation << 24 | uint64_t{static_cast<uint8_t>(label.kind)} << 16 |
+                     static_cast<uint64_t>(label.device + 1),
+                 std::memory_order_release);
+  }
+  return label;
 }
 
 // Whether `stream` is being captured into a graph (cuStreamGetCaptureInfo,
@@ -1268,7 +1343,58 @@ MEMLEDGER_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
   auto real = REAL_DRIVER(cuMemPoolDestroy);
   if (real == nullptr) return 3;
   forget_pool(pool);
-  return real(pool);
+  device_state_changes();
+  const CUresult r = real(pool);
+  device_state_changes();
+  return r;
+}
+
+namespace {
+
+// A call that may change a stream's device or a device's current pool
+// (g_device_generation).
+template <typename Fn, typename... Args>
+CUresult changing_device_state(Fn real, Args... args) {
+  DriverScope s;
+  if (real == nullptr) return 3;
+  device_state_changes();
+  const CUresult r = real(args...);
+  device_state_changes();
+  return r;
+}
+
+}  // namespace
+
+MEMLEDGER_EXPORT CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool) {
+  return changing_device_state(REAL_DRIVER(cuDeviceSetMemPool), device, pool);
+}
+MEMLEDGER_EXPORT CUresult cuMemSetMemPool(void* location, int type, CUmemoryPool pool) {
+  return changing_device_state(REAL_DRIVER(cuMemSetMemPool), location, type, pool);
+}
+MEMLEDGER_EXPORT CUresult cuStreamDestroy(CUstream stream) {
+  return changing_device_state(REAL_DRIVER(cuStreamDestroy), stream);
+}
+MEMLEDGER_EXPORT CUresult cuStreamDestroy_v2(CUstream stream) {
+  return changing_device_state(REAL_DRIVER(cuStreamDestroy_v2), stream);
+}
+MEMLEDGER_EXPORT CUresult cuCtxDestroy(CUcontext ctx) { return changing_device_state(REAL_DRIVER(cuCtxDestroy), ctx); }
+MEMLEDGER_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+  return changing_device_state(REAL_DRIVER(cuCtxDestroy_v2), ctx);
+}
+MEMLEDGER_EXPORT CUresult cuDevicePrimaryCtxRelease(CUdevice device) {
+  return changing_device_state(REAL_DRIVER(cuDevicePrimaryCtxRelease), device);
+}
+MEMLEDGER_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice device) {
+  return changing_device_state(REAL_DRIVER(cuDevicePrimaryCtxRelease_v2), device);
+}
+MEMLEDGER_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice device) {
+  return changing_device_state(REAL_DRIVER(cuDevicePrimaryCtxReset), device);
+}
+MEMLEDGER_EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice device) {
+  return changing_device_state(REAL_DRIVER(cuDevicePrimaryCtxReset_v2), device);
+}
+MEMLEDGER_EXPORT CUresult cuGreenCtxDestroy(void* ctx) {
+  return changing_device_state(REAL_DRIVER(cuGreenCtxDestroy), ctx);
 }
 
 MEMLEDGER_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size, const void* prop,

@@ -349,6 +349,57 @@ class CudaHooks(unittest.TestCase):
         step = report["steps"][0]
         self.assertEqual(step["live_by_device"], [3 * mib, 11 * mib])
 
+    def test_stream_handles_reused_on_another_device(self):
+        # A stream's device is kept after the first allocation on it; a
+        # destroyed stream's handle comes back for a stream of the other
+        # device (through the driver's export, through cuGetProcAddress as
+        # cudart reaches it, and with its context destroyed), and each
+        # allocation is still labelled by its own stream's device.
+        mib = 1 << 20
+        script = textwrap.dedent(f"""
+            import ctypes
+            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
+            step = ctypes.CDLL(None).memledger_step
+            assert cuda.cuInit(0) == 0
+            p0, p1 = ctypes.c_void_p(), ctypes.c_void_p()
+            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p0), 0) == 0
+            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p1), 1) == 0
+            found = ctypes.c_void_p()
+            status = ctypes.c_int()
+            assert cuda.cuGetProcAddress_v2(b"cuStreamDestroy", ctypes.byref(found), 12000,
+                                            ctypes.c_ulonglong(0), ctypes.byref(status)) == 0
+            destroy_found = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)(found.value)
+            destroys = [cuda.cuStreamDestroy_v2, cuda.cuStreamDestroy, destroy_found]
+            handles = set()
+            reused = 0
+            for i in range(6):
+                ctx = p1 if i % 2 else p0
+                own = None
+                if i == 4:  # a context of its own, destroyed with its stream in it
+                    own = ctypes.c_void_p()
+                    assert cuda.cuCtxCreate_v2(ctypes.byref(own), 0, 0) == 0
+                    ctx = own
+                cuda.cuCtxSetCurrent(ctx)
+                stream = ctypes.c_void_p()
+                assert cuda.cuStreamCreate(ctypes.byref(stream), 0) == 0
+                reused += stream.value in handles
+                handles.add(stream.value)
+                cuda.cuCtxSetCurrent(p0)
+                p = ctypes.c_ulonglong(0)
+                assert cuda.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t((i + 1) * {mib}), stream) == 0
+                if own is not None:
+                    assert cuda.cuCtxDestroy_v2(own) == 0
+                else:
+                    assert destroys[i % 3](stream) == 0
+            print("REUSED", reused)
+            step(b"train")
+        """)
+        proc, report, _ = self.trace_script(script)
+        self.assertGreater(int(proc.stdout.split("REUSED")[1].split()[0]), 2, proc.stdout)
+        step = report["steps"][0]
+        # Device 0: allocations 1, 3, 5 MiB (rounds 0, 2, 4); device 1: 2, 4, 6 MiB.
+        self.assertEqual(step["live_by_device"], [9 * mib, 12 * mib])
+
     def test_graph_memory_counted_at_launches(self):
         # A captured step: a scratch buffer allocated and freed inside the
         # graph, and two kept (one by the runtime, one by the driver).
