@@ -512,6 +512,42 @@ constexpr uint64_t kRbpMatters = 1u << 5;  // in a memo state's rule word: the r
 // rule (a standard one) to the next state, which has a rule of its own.
 constexpr uint64_t kFollowable = 1u << 6;
 
+// The last walk again, whole: from the same first frame (return address,
+// stack pointer and, where read, frame pointer) every next one where the
+// stack holds what that walk read, ending the same way (the outermost
+// frame, or the frame limit at the same frame). Its frame count, with the
+// frames in `frames` (whose first is the caller's); 0 where this walk parts
+// from the last one, which the general walk then makes. The memo is left
+// as it is: it describes this walk too (the frame pointers it keeps where
+// no rule reads them are never compared).
+inline int walk_again(const UnwindMemo::State* last, uint32_t last_count, uint64_t rbp, void** frames, int max) {
+  int depth = 1;
+  uint32_t k = 0;
+  uint64_t rule = last[0].rule;
+  while (rule & kFollowable) {
+    const UnwindMemo::State& then = last[k + 1];
+    const uint64_t ret = *reinterpret_cast<const uint64_t*>(then.rsp - 8);
+    const uint64_t saved =
+        (rule & 16) ? *reinterpret_cast<const uint64_t*>(then.rsp + static_cast<int16_t>(rule >> 16)) : rbp;
+    if (ret != then.rip || ((then.rule & kRbpMatters) && saved != then.rbp) || depth == max) return 0;
+    rbp = saved;
+    frames[depth++] = reinterpret_cast<void*>(ret);
+    rule = then.rule;
+    ++k;
+  }
+  const Kind kind = static_cast<Kind>((rule >> 1) & 3);
+  if (kind == Kind::kOutermost && k + 1 == last_count) return depth;
+  // The last walk stopped at the frame limit on the next frame.
+  if (kind == Kind::kStandard && k + 2 == last_count && last[k + 1].rule == 0 && depth + 1 == max) {
+    const uint64_t cfa = ((rule & 8) ? rbp : last[k].rsp) + static_cast<int64_t>(static_cast<int32_t>(rule >> 32));
+    const uint64_t ret = *reinterpret_cast<const uint64_t*>(cfa - 8);
+    if (cfa != last[k + 1].rsp || ret != last[k + 1].rip) return 0;
+    frames[depth++] = reinterpret_cast<void*>(ret);
+    return depth;
+  }
+  return 0;
+}
+
 inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max, UnwindMemo* memo,
                 LoaderUse& loader) {
   int depth = 0;
@@ -530,6 +566,12 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
     }
     next = current ^ 1;
     out = memo->states[next];
+    // The common case in a loop: the same call, the same stack.
+    if (last_count > 0 && last[0].rip == rip && last[0].rsp == rsp && last[0].rule != 0 &&
+        (!(last[0].rule & kRbpMatters) || last[0].rbp == rbp)) {
+      const int again = walk_again(last, last_count, rbp, frames, max);
+      if (again > 0) return again;
+    }
   }
   // States recorded from `same_from` on are the last walk's, to its end:
   // their kRbpMatters bits still hold (they depend only on what follows).

@@ -337,6 +337,26 @@ TEST_CASE("a walk cut short by the frame limit is followed to its end by the nex
   }
 }
 
+TEST_CASE("the same walk again leaves the memo as it is, and any other walk makes a new one", "[unwind]") {
+  static UnwindMemo memo;
+  // (pattern, frame limit, the walk before was this one to its end)
+  const struct {
+    const char* pattern;
+    int max;
+    bool again;
+  } walks[] = {{"nvfnvf", kMax, false}, {"nvfnvf", kMax, true},  {"nvfnvf", kMax, true}, {"nvfnvf", 6, false},
+               {"nvfnvf", 6, true},     {"nvfnvf", 5, false},    {"nvfnvf", 9, false},   {"nvfnvf", 9, true},
+               {"nvfnvf", kMax, false}, {"nvfnv", kMax, false},  {"nvfnv", kMax, true},  {"vnfnvf", kMax, false}};
+  for (size_t i = 0; i < sizeof walks / sizeof walks[0]; ++i) {
+    INFO("walk " << i << " '" << walks[i].pattern << "' max " << walks[i].max);
+    const uint32_t current = memo.current;
+    MemoCapture c{&memo, walks[i].max, {}, {}, true};
+    chain_nofp(walks[i].pattern, memo_leaf, &c);
+    check_memo(c);
+    CHECK((memo.current == current) == walks[i].again);
+  }
+}
+
 namespace {
 void* memo_thread(void* arg) {
   for (const char* pattern : {"vfn", "nnv", "vfn"}) {
