@@ -521,25 +521,28 @@ constexpr uint64_t kFollowable = 1u << 6;
 // as it is: it describes this walk too (the frame pointers it keeps where
 // no rule reads them are never compared).
 inline int walk_again(const UnwindMemo::State* last, uint32_t last_count, uint64_t rbp, void** frames, int max) {
-  int depth = 1;
-  uint32_t k = 0;
-  uint64_t rule = last[0].rule;
+  const UnwindMemo::State* at = last;
+  void** frame = frames + 1;
+  void** const frames_end = frames + max;
+  uint64_t rule = at->rule;
   while (rule & kFollowable) {
-    const UnwindMemo::State& then = last[k + 1];
-    const uint64_t ret = *reinterpret_cast<const uint64_t*>(then.rsp - 8);
-    const uint64_t saved =
-        (rule & 16) ? *reinterpret_cast<const uint64_t*>(then.rsp + static_cast<int16_t>(rule >> 16)) : rbp;
-    if (ret != then.rip || ((then.rule & kRbpMatters) && saved != then.rbp) || depth == max) return 0;
-    rbp = saved;
-    frames[depth++] = reinterpret_cast<void*>(ret);
-    rule = then.rule;
-    ++k;
+    const UnwindMemo::State* then = at + 1;
+    const uint64_t then_rsp = then->rsp;
+    const uint64_t then_rule = then->rule;
+    if (rule & 16) rbp = *reinterpret_cast<const uint64_t*>(then_rsp + static_cast<int16_t>(rule >> 16));
+    const uint64_t ret = *reinterpret_cast<const uint64_t*>(then_rsp - 8);
+    if (ret != then->rip || ((then_rule & kRbpMatters) && rbp != then->rbp) || frame == frames_end) return 0;
+    *frame++ = reinterpret_cast<void*>(ret);
+    rule = then_rule;
+    at = then;
   }
+  const uint32_t k = static_cast<uint32_t>(at - last);
+  int depth = static_cast<int>(frame - frames);
   const Kind kind = static_cast<Kind>((rule >> 1) & 3);
   if (kind == Kind::kOutermost && k + 1 == last_count) return depth;
   // The last walk stopped at the frame limit on the next frame.
   if (kind == Kind::kStandard && k + 2 == last_count && last[k + 1].rule == 0 && depth + 1 == max) {
-    const uint64_t cfa = ((rule & 8) ? rbp : last[k].rsp) + static_cast<int64_t>(static_cast<int32_t>(rule >> 32));
+    const uint64_t cfa = ((rule & 8) ? rbp : at->rsp) + static_cast<int64_t>(static_cast<int32_t>(rule >> 32));
     const uint64_t ret = *reinterpret_cast<const uint64_t*>(cfa - 8);
     if (cfa != last[k + 1].rsp || ret != last[k + 1].rip) return 0;
     frames[depth++] = reinterpret_cast<void*>(ret);
