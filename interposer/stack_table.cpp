@@ -1,5 +1,7 @@
 #include "stack_table.h"
 
+#include <cstring>
+
 #include <sys/mman.h>
 
 #include "owned_use.h"
@@ -70,12 +72,15 @@ uint32_t StackTable::intern_path(const uintptr_t* frames, uint32_t n, CachedPath
   uint32_t shared = 0;
   uint32_t node = 0;
   if (cache != nullptr) {
-    // This runs over the whole stack at every allocation: a plain loop.
+    // This runs over the whole stack at every allocation. Most often the
+    // stack is the cached path (or its outer part: the cached path goes on
+    // below, still right).
+    if (cache->depth >= n && memcmp(frames, cache->words + kMaxDepth - n, n * sizeof(uintptr_t)) == 0) {
+      return cache->nodes[n - 1];
+    }
     const uint32_t limit = cache->depth < n ? cache->depth : n;
-    const uintptr_t* cached = cache->words;
-    while (shared < limit && cached[shared] == outermost[-static_cast<ptrdiff_t>(shared)]) ++shared;
+    while (shared < limit && cache->word(shared) == outermost[-static_cast<ptrdiff_t>(shared)]) ++shared;
     if (shared > 0) node = cache->nodes[shared - 1];
-    if (shared == n) return node;  // the cached path goes on below: still right
   }
   for (uint32_t i = shared; i < n; ++i) {
     const uintptr_t word = outermost[-static_cast<ptrdiff_t>(i)];
@@ -85,7 +90,7 @@ uint32_t StackTable::intern_path(const uintptr_t* frames, uint32_t n, CachedPath
       return 0;
     }
     if (cache != nullptr) {
-      cache->words[i] = word;
+      cache->word(i) = word;
       cache->nodes[i] = node;
     }
   }

@@ -33,11 +33,15 @@ class StackTable {
   static constexpr uint32_t kMaxDepth = 256;
   static constexpr uint32_t kMaxNodes = 1u << 24;  // 320 MiB reserved, touched as used
 
-  // A path from the root, outermost first: its words and their nodes.
+  // A path from the root: its nodes, outermost first, and its words in a
+  // stack's order (innermost first) ending at the end of `words`, so that
+  // a stack whose frames are the path's outer ones is one memcmp.
   struct CachedPath {
     uint32_t depth;
     uint32_t nodes[kMaxDepth];
     uintptr_t words[kMaxDepth];
+    // The path's frame i (outermost first).
+    uintptr_t& word(uint32_t i) { return words[kMaxDepth - 1 - i]; }
   };
   // A thread's previous Python and native paths, and the stacks it made of
   // pairs of paths lately: a new stack that shares the start of either
