@@ -63,12 +63,20 @@ bool LiveLedger::grow() {
   return true;
 }
 
+namespace {
+// The totals' one writer at a time holds the ledger's lock: a plain add,
+// stored whole for the readers that do not take it (read()).
+inline void add_to(std::atomic<int64_t>& total, int64_t delta) {
+  total.store(total.load(std::memory_order_relaxed) + delta, std::memory_order_relaxed);
+}
+}  // namespace
+
 void LiveLedger::add(uint8_t kind, uint8_t device, int64_t live, int64_t held) {
-  live_[kind].fetch_add(live, std::memory_order_relaxed);
-  held_[kind].fetch_add(held, std::memory_order_relaxed);
+  add_to(live_[kind], live);
+  add_to(held_[kind], held);
   if (kind == static_cast<uint8_t>(format::Kind::kDevice) && device < kMaxGpus) {
-    device_live_[device].fetch_add(live, std::memory_order_relaxed);
-    device_held_[device].fetch_add(held, std::memory_order_relaxed);
+    add_to(device_live_[device], live);
+    add_to(device_held_[device], held);
   }
 }
 

@@ -58,6 +58,7 @@ class LiveLedger {
   };
   static constexpr int kMaxPools = 64;
 
+  // Called with lock_ held.
   void add(uint8_t kind, uint8_t device, int64_t live, int64_t held);
   bool grow();
   size_t slot_of(uint64_t key) const;
