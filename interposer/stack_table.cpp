@@ -17,22 +17,21 @@ void* map_reserve(size_t bytes) {
 }  // namespace
 
 bool StackTable::init() {
-  words_ = static_cast<uintptr_t*>(map_reserve(sizeof(uintptr_t) * kMaxNodes));
-  links_ = static_cast<Links*>(map_reserve(sizeof(Links) * kMaxNodes));
-  return words_ != nullptr && links_ != nullptr;
+  nodes_ = static_cast<Node*>(map_reserve(sizeof(Node) * kMaxNodes));
+  return nodes_ != nullptr;
 }
 
 // The child of `parent` for `word`, added when missing. Children are a
 // list pushed at its head: a thread that loses the race to push looks
 // through what was pushed meanwhile, so one word never gets two nodes.
 uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
-  Links& up = links_[parent];
+  Node& up = nodes_[parent];
   uint32_t head = up.first_child.load(std::memory_order_acquire);
   uint32_t seen_until = 0;  // the part of the list already looked through starts here
   uint32_t mine = 0;
   for (;;) {
-    for (uint32_t id = head; id != seen_until; id = links_[id].next_sibling.load(std::memory_order_relaxed)) {
-      if (words_[id] == word) {
+    for (uint32_t id = head; id != seen_until; id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
+      if (nodes_[id].word() == word) {
         // Lost a race: `mine` stays unlinked, an id no stack uses.
         if (mine != 0) publishing_.fetch_sub(1, std::memory_order_acq_rel);
         return id;
@@ -46,11 +45,13 @@ uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
         publishing_.fetch_sub(1, std::memory_order_acq_rel);
         return 0;
       }
-      words_[mine] = word;
-      links_[mine].parent = parent;
-      links_[mine].first_child.store(0, std::memory_order_relaxed);
+      Node& node = nodes_[mine];
+      node.word_low = static_cast<uint32_t>(word);
+      node.word_high = static_cast<uint32_t>(word >> 32);
+      node.parent = parent;
+      node.first_child.store(0, std::memory_order_relaxed);
     }
-    links_[mine].next_sibling.store(head, std::memory_order_relaxed);
+    nodes_[mine].next_sibling.store(head, std::memory_order_relaxed);
     seen_until = head;
     if (up.first_child.compare_exchange_strong(head, mine, std::memory_order_acq_rel, std::memory_order_acquire)) {
       publishing_.fetch_sub(1, std::memory_order_acq_rel);
@@ -99,7 +100,7 @@ uint32_t StackTable::intern_path(const uintptr_t* frames, uint32_t n, CachedPath
 }
 
 uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t python, PathCache* cache) {
-  if (words_ == nullptr || depth == 0) return 0;
+  if (nodes_ == nullptr || depth == 0) return 0;
   OwnedUse use(cache);
   if (depth > kMaxDepth) depth = kMaxDepth;
   if (python > depth) python = depth;
@@ -124,21 +125,22 @@ uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t py
 }
 
 uint32_t StackTable::get(uint32_t id, uintptr_t* out) const {
-  if (words_ == nullptr || id == 0 || id >= next_id_.load(std::memory_order_acquire) || id >= kMaxNodes) return 0;
+  if (nodes_ == nullptr || id == 0 || id >= next_id_.load(std::memory_order_acquire) || id >= kMaxNodes) return 0;
   // Python frames innermost first, then native frames innermost first:
   // each part from its node up to the root.
   uint32_t python = id;
   uint32_t native = 0;
-  if ((words_[id] & kPartBits) == kPairBit) {
-    python = static_cast<uint32_t>(words_[id]);
-    native = links_[id].parent;
-  } else if (!format::is_python_frame(words_[id])) {
+  const uintptr_t word = nodes_[id].word();
+  if ((word & kPartBits) == kPairBit) {
+    python = static_cast<uint32_t>(word);
+    native = nodes_[id].parent;
+  } else if (!format::is_python_frame(word)) {
     python = 0;
     native = id;
   }
   uint32_t depth = 0;
-  for (uint32_t at = python; at != 0 && depth < kMaxDepth; at = links_[at].parent) out[depth++] = words_[at];
-  for (uint32_t at = native; at != 0 && depth < kMaxDepth; at = links_[at].parent) out[depth++] = words_[at];
+  for (uint32_t at = python; at != 0 && depth < kMaxDepth; at = nodes_[at].parent) out[depth++] = nodes_[at].word();
+  for (uint32_t at = native; at != 0 && depth < kMaxDepth; at = nodes_[at].parent) out[depth++] = nodes_[at].word();
   return depth;
 }
 

@@ -87,15 +87,20 @@ class StackTable {
   void reset_after_fork() { publishing_.store(0, std::memory_order_relaxed); }
 
  private:
-  // One frame of the tree, in two arrays (20 bytes a node): the frame
-  // word, and the links. `word` and `parent` are set before the node is
-  // linked into its parent's child list and never change after.
-  struct Links {
+  // One frame of the tree, 20 bytes: the frame word (in two halves, so
+  // that nodes pack without padding) and the links, together so that a
+  // look through a parent's children reads one place per child. `word`
+  // and `parent` are set before the node is linked into its parent's child
+  // list and never change after.
+  struct Node {
+    uint32_t word_low;
+    uint32_t word_high;
     uint32_t parent;
     std::atomic<uint32_t> first_child;  // 0 = none
     std::atomic<uint32_t> next_sibling;
+    uintptr_t word() const { return uintptr_t{word_high} << 32 | word_low; }
   };
-  static_assert(sizeof(Links) == 12);
+  static_assert(sizeof(Node) == 20);
   uint32_t child(uint32_t parent, uintptr_t word);
   // The node of the path `frames` (innermost first, `n` of them) read
   // outermost first; 0 when the table is full.
@@ -107,8 +112,7 @@ class StackTable {
   static constexpr uintptr_t kPairBit = uintptr_t{1} << 62;
   static constexpr uintptr_t kPartBits = format::kPythonFrameBit | kPairBit;
 
-  uintptr_t* words_ = nullptr;  // by id; id 0 is the root (no frame)
-  Links* links_ = nullptr;
+  Node* nodes_ = nullptr;  // by id; id 0 is the root (no frame)
   std::atomic<uint32_t> next_id_{1};
   std::atomic<int> publishing_{0};
 };
