@@ -18,7 +18,105 @@ void* map_reserve(size_t bytes) {
 
 bool StackTable::init() {
   nodes_ = static_cast<Node*>(map_reserve(sizeof(Node) * kMaxNodes));
-  return nodes_ != nullptr;
+  fan_ = static_cast<FanEntry*>(map_reserve(sizeof(FanEntry) * kFanParents));
+  fan_region_ = static_cast<uint32_t*>(map_reserve(sizeof(uint32_t) * kFanRegionWords));
+  return nodes_ != nullptr && fan_ != nullptr && fan_region_ != nullptr;
+}
+
+namespace {
+
+// Children looked through one by one before a parent's index is asked.
+constexpr int kShortWalk = 8;
+// A list walked further than this without an index gets one.
+constexpr int kLongWalk = 32;
+// Children added since the index was made, looked through one by one,
+// before it is made again: 64, or an eighth of those it holds (an index
+// made again leaves the old one behind: the memory they take together
+// stays within a few times the last one's).
+constexpr uint32_t kStale = 64;
+
+inline size_t slot_of_word(uintptr_t word, uint32_t capacity) {
+  return static_cast<size_t>((word * 0x9e3779b97f4a7c15ull) >> 32) & (capacity - 1);
+}
+
+}  // namespace
+
+// The parent's entry, claimed when it has none; nullptr when the entries
+// near its place are all taken (it goes without an index).
+StackTable::FanEntry* StackTable::fan_entry(uint32_t parent) {
+  const uint32_t key = parent + 1;
+  size_t i = static_cast<size_t>((uint64_t{key} * 0x9e3779b97f4a7c15ull) >> 51) & (kFanParents - 1);
+  for (int probe = 0; probe < 16; ++probe, i = (i + 1) & (kFanParents - 1)) {
+    uint32_t seen = fan_[i].key.load(std::memory_order_acquire);
+    if (seen == key) return &fan_[i];
+    if (seen == 0 && (fan_[i].key.compare_exchange_strong(seen, key, std::memory_order_acq_rel) || seen == key)) {
+      return &fan_[i];
+    }
+  }
+  return nullptr;
+}
+
+// Indexes the list from `head` down, and publishes the index (the region
+// full: none).
+void StackTable::make_index(FanEntry& entry, uint32_t head) {
+  uint32_t count = 0;
+  for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) ++count;
+  uint32_t capacity = 64;
+  while (capacity < count + count / 2) capacity *= 2;
+  const size_t at = fan_used_.fetch_add(3 + size_t{capacity}, std::memory_order_relaxed);
+  if (at + 3 + capacity > kFanRegionWords) {
+    fan_used_.store(kFanRegionWords, std::memory_order_relaxed);  // stays full
+    return;
+  }
+  uint32_t* index = fan_region_ + at;
+  index[0] = capacity;
+  index[1] = head;
+  index[2] = count;
+  uint32_t* slots = index + 3;  // mapped zero: empty
+  for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
+    size_t i = slot_of_word(nodes_[id].word(), capacity);
+    while (slots[i] != 0) i = (i + 1) & (capacity - 1);
+    slots[i] = id;
+  }
+  entry.index.store(static_cast<uint32_t>(at), std::memory_order_release);
+}
+
+uint32_t StackTable::find_child(uint32_t parent, uint32_t head, uintptr_t word) {
+  uint32_t id = head;
+  int walked = 0;
+  for (; id != 0 && walked < kShortWalk; ++walked, id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
+    if (nodes_[id].word() == word) return id;
+  }
+  if (id == 0) return 0;
+  FanEntry* entry = fan_entry(parent);
+  const uint32_t at = entry != nullptr ? entry->index.load(std::memory_order_acquire) : 0;
+  if (at == 0) {
+    // No index yet: the rest of the list, and an index for next time
+    // when it was long.
+    uint32_t found = 0;
+    for (; id != 0; ++walked, id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
+      if (nodes_[id].word() == word) {
+        found = id;
+        break;
+      }
+    }
+    if (entry != nullptr && walked > kLongWalk) make_index(*entry, head);
+    return found;
+  }
+  // The children added since the index was made, then the index.
+  const uint32_t* index = fan_region_ + at;
+  const uint32_t capacity = index[0];
+  const uint32_t covered = index[1];
+  uint32_t newer = 0;
+  for (id = head; id != covered && id != 0; ++newer, id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
+    if (nodes_[id].word() == word) return id;
+  }
+  const uint32_t* slots = index + 3;
+  for (size_t i = slot_of_word(word, capacity); slots[i] != 0; i = (i + 1) & (capacity - 1)) {
+    if (nodes_[slots[i]].word() == word) return slots[i];
+  }
+  if (newer > kStale && newer > index[2] / 8) make_index(*entry, head);
+  return 0;
 }
 
 // The child of `parent` for `word`, added when missing. Children are a
@@ -27,37 +125,35 @@ bool StackTable::init() {
 uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
   Node& up = nodes_[parent];
   uint32_t head = up.first_child.load(std::memory_order_acquire);
-  uint32_t seen_until = 0;  // the part of the list already looked through starts here
-  uint32_t mine = 0;
+  if (const uint32_t found = find_child(parent, head, word)) return found;
+  publishing_.fetch_add(1, std::memory_order_acq_rel);
+  const uint32_t mine = next_id_.fetch_add(1, std::memory_order_relaxed);
+  if (mine >= kMaxNodes) {
+    next_id_.store(kMaxNodes, std::memory_order_relaxed);  // stays full
+    publishing_.fetch_sub(1, std::memory_order_acq_rel);
+    return 0;
+  }
+  Node& node = nodes_[mine];
+  node.word_low = static_cast<uint32_t>(word);
+  node.word_high = static_cast<uint32_t>(word >> 32);
+  node.parent = parent;
+  node.first_child.store(0, std::memory_order_relaxed);
+  uint32_t seen_until = head;  // the list from here down was looked through
   for (;;) {
-    for (uint32_t id = head; id != seen_until; id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
-      if (nodes_[id].word() == word) {
-        // Lost a race: `mine` stays unlinked, an id no stack uses.
-        if (mine != 0) publishing_.fetch_sub(1, std::memory_order_acq_rel);
-        return id;
-      }
-    }
-    if (mine == 0) {
-      publishing_.fetch_add(1, std::memory_order_acq_rel);
-      mine = next_id_.fetch_add(1, std::memory_order_relaxed);
-      if (mine >= kMaxNodes) {
-        next_id_.store(kMaxNodes, std::memory_order_relaxed);  // stays full
-        publishing_.fetch_sub(1, std::memory_order_acq_rel);
-        return 0;
-      }
-      Node& node = nodes_[mine];
-      node.word_low = static_cast<uint32_t>(word);
-      node.word_high = static_cast<uint32_t>(word >> 32);
-      node.parent = parent;
-      node.first_child.store(0, std::memory_order_relaxed);
-    }
-    nodes_[mine].next_sibling.store(head, std::memory_order_relaxed);
-    seen_until = head;
+    node.next_sibling.store(head, std::memory_order_relaxed);
     if (up.first_child.compare_exchange_strong(head, mine, std::memory_order_acq_rel, std::memory_order_acquire)) {
       publishing_.fetch_sub(1, std::memory_order_acq_rel);
       return mine;
     }
     // `head` is now the new head: look through the nodes pushed since.
+    for (uint32_t id = head; id != seen_until; id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
+      if (nodes_[id].word() == word) {
+        // Lost a race: `mine` stays unlinked, an id no stack uses.
+        publishing_.fetch_sub(1, std::memory_order_acq_rel);
+        return id;
+      }
+    }
+    seen_until = head;
   }
 }
 

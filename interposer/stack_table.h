@@ -15,6 +15,9 @@
 // of 66 frames on average, 3.9 million nodes (75 MiB) as one path each,
 // 2.4 million (45 MiB) as pairs.
 //
+// A node's children are a list pushed at its head; a node with many also
+// gets a hash index of them (see FanEntry).
+//
 // The writer writes each stack the first time an event refers to it.
 #pragma once
 
@@ -102,6 +105,24 @@ class StackTable {
   };
   static_assert(sizeof(Node) == 20);
   uint32_t child(uint32_t parent, uintptr_t word);
+  // The child of `parent` for `word` in its list as it was at `head`, or
+  // 0 when it is not there.
+  uint32_t find_child(uint32_t parent, uint32_t head, uintptr_t word);
+
+  // Parents with many children (the root; a native path reached from
+  // hundreds of Python lines) get an index of their children: a hash table
+  // of the list as it was when the index was made (a child, once linked,
+  // never goes, so it stays right), made again when many children came
+  // after it. Indexes are kept in a region of their own and never freed: a
+  // thread may still read one that was made again.
+  struct FanEntry {
+    std::atomic<uint32_t> key;     // the parent + 1; 0: free
+    std::atomic<uint32_t> index;   // offset of its index in fan_region_, 0: none yet
+  };
+  static constexpr uint32_t kFanParents = 1u << 13;
+  static constexpr size_t kFanRegionWords = size_t{1} << 24;  // 64 MiB reserved, touched as used
+  FanEntry* fan_entry(uint32_t parent);
+  void make_index(FanEntry& entry, uint32_t head);
   // The node of the path `frames` (innermost first, `n` of them) read
   // outermost first; 0 when the table is full.
   uint32_t intern_path(const uintptr_t* frames, uint32_t n, CachedPath* cache);
@@ -113,6 +134,11 @@ class StackTable {
   static constexpr uintptr_t kPartBits = format::kPythonFrameBit | kPairBit;
 
   Node* nodes_ = nullptr;  // by id; id 0 is the root (no frame)
+  FanEntry* fan_ = nullptr;
+  // Each index: its capacity (a power of two), the head it was made at,
+  // the children it holds, then the slots (child ids, 0: empty).
+  uint32_t* fan_region_ = nullptr;
+  std::atomic<size_t> fan_used_{1};
   std::atomic<uint32_t> next_id_{1};
   std::atomic<int> publishing_{0};
 };

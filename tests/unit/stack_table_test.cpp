@@ -209,3 +209,38 @@ TEST_CASE("interning from many threads agrees on ids", "[stacks]") {
   }
   CHECK(distinct.size() == kStacks);
 }
+
+TEST_CASE("a parent with thousands of children: every thread finds each one, by its list and by its index",
+          "[stacks]") {
+  // One outer frame, then one of 6000 inner ones: 6000 children of one
+  // node. Each round adds children after the parent's index was made (so
+  // it is made again) and looks the earlier ones up again (through it).
+  static StackTable table;
+  REQUIRE(table.init());
+  constexpr int kThreads = 4;
+  constexpr int kChildren = 6000;
+  std::vector<std::vector<uint32_t>> ids(kThreads, std::vector<uint32_t>(kChildren));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t, &ids] {
+      for (int upto : {2000, 4000, kChildren}) {
+        for (int i = 0; i < upto; ++i) {
+          const int c = (i * 7 + t * 1013) % upto;
+          const uintptr_t frames[2] = {0x1000 + 0x10 * static_cast<uintptr_t>(c), 0x900000};
+          const uint32_t id = table.intern(frames, 2);
+          REQUIRE((ids[t][c] == 0 || ids[t][c] == id));
+          ids[t][c] = id;
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::set<uint32_t> distinct;
+  for (int c = 0; c < kChildren; ++c) {
+    for (int t = 1; t < kThreads; ++t) REQUIRE(ids[t][c] == ids[0][c]);
+    REQUIRE(ids[0][c] != 0);
+    distinct.insert(ids[0][c]);
+    REQUIRE(frames_of(table, ids[0][c]) == std::vector<uintptr_t>{0x1000 + 0x10 * static_cast<uintptr_t>(c), 0x900000});
+  }
+  CHECK(distinct.size() == kChildren);
+}
