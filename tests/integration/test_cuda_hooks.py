@@ -35,6 +35,24 @@ def sim_env(**extra):
     return clean_env(LD_LIBRARY_PATH=str(DRIVER_DIR), SIMCUDA_DEVICES="2", SIMCUDA_MEMORY_MB="512", **extra)
 
 
+def two_device_script(body, runtime=False):
+    """A script on the simulated CUDA: the driver as `cuda` (and the runtime as
+    `cudart`), `step` (memledger_step), the primary contexts of devices 0 and 1
+    retained as `p0` and `p1`, none current; then `body`."""
+    prologue = textwrap.dedent(f"""
+        import ctypes
+        cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
+        step = ctypes.CDLL(None).memledger_step
+        assert cuda.cuInit(0) == 0
+        p0, p1 = ctypes.c_void_p(), ctypes.c_void_p()
+        assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p0), 0) == 0
+        assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p1), 1) == 0
+    """)
+    if runtime:
+        prologue += f"cudart = ctypes.CDLL({str(SIM_DIR / 'runtime' / 'libcudart.so.13')!r}, mode=ctypes.RTLD_GLOBAL)\n"
+    return prologue + textwrap.dedent(body)
+
+
 @unittest.skipUnless((DRIVER_DIR / "libcuda.so.1").exists(), "the simulated CUDA is not built (no CUDA 13 headers)")
 class CudaHooks(unittest.TestCase):
     def trace(self, program, mode, steps=STEPS, leak=LEAK, *extra):
@@ -315,15 +333,7 @@ class CudaHooks(unittest.TestCase):
         # stream's device (here one set with cuDeviceSetMemPool), not the
         # current device's; the default streams stay the current device's.
         mib = 1 << 20
-        script = textwrap.dedent(f"""
-            import ctypes
-            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
-            cudart = ctypes.CDLL({str(SIM_DIR / 'runtime' / 'libcudart.so.13')!r}, mode=ctypes.RTLD_GLOBAL)
-            step = ctypes.CDLL(None).memledger_step
-            assert cuda.cuInit(0) == 0
-            p0, p1 = ctypes.c_void_p(), ctypes.c_void_p()
-            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p0), 0) == 0
-            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p1), 1) == 0
+        script = two_device_script(f"""
             props = (ctypes.c_int * 32)()  # CUmemPoolProps: pinned, on device 1
             props[0], props[2], props[3] = 1, 1, 1
             pool = ctypes.c_void_p()
@@ -344,7 +354,7 @@ class CudaHooks(unittest.TestCase):
             assert cudart.cudaMallocAsync(ctypes.byref(q), ctypes.c_size_t(5 * {mib}), rt_stream) == 0
             assert cudart.cudaMallocAsync(ctypes.byref(q), ctypes.c_size_t(1 * {mib}), None) == 0
             step(b"train")
-        """)
+        """, runtime=True)
         _, report, _ = self.trace_script(script)
         step = report["steps"][0]
         self.assertEqual(step["live_by_device"], [3 * mib, 11 * mib])
@@ -356,14 +366,7 @@ class CudaHooks(unittest.TestCase):
         # cudart reaches it, and with its context destroyed), and each
         # allocation is still labelled by its own stream's device.
         mib = 1 << 20
-        script = textwrap.dedent(f"""
-            import ctypes
-            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
-            step = ctypes.CDLL(None).memledger_step
-            assert cuda.cuInit(0) == 0
-            p0, p1 = ctypes.c_void_p(), ctypes.c_void_p()
-            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p0), 0) == 0
-            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p1), 1) == 0
+        script = two_device_script(f"""
             found = ctypes.c_void_p()
             status = ctypes.c_int()
             assert cuda.cuGetProcAddress_v2(b"cuStreamDestroy", ctypes.byref(found), 12000,
@@ -490,16 +493,10 @@ class CudaHooks(unittest.TestCase):
         # capturing) must not count as one. Allocations captured are graph
         # nodes, live nowhere; only the last, uncaptured one is live.
         mib = 1 << 20
-        script = textwrap.dedent(f"""
-            import ctypes
+        script = two_device_script(f"""
             import threading
-            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
-            step = ctypes.CDLL(None).memledger_step
             MIB = {mib}
-            assert cuda.cuInit(0) == 0
-            ctx = ctypes.c_void_p()
-            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
-            cuda.cuCtxSetCurrent(ctx)
+            cuda.cuCtxSetCurrent(p0)
             a, b = ctypes.c_void_p(), ctypes.c_void_p()
             assert cuda.cuStreamCreate(ctypes.byref(a), 0) == 0
             assert cuda.cuStreamCreate(ctypes.byref(b), 0) == 0
@@ -558,14 +555,7 @@ class CudaHooks(unittest.TestCase):
         # memory that no allocation call shows) and ends on a thread with no
         # current context: every device with an active primary context is
         # still sampled, device 1's free memory falls by a context per step.
-        script = textwrap.dedent(f"""
-            import ctypes
-            cuda = ctypes.CDLL({str(DRIVER_DIR / 'libcuda.so.1')!r})
-            step = ctypes.CDLL(None).memledger_step
-            assert cuda.cuInit(0) == 0
-            p0, p1 = ctypes.c_void_p(), ctypes.c_void_p()
-            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p0), 0) == 0
-            assert cuda.cuDevicePrimaryCtxRetain(ctypes.byref(p1), 1) == 0
+        script = two_device_script(f"""
             cuda.cuCtxSetCurrent(p0)
             p = ctypes.c_ulonglong(0)
             assert cuda.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(8 << 20)) == 0

@@ -128,6 +128,13 @@ CUresult begin_capture(Call& call, CUstream handle, CUstreamCaptureMode mode, CU
   return CUDA_SUCCESS;
 }
 
+// Dependencies order nodes; the simulated graphs keep capture order only.
+CUresult begin_capture_to_graph(Call& call, CUstream handle, CUgraph graph, const CUgraphNode* dependencies,
+                                size_t count, CUstreamCaptureMode mode) {
+  if (count != 0 && dependencies == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return begin_capture(call, handle, mode, graph);
+}
+
 CUresult end_capture_call(Call& call, CUstream handle, CUgraph* graph) {
   Context* ctx = nullptr;
   if (CUresult r = call.stream_context(handle, &ctx)) return r;
@@ -253,22 +260,15 @@ CUresult cuStreamBeginCapture_v2_ptsz(CUstream hStream, CUstreamCaptureMode mode
 }
 
 CUresult cuStreamBeginCaptureToGraph(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies,
-                                     const CUgraphEdgeData* dependencyData, size_t numDependencies,
-                                     CUstreamCaptureMode mode) {
+                                     const CUgraphEdgeData*, size_t numDependencies, CUstreamCaptureMode mode) {
   Call call(Sym::cuStreamBeginCaptureToGraph);
-  // Dependencies order nodes; the simulated graphs keep capture order only.
-  if (numDependencies != 0 && dependencies == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  (void)dependencyData;
-  return begin_capture(call, hStream, mode, hGraph);
+  return begin_capture_to_graph(call, hStream, hGraph, dependencies, numDependencies, mode);
 }
 
 CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream hStream, CUgraph hGraph, const CUgraphNode* dependencies,
-                                          const CUgraphEdgeData* dependencyData, size_t numDependencies,
-                                          CUstreamCaptureMode mode) {
+                                          const CUgraphEdgeData*, size_t numDependencies, CUstreamCaptureMode mode) {
   Call call(Sym::cuStreamBeginCaptureToGraph_ptsz);
-  if (numDependencies != 0 && dependencies == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  (void)dependencyData;
-  return begin_capture(call, hStream, mode, hGraph);
+  return begin_capture_to_graph(call, hStream, hGraph, dependencies, numDependencies, mode);
 }
 
 CUresult cuStreamEndCapture(CUstream hStream, CUgraph* phGraph) {
