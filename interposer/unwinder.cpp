@@ -512,6 +512,18 @@ constexpr uint64_t kRbpMatters = 1u << 5;  // in a memo state's rule word: the r
 // rule (a standard one) to the next state, which has a rule of its own.
 constexpr uint64_t kFollowable = 1u << 6;
 
+// The canonical frame address by a standard rule, from the registers it reads.
+inline uint64_t cfa_of(uint64_t rule, uint64_t rsp, uint64_t rbp) {
+  return ((rule & 8) ? rbp : rsp) + static_cast<int64_t>(static_cast<int32_t>(rule >> 32));
+}
+
+// Whether a walk at these registers is at memo state `s`: the same return
+// address and stack pointer, and the same frame pointer where the rest of
+// that walk reads it.
+inline bool at_state(const UnwindMemo::State& s, uint64_t rip, uint64_t rsp, uint64_t rbp) {
+  return s.rsp == rsp && s.rip == rip && s.rule != 0 && (!(s.rule & kRbpMatters) || s.rbp == rbp);
+}
+
 // The last walk again, whole: from the same first frame (return address,
 // stack pointer and, where read, frame pointer) every next one where the
 // stack holds what that walk read, ending the same way (the outermost
@@ -542,7 +554,7 @@ inline int walk_again(const UnwindMemo::State* last, uint32_t last_count, uint64
   if (kind == Kind::kOutermost && k + 1 == last_count) return depth;
   // The last walk stopped at the frame limit on the next frame.
   if (kind == Kind::kStandard && k + 2 == last_count && last[k + 1].rule == 0 && depth + 1 == max) {
-    const uint64_t cfa = ((rule & 8) ? rbp : at->rsp) + static_cast<int64_t>(static_cast<int32_t>(rule >> 32));
+    const uint64_t cfa = cfa_of(rule, at->rsp, rbp);
     const uint64_t ret = *reinterpret_cast<const uint64_t*>(cfa - 8);
     if (cfa != last[k + 1].rsp || ret != last[k + 1].rip) return 0;
     frames[depth++] = reinterpret_cast<void*>(ret);
@@ -570,8 +582,7 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
     next = current ^ 1;
     out = memo->states[next];
     // The common case in a loop: the same call, the same stack.
-    if (last_count > 0 && last[0].rip == rip && last[0].rsp == rsp && last[0].rule != 0 &&
-        (!(last[0].rule & kRbpMatters) || last[0].rbp == rbp)) {
+    if (last_count > 0 && at_state(last[0], rip, rsp, rbp)) {
       const int again = walk_again(last, last_count, rbp, frames, max);
       if (again > 0) return again;
     }
@@ -584,8 +595,7 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
   while (depth < max) {
     uint64_t rule;
     while (seen < last_count && last[seen].rsp < rsp) ++seen;
-    if (seen < last_count && last[seen].rsp == rsp && last[seen].rip == rip && last[seen].rule != 0 &&
-        (!(last[seen].rule & kRbpMatters) || last[seen].rbp == rbp)) {
+    if (seen < last_count && at_state(last[seen], rip, rsp, rbp)) {
       // Follow the last walk while the stack holds what it read.
       if (same_from == kNone) same_from = written;
       const UnwindMemo::State* __restrict at = last + seen;
@@ -624,7 +634,7 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
       break;
     }
     if (kind != Kind::kStandard) return -1;
-    const uint64_t cfa = ((rule & 8) ? rbp : rsp) + static_cast<int64_t>(static_cast<int32_t>(rule >> 32));
+    const uint64_t cfa = cfa_of(rule, rsp, rbp);
     // A caller's frame lies above its callee's: anything else is unwind
     // information that does not describe this stack (libunwind decides).
     if (cfa <= rsp) return -1;
