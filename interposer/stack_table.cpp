@@ -26,9 +26,9 @@ bool StackTable::init() {
 namespace {
 
 // Children looked through one by one before a parent's index is asked.
-constexpr int kShortWalk = 8;
+constexpr uint32_t kShortWalk = 8;
 // A list walked further than this without an index gets one.
-constexpr int kLongWalk = 32;
+constexpr uint32_t kLongWalk = 32;
 // Children added since the index was made, looked through one by one,
 // before it is made again: 64, or an eighth of those it holds (an index
 // made again leaves the old one behind: the memory they take together
@@ -81,9 +81,17 @@ void StackTable::make_index(FanEntry& entry, uint32_t head) {
   entry.index.store(static_cast<uint32_t>(at), std::memory_order_release);
 }
 
+uint32_t StackTable::look_through(uint32_t from, uint32_t until, uintptr_t word, uint32_t* steps) const {
+  for (uint32_t id = from; id != until && id != 0; id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
+    if (nodes_[id].word() == word) return id;
+    if (steps != nullptr) ++*steps;
+  }
+  return 0;
+}
+
 uint32_t StackTable::find_child(uint32_t parent, uint32_t head, uintptr_t word) {
   uint32_t id = head;
-  int walked = 0;
+  uint32_t walked = 0;
   for (; id != 0 && walked < kShortWalk; ++walked, id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
     if (nodes_[id].word() == word) return id;
   }
@@ -93,14 +101,9 @@ uint32_t StackTable::find_child(uint32_t parent, uint32_t head, uintptr_t word) 
   if (at == 0) {
     // No index yet: the rest of the list, and an index for next time
     // when it was long.
-    uint32_t found = 0;
-    for (; id != 0; ++walked, id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
-      if (nodes_[id].word() == word) {
-        found = id;
-        break;
-      }
-    }
-    if (entry != nullptr && walked > kLongWalk) make_index(*entry, head);
+    uint32_t more = 0;
+    const uint32_t found = look_through(id, 0, word, &more);
+    if (entry != nullptr && walked + more > kLongWalk) make_index(*entry, head);
     return found;
   }
   // The children added since the index was made, then the index.
@@ -108,9 +111,7 @@ uint32_t StackTable::find_child(uint32_t parent, uint32_t head, uintptr_t word) 
   const uint32_t capacity = index[0];
   const uint32_t covered = index[1];
   uint32_t newer = 0;
-  for (id = head; id != covered && id != 0; ++newer, id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
-    if (nodes_[id].word() == word) return id;
-  }
+  if (const uint32_t found = look_through(head, covered, word, &newer)) return found;
   const uint32_t* slots = index + 3;
   for (size_t i = slot_of_word(word, capacity); slots[i] != 0; i = (i + 1) & (capacity - 1)) {
     if (nodes_[slots[i]].word() == word) return slots[i];
@@ -146,12 +147,10 @@ uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
       return mine;
     }
     // `head` is now the new head: look through the nodes pushed since.
-    for (uint32_t id = head; id != seen_until; id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
-      if (nodes_[id].word() == word) {
-        // Lost a race: `mine` stays unlinked, an id no stack uses.
-        publishing_.fetch_sub(1, std::memory_order_acq_rel);
-        return id;
-      }
+    if (const uint32_t found = look_through(head, seen_until, word, nullptr)) {
+      // Lost a race: `mine` stays unlinked, an id no stack uses.
+      publishing_.fetch_sub(1, std::memory_order_acq_rel);
+      return found;
     }
     seen_until = head;
   }

@@ -108,6 +108,9 @@ class StackTable {
   // The child of `parent` for `word` in its list as it was at `head`, or
   // 0 when it is not there.
   uint32_t find_child(uint32_t parent, uint32_t head, uintptr_t word);
+  // The sibling for `word` from `from` up to (not including) `until` or the
+  // list's end, or 0; `steps`, when given, counts the siblings passed.
+  uint32_t look_through(uint32_t from, uint32_t until, uintptr_t word, uint32_t* steps) const;
 
   // Parents with many children (the root; a native path reached from
   // hundreds of Python lines) get an index of their children: a hash table
