@@ -1338,17 +1338,6 @@ MEMLEDGER_EXPORT CUresult cuMemPoolCreate(CUmemoryPool* pool, const void* props)
   return r;
 }
 
-MEMLEDGER_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
-  DriverScope s;
-  auto real = REAL_DRIVER(cuMemPoolDestroy);
-  if (real == nullptr) return 3;
-  forget_pool(pool);
-  device_state_changes();
-  const CUresult r = real(pool);
-  device_state_changes();
-  return r;
-}
-
 namespace {
 
 // A call that may change a stream's device or a device's current pool
@@ -1365,6 +1354,11 @@ CUresult changing_device_state(Fn real, Args... args) {
 
 }  // namespace
 
+MEMLEDGER_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+  auto real = REAL_DRIVER(cuMemPoolDestroy);
+  if (real != nullptr) forget_pool(pool);
+  return changing_device_state(real, pool);
+}
 MEMLEDGER_EXPORT CUresult cuDeviceSetMemPool(CUdevice device, CUmemoryPool pool) {
   return changing_device_state(REAL_DRIVER(cuDeviceSetMemPool), device, pool);
 }
