@@ -89,24 +89,18 @@ uint32_t StackTable::look_through(uint32_t from, uint32_t until, uintptr_t word,
   return 0;
 }
 
-uint32_t StackTable::find_child(uint32_t parent, uint32_t head, uintptr_t word) {
-  uint32_t id = head;
-  uint32_t walked = 0;
-  for (; id != 0 && walked < kShortWalk; ++walked, id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
-    if (nodes_[id].word() == word) return id;
-  }
-  if (id == 0) return 0;
+// The rest of the list from `id`, the short walk's end: by the parent's
+// index, and the children added since it was made; without an index, one
+// by one (and an index for next time when the list is long).
+uint32_t StackTable::find_far_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word) {
   FanEntry* entry = fan_entry(parent);
   const uint32_t at = entry != nullptr ? entry->index.load(std::memory_order_acquire) : 0;
   if (at == 0) {
-    // No index yet: the rest of the list, and an index for next time
-    // when it was long.
     uint32_t more = 0;
     const uint32_t found = look_through(id, 0, word, &more);
-    if (entry != nullptr && walked + more > kLongWalk) make_index(*entry, head);
+    if (entry != nullptr && kShortWalk + more > kLongWalk) make_index(*entry, head);
     return found;
   }
-  // The children added since the index was made, then the index.
   const uint32_t* index = fan_region_ + at;
   const uint32_t capacity = index[0];
   const uint32_t covered = index[1];
@@ -123,10 +117,24 @@ uint32_t StackTable::find_child(uint32_t parent, uint32_t head, uintptr_t word) 
 // The child of `parent` for `word`, added when missing. Children are a
 // list pushed at its head: a thread that loses the race to push looks
 // through what was pushed meanwhile, so one word never gets two nodes.
+// Most look-ups end among the first few children: that walk is here, the
+// rest out of line.
 uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
+  const uint32_t head = nodes_[parent].first_child.load(std::memory_order_acquire);
+  uint32_t id = head;
+  for (uint32_t walked = 0; id != 0 && walked < kShortWalk;
+       ++walked, id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
+    if (nodes_[id].word() == word) return id;
+  }
+  return add_child(parent, head, id, word);
+}
+
+// child() past its short walk, which stopped at `id` (0: the list's end).
+__attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word) {
+  if (id != 0) {
+    if (const uint32_t found = find_far_child(parent, head, id, word)) return found;
+  }
   Node& up = nodes_[parent];
-  uint32_t head = up.first_child.load(std::memory_order_acquire);
-  if (const uint32_t found = find_child(parent, head, word)) return found;
   publishing_.fetch_add(1, std::memory_order_acq_rel);
   const uint32_t mine = next_id_.fetch_add(1, std::memory_order_relaxed);
   if (mine >= kMaxNodes) {

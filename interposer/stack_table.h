@@ -105,9 +105,11 @@ class StackTable {
   };
   static_assert(sizeof(Node) == 20);
   uint32_t child(uint32_t parent, uintptr_t word);
-  // The child of `parent` for `word` in its list as it was at `head`, or
-  // 0 when it is not there.
-  uint32_t find_child(uint32_t parent, uint32_t head, uintptr_t word);
+  uint32_t add_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word);
+  // The child of `parent` for `word` in its list as it was at `head`, from
+  // `id` on (the first children were looked through), or 0 when it is not
+  // there.
+  uint32_t find_far_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word);
   // The sibling for `word` from `from` up to (not including) `until` or the
   // list's end, or 0; `steps`, when given, counts the siblings passed.
   uint32_t look_through(uint32_t from, uint32_t until, uintptr_t word, uint32_t* steps) const;
