@@ -9,6 +9,9 @@
 // Every list entry is X(name, return type, parameters, arguments, SHAPE, ...):
 //   ALLOC, size, fallback         returns a block of `size` bytes (nullptr: failed)
 //   NEW, size, fallback           the same, but failure throws (C++ operator new)
+//   NEW_VIA_MALLOC, ALLOC_VIA_MALLOC, FREE_VIA_FREE
+//                                 the C++ forms libstdc++ serves with malloc and free:
+//                                 called directly while g_cxx_direct holds
 //   FREE, ptr, fallback           releases `ptr`
 //   REALLOC, ptr, size, fallback  moves `ptr` to a block of `size` bytes
 //   SIZED, fallback               no record of its own (queries, or a hook reached again)
@@ -22,14 +25,27 @@
 #include <cstdlib>
 #include <cstring>
 #include <dlfcn.h>
+#include <link.h>
 #include <malloc.h>
 #include <new>
 #include <unistd.h>
 
 #include "internal_alloc.h"
+#include "libc_symbols.h"
 #include "next_allocator.h"
 #include "recorder.h"
 #include "spin_lock.h"
+
+namespace memledger::interposer {
+// libstdc++'s operator new calls malloc, and its operator delete free,
+// through the lookup order. When memledger's hooks come first for those and
+// for every C++ allocation function, and the next operator new is
+// libstdc++'s, the C++ hooks call the next malloc and free themselves: the
+// same heap is reached, without libstdc++'s function and memledger's own
+// hook nested in it. Set once at the look-up, or at the late look-up that
+// finds a libstdc++ loaded after start-up (decide_cxx_direct).
+std::atomic<bool> g_cxx_direct{false};
+}  // namespace memledger::interposer
 
 using memledger::interposer::HookGuard;
 using memledger::interposer::recorder;
@@ -115,35 +131,37 @@ char* duplicate(const char* s, size_t n) {
 
 // The C++ allocation functions, by their mangled names: jemalloc and
 // tcmalloc define their own, which never call malloc.
-#define MEMLEDGER_CXX_HOOKS(X)                                                                                    \
-  X(_Znwm, void*, (size_t size), (size), NEW, size, new_or_throw(malloc(size)))                                   \
-  X(_Znam, void*, (size_t size), (size), NEW, size, new_or_throw(malloc(size)))                                   \
-  X(_ZnwmRKSt9nothrow_t, void*, (size_t size, const std::nothrow_t& t), (size, t), ALLOC, size, malloc(size))     \
-  X(_ZnamRKSt9nothrow_t, void*, (size_t size, const std::nothrow_t& t), (size, t), ALLOC, size, malloc(size))     \
-  X(_ZnwmSt11align_val_t, void*, (size_t size, std::align_val_t a), (size, a), NEW, size,                         \
-    new_or_throw(aligned_via_posix_memalign(static_cast<size_t>(a), size)))                                       \
-  X(_ZnamSt11align_val_t, void*, (size_t size, std::align_val_t a), (size, a), NEW, size,                         \
-    new_or_throw(aligned_via_posix_memalign(static_cast<size_t>(a), size)))                                       \
-  X(_ZnwmSt11align_val_tRKSt9nothrow_t, void*, (size_t size, std::align_val_t a, const std::nothrow_t& t),        \
-    (size, a, t), ALLOC, size, aligned_via_posix_memalign(static_cast<size_t>(a), size))                          \
-  X(_ZnamSt11align_val_tRKSt9nothrow_t, void*, (size_t size, std::align_val_t a, const std::nothrow_t& t),        \
-    (size, a, t), ALLOC, size, aligned_via_posix_memalign(static_cast<size_t>(a), size))                          \
-  X(_ZdlPv, void, (void* ptr), (ptr), FREE, ptr, free(ptr))                                                       \
-  X(_ZdaPv, void, (void* ptr), (ptr), FREE, ptr, free(ptr))                                                       \
-  X(_ZdlPvm, void, (void* ptr, size_t size), (ptr, size), FREE, ptr, free(ptr))                                   \
-  X(_ZdaPvm, void, (void* ptr, size_t size), (ptr, size), FREE, ptr, free(ptr))                                   \
-  X(_ZdlPvRKSt9nothrow_t, void, (void* ptr, const std::nothrow_t& t), (ptr, t), FREE, ptr, free(ptr))             \
-  X(_ZdaPvRKSt9nothrow_t, void, (void* ptr, const std::nothrow_t& t), (ptr, t), FREE, ptr, free(ptr))             \
-  X(_ZdlPvSt11align_val_t, void, (void* ptr, std::align_val_t a), (ptr, a), FREE, ptr, free(ptr))                 \
-  X(_ZdaPvSt11align_val_t, void, (void* ptr, std::align_val_t a), (ptr, a), FREE, ptr, free(ptr))                 \
-  X(_ZdlPvmSt11align_val_t, void, (void* ptr, size_t size, std::align_val_t a), (ptr, size, a), FREE, ptr,        \
-    free(ptr))                                                                                                    \
-  X(_ZdaPvmSt11align_val_t, void, (void* ptr, size_t size, std::align_val_t a), (ptr, size, a), FREE, ptr,        \
-    free(ptr))                                                                                                    \
-  X(_ZdlPvSt11align_val_tRKSt9nothrow_t, void, (void* ptr, std::align_val_t a, const std::nothrow_t& t),          \
-    (ptr, a, t), FREE, ptr, free(ptr))                                                                            \
-  X(_ZdaPvSt11align_val_tRKSt9nothrow_t, void, (void* ptr, std::align_val_t a, const std::nothrow_t& t),          \
-    (ptr, a, t), FREE, ptr, free(ptr))
+#define MEMLEDGER_CXX_HOOKS(X)                                                                                      \
+  X(_Znwm, void*, (size_t size), (size), NEW_VIA_MALLOC, size, new_or_throw(malloc(size)))                          \
+  X(_Znam, void*, (size_t size), (size), NEW_VIA_MALLOC, size, new_or_throw(malloc(size)))                          \
+  X(_ZnwmRKSt9nothrow_t, void*, (size_t size, const std::nothrow_t& t), (size, t), ALLOC_VIA_MALLOC, size,          \
+    malloc(size))                                                                                                   \
+  X(_ZnamRKSt9nothrow_t, void*, (size_t size, const std::nothrow_t& t), (size, t), ALLOC_VIA_MALLOC, size,          \
+    malloc(size))                                                                                                   \
+  X(_ZnwmSt11align_val_t, void*, (size_t size, std::align_val_t a), (size, a), NEW, size,                           \
+    new_or_throw(aligned_via_posix_memalign(static_cast<size_t>(a), size)))                                         \
+  X(_ZnamSt11align_val_t, void*, (size_t size, std::align_val_t a), (size, a), NEW, size,                           \
+    new_or_throw(aligned_via_posix_memalign(static_cast<size_t>(a), size)))                                         \
+  X(_ZnwmSt11align_val_tRKSt9nothrow_t, void*, (size_t size, std::align_val_t a, const std::nothrow_t& t),          \
+    (size, a, t), ALLOC, size, aligned_via_posix_memalign(static_cast<size_t>(a), size))                            \
+  X(_ZnamSt11align_val_tRKSt9nothrow_t, void*, (size_t size, std::align_val_t a, const std::nothrow_t& t),          \
+    (size, a, t), ALLOC, size, aligned_via_posix_memalign(static_cast<size_t>(a), size))                            \
+  X(_ZdlPv, void, (void* ptr), (ptr), FREE_VIA_FREE, ptr, free(ptr))                                                \
+  X(_ZdaPv, void, (void* ptr), (ptr), FREE_VIA_FREE, ptr, free(ptr))                                                \
+  X(_ZdlPvm, void, (void* ptr, size_t size), (ptr, size), FREE_VIA_FREE, ptr, free(ptr))                            \
+  X(_ZdaPvm, void, (void* ptr, size_t size), (ptr, size), FREE_VIA_FREE, ptr, free(ptr))                            \
+  X(_ZdlPvRKSt9nothrow_t, void, (void* ptr, const std::nothrow_t& t), (ptr, t), FREE_VIA_FREE, ptr, free(ptr))      \
+  X(_ZdaPvRKSt9nothrow_t, void, (void* ptr, const std::nothrow_t& t), (ptr, t), FREE_VIA_FREE, ptr, free(ptr))      \
+  X(_ZdlPvSt11align_val_t, void, (void* ptr, std::align_val_t a), (ptr, a), FREE_VIA_FREE, ptr, free(ptr))          \
+  X(_ZdaPvSt11align_val_t, void, (void* ptr, std::align_val_t a), (ptr, a), FREE_VIA_FREE, ptr, free(ptr))          \
+  X(_ZdlPvmSt11align_val_t, void, (void* ptr, size_t size, std::align_val_t a), (ptr, size, a), FREE_VIA_FREE, ptr, \
+    free(ptr))                                                                                                      \
+  X(_ZdaPvmSt11align_val_t, void, (void* ptr, size_t size, std::align_val_t a), (ptr, size, a), FREE_VIA_FREE, ptr, \
+    free(ptr))                                                                                                      \
+  X(_ZdlPvSt11align_val_tRKSt9nothrow_t, void, (void* ptr, std::align_val_t a, const std::nothrow_t& t),            \
+    (ptr, a, t), FREE_VIA_FREE, ptr, free(ptr))                                                                     \
+  X(_ZdaPvSt11align_val_tRKSt9nothrow_t, void, (void* ptr, std::align_val_t a, const std::nothrow_t& t),            \
+    (ptr, a, t), FREE_VIA_FREE, ptr, free(ptr))
 
 // jemalloc's non-standard API (sallocx gives the sizes).
 #define MEMLEDGER_JEMALLOC_HOOKS(X)                                                                            \
@@ -321,37 +339,68 @@ bool resolved_late(Fn& next) {
 // may arrive later (`late`), else serve the call by its fallback.
 #define MEMLEDGER_NO_NEXT(late, name) (next_##name == nullptr && !(late && resolved_late(next_##name)))
 
-#define MEMLEDGER_HOOK_ALLOC(usable, late, name, ret, params, args, size, fallback) \
-  MEMLEDGER_EXPORT ret name params {                                          \
-    MEMLEDGER_BOOTSTRAP_ALLOC(ret, size)                                 \
-    if (MEMLEDGER_NO_NEXT(late, name)) return fallback;                       \
-    HookGuard guard;                                                          \
-    ret p = next_##name args;                                                 \
-    record_alloc<usable>(guard, p, size);                                     \
-    return p;                                                                 \
+// Each hook's body, and the hook: an exported function of the name.
+#define MEMLEDGER_BODY_ALLOC(usable, late, name, ret, params, args, size, fallback) \
+  MEMLEDGER_BOOTSTRAP_ALLOC(ret, size)                                             \
+  if (MEMLEDGER_NO_NEXT(late, name)) return fallback;                              \
+  HookGuard guard;                                                                 \
+  ret p = next_##name args;                                                        \
+  record_alloc<usable>(guard, p, size);                                            \
+  return p;
+#define MEMLEDGER_BODY_NEW(usable, late, name, ret, params, args, size, fallback) \
+  if (!ip::next_resolved()) return new_or_throw(ip::arena_alloc(size));          \
+  if (MEMLEDGER_NO_NEXT(late, name)) return fallback;                            \
+  HookGuard guard;                                                               \
+  ret p;                                                                         \
+  try {                                                                          \
+    p = next_##name args;                                                        \
+  } catch (...) {                                                                \
+    record_alloc<usable>(guard, nullptr, size);                                  \
+    throw;                                                                       \
+  }                                                                              \
+  record_alloc<usable>(guard, p, size);                                          \
+  return p;
+#define MEMLEDGER_BODY_FREE(usable, late, name, ret, params, args, ptr, fallback) \
+  MEMLEDGER_BOOTSTRAP_FREE(ptr)                                                  \
+  if (MEMLEDGER_NO_NEXT(late, name)) return fallback;                            \
+  HookGuard guard;                                                               \
+  record_free<usable>(guard, ptr);                                               \
+  next_##name args;
+#define MEMLEDGER_HOOK_ALLOC(usable, late, name, ret, params, ...) \
+  MEMLEDGER_EXPORT ret name params { MEMLEDGER_BODY_ALLOC(usable, late, name, ret, params, __VA_ARGS__) }
+#define MEMLEDGER_HOOK_NEW(usable, late, name, ret, params, ...) \
+  MEMLEDGER_EXPORT ret name params { MEMLEDGER_BODY_NEW(usable, late, name, ret, params, __VA_ARGS__) }
+#define MEMLEDGER_HOOK_FREE(usable, late, name, ret, params, ...) \
+  MEMLEDGER_EXPORT ret name params { MEMLEDGER_BODY_FREE(usable, late, name, ret, params, __VA_ARGS__) }
+
+// The C++ functions that libstdc++ serves with malloc and free: while
+// g_cxx_direct holds (decide_cxx_direct), the hook calls the next malloc or
+// free itself. A failed allocation then goes the usual way, through
+// libstdc++ (its new-handler loop, bad_alloc).
+#define MEMLEDGER_HOOK_VIA_MALLOC(shape, usable, late, name, ret, params, args, size, fallback) \
+  MEMLEDGER_EXPORT ret name params {                                                           \
+    if (__builtin_expect(ip::g_cxx_direct.load(std::memory_order_relaxed), 1)) {               \
+      HookGuard direct;                                                                        \
+      void* block = next_malloc(size != 0 ? size : 1);                                         \
+      if (__builtin_expect(block != nullptr, 1)) {                                             \
+        record_alloc<usable>(direct, block, size);                                             \
+        return block;                                                                          \
+      }                                                                                        \
+    }                                                                                          \
+    MEMLEDGER_BODY_##shape(usable, late, name, ret, params, args, size, fallback)              \
   }
-#define MEMLEDGER_HOOK_NEW(usable, late, name, ret, params, args, size, fallback) \
-  MEMLEDGER_EXPORT ret name params {                                        \
-    if (!ip::next_resolved()) return new_or_throw(ip::arena_alloc(size));   \
-    if (MEMLEDGER_NO_NEXT(late, name)) return fallback;                     \
-    HookGuard guard;                                                        \
-    ret p;                                                                  \
-    try {                                                                   \
-      p = next_##name args;                                                 \
-    } catch (...) {                                                         \
-      record_alloc<usable>(guard, nullptr, size);                           \
-      throw;                                                                \
-    }                                                                       \
-    record_alloc<usable>(guard, p, size);                                   \
-    return p;                                                                \
-  }
-#define MEMLEDGER_HOOK_FREE(usable, late, name, ret, params, args, ptr, fallback) \
-  MEMLEDGER_EXPORT ret name params {                                        \
-    MEMLEDGER_BOOTSTRAP_FREE(ptr)                                           \
-    if (MEMLEDGER_NO_NEXT(late, name)) return fallback;                     \
-    HookGuard guard;                                                        \
-    record_free<usable>(guard, ptr);                                        \
-    next_##name args;                                                       \
+#define MEMLEDGER_HOOK_NEW_VIA_MALLOC(...) MEMLEDGER_HOOK_VIA_MALLOC(NEW, __VA_ARGS__)
+#define MEMLEDGER_HOOK_ALLOC_VIA_MALLOC(...) MEMLEDGER_HOOK_VIA_MALLOC(ALLOC, __VA_ARGS__)
+#define MEMLEDGER_HOOK_FREE_VIA_FREE(usable, late, name, ret, params, args, ptr, fallback) \
+  MEMLEDGER_EXPORT ret name params {                                                      \
+    if (__builtin_expect(ip::g_cxx_direct.load(std::memory_order_relaxed), 1)) {          \
+      if (ptr != nullptr && ip::in_arena(ptr)) return;                                    \
+      HookGuard direct;                                                                   \
+      record_free<usable>(direct, ptr);                                                   \
+      next_free(ptr);                                                                     \
+      return;                                                                             \
+    }                                                                                     \
+    MEMLEDGER_BODY_FREE(usable, late, name, ret, params, args, ptr, fallback)             \
   }
 #define MEMLEDGER_HOOK_REALLOC(usable, late, name, ret, params, args, ptr, size, fallback)      \
   MEMLEDGER_EXPORT ret name params {                                                            \
@@ -470,10 +519,40 @@ namespace {
 SpinLock g_resolve_lock;
 __thread bool tls_resolving __attribute__((tls_model("initial-exec")));
 
+// The loaded object whose segments hold `addr`: its program headers (unique
+// to it) and its path. dladdr would also look for the nearest symbol, a
+// walk through the whole symbol table of a library such as libstdc++.
+struct LoadedObject {
+  const void* phdr = nullptr;
+  const char* path = nullptr;
+};
+LoadedObject object_of(const void* addr) {
+  struct Search {
+    uintptr_t addr;
+    LoadedObject found;
+  } search{reinterpret_cast<uintptr_t>(addr), {}};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* search = static_cast<Search*>(data);
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          const ElfW(Phdr)& segment = info->dlpi_phdr[i];
+          const uintptr_t start = info->dlpi_addr + segment.p_vaddr;
+          if (segment.p_type == PT_LOAD && search->addr - start < segment.p_memsz) {
+            search->found = {info->dlpi_phdr, info->dlpi_name};
+            return 1;
+          }
+        }
+        return 0;
+      },
+      &search);
+  return search.found;
+}
+
 // Whether two functions live in the same loaded object.
 bool same_object(void* a, void* b) {
-  Dl_info ia, ib;
-  return a != nullptr && b != nullptr && dladdr(a, &ia) != 0 && dladdr(b, &ib) != 0 && ia.dli_fbase == ib.dli_fbase;
+  if (a == nullptr || b == nullptr) return false;
+  const void* object = object_of(a).phdr;
+  return object != nullptr && object == object_of(b).phdr;
 }
 
 template <typename Fn>
@@ -493,6 +572,28 @@ void fill_late(Fn& fn, const char* name) {
   if (found != nullptr) {
     __atomic_compare_exchange_n(&fn, &empty, found, false, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
   }
+}
+
+// Whether the first definition of `name` in load order (the executable,
+// then the preloaded objects, then the rest), which is what a call from
+// libstdc++ reaches, is memledger's. Not dlsym(RTLD_DEFAULT): it may answer
+// with the executable's PLT entry for the name.
+bool first_definition_is_ours(const char* name) {
+  void* first = find_in_loaded_objects(name, 1);
+  return first != nullptr && same_object(first, reinterpret_cast<void*>(&first_definition_is_ours));
+}
+
+void decide_cxx_direct() {
+  if (g_cxx_direct.load(std::memory_order_relaxed) || next__Znwm == nullptr) return;
+  const char* path = object_of(reinterpret_cast<void*>(next__Znwm)).path;
+  if (path == nullptr || strstr(path, "/libstdc++.so") == nullptr) return;
+  if (!first_definition_is_ours("malloc") || !first_definition_is_ours("free")) return;
+  void* cxx = reinterpret_cast<void*>(next__Znwm);
+#define MEMLEDGER_CXX_FROM_LIBSTDCXX(name, ...)                                                          \
+  if (!same_object(reinterpret_cast<void*>(next_##name), cxx) || !first_definition_is_ours(#name)) return;
+  MEMLEDGER_CXX_HOOKS(MEMLEDGER_CXX_FROM_LIBSTDCXX)
+#undef MEMLEDGER_CXX_FROM_LIBSTDCXX
+  g_cxx_direct.store(true, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -517,9 +618,8 @@ bool resolve_next_slow() {
     next_realloc = __libc_realloc;
     next_malloc_usable_size = ::malloc_usable_size;
   }
-  Dl_info info;
-  g_glibc_heap = dladdr(reinterpret_cast<void*>(next_malloc), &info) != 0 && info.dli_fname != nullptr &&
-                 strstr(info.dli_fname, "/libc.so") != nullptr;
+  const char* heap_path = object_of(reinterpret_cast<void*>(next_malloc)).path;
+  g_glibc_heap = heap_path != nullptr && strstr(heap_path, "/libc.so") != nullptr;
 #define MEMLEDGER_RESOLVE(name, ...) \
   if (next_##name == nullptr) resolve(next_##name, #name);
   MEMLEDGER_HOST_HOOKS(MEMLEDGER_RESOLVE)
@@ -539,6 +639,7 @@ bool resolve_next_slow() {
   resolve(next_sallocx, "sallocx");
   resolve(next_tc_malloc_size, "tc_malloc_size");
   resolve(next_mi_usable_size, "mi_usable_size");
+  decide_cxx_direct();
   tls_resolving = false;
   g_loads_seen.store(objects_loaded(), std::memory_order_relaxed);
   g_next_resolved.store(true, std::memory_order_release);
@@ -564,6 +665,7 @@ void resolve_late() {
   MEMLEDGER_TCMALLOC_HOOKS(MEMLEDGER_FILL_LATE)
   MEMLEDGER_MIMALLOC_HOOKS(MEMLEDGER_FILL_LATE)
 #undef MEMLEDGER_FILL_LATE
+  decide_cxx_direct();
   tls_resolving = false;
   g_loads_seen.store(loads, std::memory_order_release);
 }

@@ -54,7 +54,6 @@ __thread uint8_t tls_loader_shard __attribute__((tls_model("initial-exec")));
 // are recorded. A counting filter answers "certainly not sampled" for almost
 // every free without touching the locked set.
 constexpr size_t kFilterSlots = 1u << 16;  // small enough to stay in cache
-std::atomic<uint8_t>* g_filter = nullptr;
 constexpr int kSampledShards = 16;
 struct SampledShard {
   SpinLock lock;
@@ -64,7 +63,6 @@ struct SampledShard {
 };
 SampledShard g_sampled[kSampledShards];
 
-size_t filter_index(uintptr_t addr) { return ((addr >> 4) * 0x9e3779b97f4a7c15ull) >> 48; }
 size_t shard_of(uintptr_t addr) { return ((addr >> 4) * 0xff51afd7ed558ccdull) >> 60; }
 
 void shard_insert(SampledShard& shard, uintptr_t addr);
@@ -268,8 +266,11 @@ void Recorder::start() {
   }
   shared_ring_->state.store(static_cast<int>(RingState::kShared), std::memory_order_relaxed);
   rings_.store(shared_ring_, std::memory_order_release);
-  void* filter = mmap(nullptr, kFilterSlots, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (filter != MAP_FAILED) g_filter = static_cast<std::atomic<uint8_t>*>(filter);
+  if (config_.host_mode == HostMode::kSampled) {
+    void* filter = mmap(nullptr, kFilterSlots, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (filter != MAP_FAILED) sampled_filter_ = static_cast<std::atomic<uint8_t>*>(filter);
+    sample_below_ = config_.sample_interval;
+  }
 
   unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
   if (!unwinder_configure(getenv("MEMLEDGER_UNWINDER"))) {
@@ -496,23 +497,9 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
   return stacks_.intern(words, python + depth, python, own != nullptr ? &own->path_cache : nullptr);
 }
 
-bool Recorder::is_sampled(uintptr_t addr) {
-  if (g_filter == nullptr) return false;
-  if (g_filter[filter_index(addr)].load(std::memory_order_relaxed) == 0) return false;
-  SampledShard& shard = g_sampled[shard_of(addr)];
-  SpinGuard guard(shard.lock);
-  if (shard.capacity == 0) return false;
-  size_t mask = shard.capacity - 1;
-  size_t i = (addr >> 4) & mask;
-  for (size_t n = 0; n < shard.capacity && shard.slots[i] != 0; ++n, i = (i + 1) & mask) {
-    if (shard.slots[i] == addr) return true;
-  }
-  return false;
-}
-
 void Recorder::remember_sampled(uintptr_t addr) {
-  if (g_filter == nullptr) return;
-  std::atomic<uint8_t>& counter = g_filter[filter_index(addr)];
+  if (sampled_filter_ == nullptr) return;
+  std::atomic<uint8_t>& counter = sampled_filter_[filter_slot(addr)];
   uint8_t v = counter.load(std::memory_order_relaxed);
   while (v != 255 && !counter.compare_exchange_weak(v, static_cast<uint8_t>(v + 1))) {
   }
@@ -522,8 +509,8 @@ void Recorder::remember_sampled(uintptr_t addr) {
 }
 
 bool Recorder::forget_sampled(uintptr_t addr) {
-  if (g_filter == nullptr) return false;
-  std::atomic<uint8_t>& counter = g_filter[filter_index(addr)];
+  if (sampled_filter_ == nullptr) return false;
+  std::atomic<uint8_t>& counter = sampled_filter_[filter_slot(addr)];
   if (counter.load(std::memory_order_relaxed) == 0) return false;
   bool erased;
   {
@@ -551,21 +538,21 @@ void Recorder::read_host_totals(Event& e) const {
   e.weight = (allocs << 32) | (frees & 0xffffffffu);
 }
 
-void Recorder::on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usable) {
-  ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
-  add_totals(ring ? ring : shared_ring_, ring == nullptr, static_cast<int64_t>(usable), 1, 0);
+void Recorder::add_totals_without_ring(ThreadState& t, int64_t bytes, uint64_t allocs, uint64_t frees) {
+  ThreadRing* ring = acquire_ring(t);
+  add_totals(ring ? ring : shared_ring_, ring == nullptr, bytes, allocs, frees);
+}
 
-  // Sampled mode: almost every allocation ends at the countdown, before
-  // anything else is done for it.
-  bool by_chance = false;
-  if (config_.host_mode == HostMode::kSampled && size < config_.sample_interval) {
-    if (t.sample_countdown == 0) t.sample_countdown = next_sample_distance(t, config_.sample_interval);
-    t.sample_countdown -= static_cast<int64_t>(size);
+// The countdown of sampled mode reached zero: the allocation is sampled,
+// unless this is the thread's first, which draws its first distance.
+void Recorder::countdown_reached(ThreadState& t, uintptr_t addr, size_t size) {
+  if (!t.counting) {
+    t.counting = 1;
+    t.sample_countdown += next_sample_distance(t, config_.sample_interval);
     if (t.sample_countdown > 0) return;
-    t.sample_countdown = next_sample_distance(t, config_.sample_interval);
-    by_chance = true;
   }
-  record_host_alloc(t, reinterpret_cast<uintptr_t>(ptr), size, by_chance);
+  t.sample_countdown = next_sample_distance(t, config_.sample_interval);
+  record_host_alloc(t, addr, size, true);
 }
 
 __attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintptr_t addr, size_t size,
@@ -600,16 +587,8 @@ __attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintp
   }
 }
 
-void Recorder::on_host_free(ThreadState& t, void* ptr, size_t usable) {
-  ThreadRing* ring = t.ring ? t.ring : acquire_ring(t);
-  add_totals(ring ? ring : shared_ring_, ring == nullptr, -static_cast<int64_t>(usable), 0, 1);
-  const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
-  if (config_.host_mode == HostMode::kSampled) {
-    // Almost every free: the counting filter says "not sampled" here, without a call.
-    if (g_filter == nullptr || g_filter[filter_index(addr)].load(std::memory_order_relaxed) == 0) return;
-    if (!forget_sampled(addr)) return;
-  }
-  record_host_free(t, addr);
+void Recorder::free_if_sampled(ThreadState& t, uintptr_t addr) {
+  if (forget_sampled(addr)) record_host_free(t, addr);
 }
 
 __attribute__((noinline)) void Recorder::record_host_free(ThreadState& t, uintptr_t addr) {

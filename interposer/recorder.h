@@ -36,6 +36,7 @@ struct ThreadState {
   uint8_t in_hook;     // recursion guard: set while inside memledger code
   uint8_t status;      // 0 new, 1 has ring, 2 exited (use the shared ring)
   uint8_t cuda_depth;  // inside a hooked CUDA runtime call: its driver calls are not recorded again
+  uint8_t counting;    // sample_countdown has been drawn (sampled mode)
 };
 
 enum class Lifecycle : int {
@@ -59,10 +60,38 @@ class Recorder {
   bool active() const { return lifecycle_.load(std::memory_order_relaxed) == Lifecycle::kActive; }
   const Config& config() const { return config_; }
 
-  // Hot path. `t` is the caller's ThreadState with in_hook already set;
-  // `usable` is the block's usable size from the allocator that made it.
-  void on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usable);
-  void on_host_free(ThreadState& t, void* ptr, size_t usable);
+  // Hot path, inline in every hook. `t` is the caller's ThreadState with
+  // in_hook already set; `usable` is the block's usable size from the
+  // allocator that made it. The thread's exact totals are counted here; in
+  // sampled mode almost every call ends at the countdown (an allocation) or
+  // at the counting filter (a free), before any call is made.
+  void on_host_alloc(ThreadState& t, void* ptr, size_t size, size_t usable) {
+    if (__builtin_expect(t.ring != nullptr, 1)) {
+      count_own_alloc(t.ring, usable);
+    } else {
+      add_totals_without_ring(t, static_cast<int64_t>(usable), 1, 0);
+    }
+    if (size < sample_below_) {
+      t.sample_countdown -= static_cast<int64_t>(size);
+      if (__builtin_expect(t.sample_countdown > 0, 1)) return;
+      return countdown_reached(t, reinterpret_cast<uintptr_t>(ptr), size);
+    }
+    record_host_alloc(t, reinterpret_cast<uintptr_t>(ptr), size, false);
+  }
+  void on_host_free(ThreadState& t, void* ptr, size_t usable) {
+    if (__builtin_expect(t.ring != nullptr, 1)) {
+      count_own_free(t.ring, usable);
+    } else {
+      add_totals_without_ring(t, -static_cast<int64_t>(usable), 0, 1);
+    }
+    const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
+    if (sampled_filter_ != nullptr) {
+      if (__builtin_expect(sampled_filter_[filter_slot(addr)].load(std::memory_order_relaxed) == 0, 1)) return;
+      return free_if_sampled(t, addr);
+    }
+    if (config_.host_mode == HostMode::kSampled) return;  // no filter could be mapped: nothing was sampled
+    record_host_free(t, addr);
+  }
   // A host allocation of `size` bytes failed with `error` (an errno value).
   void on_host_failed(ThreadState& t, size_t size, int error);
 
@@ -144,17 +173,41 @@ class Recorder {
  private:
   ThreadRing* acquire_ring(ThreadState& t);
   bool push(ThreadState& t, Event& event);
-  bool is_sampled(uintptr_t addr);
-  // The recording part of on_host_alloc and on_host_free, kept out of line:
-  // the allocations and frees that are not recorded (most, in sampled mode)
-  // then pay for a small function.
-  // `by_chance`: sampled by the countdown (its weight is the estimate).
+  // A thread's own ring's totals: only its thread writes them, so plain
+  // loads and stores suffice (no locked instruction on the hot path).
+  static void count_own_alloc(ThreadRing* ring, size_t usable) {
+    ring->host_live.store(ring->host_live.load(std::memory_order_relaxed) + static_cast<int64_t>(usable),
+                          std::memory_order_relaxed);
+    ring->host_allocs.store(ring->host_allocs.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  static void count_own_free(ThreadRing* ring, size_t usable) {
+    ring->host_live.store(ring->host_live.load(std::memory_order_relaxed) - static_cast<int64_t>(usable),
+                          std::memory_order_relaxed);
+    ring->host_frees.store(ring->host_frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  }
+  // The counting filter's slot of an address (sampled mode).
+  static size_t filter_slot(uintptr_t addr) { return ((addr >> 4) * 0x9e3779b97f4a7c15ull) >> 48; }
+  // The parts of on_host_alloc and on_host_free kept out of line: a thread
+  // without a ring of its own yet (it takes one) or any more (the shared
+  // ring's totals), a countdown that reached zero, a free whose filter slot
+  // is taken.
+  void add_totals_without_ring(ThreadState& t, int64_t bytes, uint64_t allocs, uint64_t frees);
+  void countdown_reached(ThreadState& t, uintptr_t addr, size_t size);
+  void free_if_sampled(ThreadState& t, uintptr_t addr);
+  // The recording itself. `by_chance`: sampled by the countdown (its weight
+  // is the estimate).
   void record_host_alloc(ThreadState& t, uintptr_t addr, size_t size, bool by_chance);
   void record_host_free(ThreadState& t, uintptr_t addr);
   void remember_sampled(uintptr_t addr);
   bool forget_sampled(uintptr_t addr);
 
   Config config_;
+  // Sampled mode: allocations below this size go through the countdown
+  // (the sample interval; 0 in the other modes).
+  uint64_t sample_below_ = 0;
+  // Sampled mode: counts of the sampled live addresses by filter slot, so
+  // that a free of an address never sampled is told apart at once.
+  std::atomic<uint8_t>* sampled_filter_ = nullptr;
   std::atomic<Lifecycle> lifecycle_{Lifecycle::kUninitialised};
   std::atomic<uint64_t> seq_{1};
   std::atomic<uint64_t> step_index_{0};

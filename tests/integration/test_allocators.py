@@ -147,7 +147,8 @@ class FailingOperatorNew(mltest.TestCase):
 
     def check(self, allocator):
         env = mltest.clean_env(LD_PRELOAD=allocator) if allocator else None
-        expected = "nothrow: null\nthrowing: bad_alloc caught\n"
+        expected = ("nothrow: null\nthrowing: bad_alloc caught\n"
+                    "handler: called 3 times, then bad_alloc\n")
         untraced = self.run_cmd([mltest.program("new_fails")], env=env)
         self.assertExit(untraced, 3)
         self.assertEqual(untraced.stdout, expected)
@@ -169,6 +170,37 @@ class FailingOperatorNew(mltest.TestCase):
         if not os.path.exists(ALLOCATORS["tcmalloc"]):
             self.skipTest("tcmalloc not installed")
         self.check(ALLOCATORS["tcmalloc"])
+
+
+class OwnOperatorNew(mltest.TestCase):
+    """A program that defines operator new and delete itself (tests/programs/
+    own_new.cpp): its definitions come first in the lookup order, so memledger's
+    C++ hooks must not stand in for them (they would call malloc and free
+    themselves when operator new is libstdc++'s). Every new and delete still
+    reaches the program's own, and the blocks they take from malloc are
+    traced: the leak is found at its line."""
+
+    STEPS = 10
+
+    def test_own_definitions_keep_every_call(self):
+        program = [mltest.program("own_new"), self.STEPS, LEAK]
+        direct = self.run_cmd(program)
+        self.assertExit(direct, 4)
+        counts = mltest.parse_kv(direct.stdout)
+        self.assertGreater(int(counts["NEWS"]), 4000)
+        for host in ("full", "sampled"):
+            run_dir = os.path.join(self.tmpdir(), host)
+            proc = self.traced(run_dir, program, options=("--host", host))
+            self.assertExit(proc, 4)
+            self.assertEqual(proc.stdout, direct.stdout)
+            report = self.load_report(run_dir)
+            self.assertEqual(report["stats"]["unknown_frees"], 0)
+            top = report["leak_suspects"][0]
+            self.assertEqual(top["kind"], "host")
+            frames = [(mltest.function_base(f.get("function") or ""), os.path.basename(f.get("file") or ""),
+                       f.get("line")) for f in top["stack"]]
+            self.assertIn(("plant_leak", "own_new.cpp", int(counts["LEAK_LINE"])), frames, top["site"])
+            self.assertAlmostEqual(top["bytes_per_step_exact"], LEAK, delta=0.05 * LEAK)
 
 
 class DlopenedAfterStart(mltest.TestCase):
