@@ -4,11 +4,14 @@
 #include <cstddef>
 #include <cstring>
 #include <link.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 
 #include "owned_use.h"
+#include "spin_lock.h"
 
 namespace memledger::interposer {
 namespace {
@@ -319,11 +322,28 @@ bool parse_cie(const uint8_t* at, Cie& cie) {
   return cie.instructions <= cie.end;
 }
 
-// Finds the object holding `pc` and its .eh_frame_hdr.
+// Finds the object holding `pc`, its .eh_frame_hdr, and the pages of the
+// read-only segment that holds the header, when that segment's pages may be
+// handed back (ReadPages).
 struct ObjectLookup {
   uint64_t pc;
   const uint8_t* hdr = nullptr;
+  uintptr_t segment_begin = 0;  // page-aligned; both 0: not to be handed back
+  uintptr_t segment_end = 0;
 };
+
+// Whether the object's text may have been written to by the loader
+// (DT_TEXTREL): then a page of a read-only segment may be a private copy.
+bool has_text_relocations(const dl_phdr_info* info) {
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    if (info->dlpi_phdr[i].p_type != PT_DYNAMIC) continue;
+    const auto* dyn = reinterpret_cast<const ElfW(Dyn)*>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    for (; dyn->d_tag != DT_NULL; ++dyn) {
+      if (dyn->d_tag == DT_TEXTREL || (dyn->d_tag == DT_FLAGS && (dyn->d_un.d_val & DF_TEXTREL))) return true;
+    }
+  }
+  return false;
+}
 
 int find_object(dl_phdr_info* info, size_t, void* data) {
   auto* lookup = static_cast<ObjectLookup*>(data);
@@ -339,9 +359,97 @@ int find_object(dl_phdr_info* info, size_t, void* data) {
     }
   }
   if (!inside) return 0;
-  if (eh != nullptr) lookup->hdr = reinterpret_cast<const uint8_t*>(info->dlpi_addr + eh->p_vaddr);
+  if (eh == nullptr) return 1;
+  lookup->hdr = reinterpret_cast<const uint8_t*>(info->dlpi_addr + eh->p_vaddr);
+  if (info->dlpi_name != nullptr && strstr(info->dlpi_name, "linux-vdso") != nullptr) return 1;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_LOAD || eh->p_vaddr < ph.p_vaddr || eh->p_vaddr >= ph.p_vaddr + ph.p_filesz) continue;
+    if ((ph.p_flags & PF_W) == 0 && ph.p_memsz == ph.p_filesz && !has_text_relocations(info)) {
+      const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+      lookup->segment_begin = (info->dlpi_addr + ph.p_vaddr) & ~(page - 1);
+      lookup->segment_end = (info->dlpi_addr + ph.p_vaddr + ph.p_filesz + page - 1) & ~(page - 1);
+    }
+    break;
+  }
   return 1;
 }
+
+// The pages of the unwind tables a rule was worked out from are handed back
+// to the kernel (madvise MADV_DONTNEED) every kEvery rules. They are clean
+// pages of a read-only file mapping, so what reads them next (a rule worked
+// out, the program's own exception unwinding) faults them in again from the
+// page cache: the tracer's resident memory does not grow by the tables it
+// has read, tens of megabytes in libraries such as libtorch. Each pending
+// range lies in one segment, between the lowest and highest page read.
+class ReadPages {
+ public:
+  // What is pending now; the bytes of the ranges handed back.
+  size_t hand_back() {
+    Range flushed[kRanges];
+    int count;
+    {
+      SpinGuard guard(lock_);
+      count = count_;
+      memcpy(flushed, ranges_, sizeof(Range) * static_cast<size_t>(count));
+      count_ = 0;
+      rules_ = 0;
+    }
+    return release(flushed, count);
+  }
+
+  void note(const ObjectLookup& object, uintptr_t low, uintptr_t high) {
+    if (object.segment_begin == 0 || low < object.segment_begin || high >= object.segment_end) return;
+    const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+    low &= ~(page - 1);
+    high = (high & ~(page - 1)) + page;
+    Range flushed[kRanges];
+    int count = 0;
+    {
+      SpinGuard guard(lock_);
+      Range* range = nullptr;
+      for (int i = 0; i < count_; ++i) {
+        if (ranges_[i].segment_begin == object.segment_begin) range = &ranges_[i];
+      }
+      if (range == nullptr && count_ < kRanges) {
+        range = &ranges_[count_++];
+        *range = {object.segment_begin, low, high};
+      }
+      if (range != nullptr) {
+        range->low = low < range->low ? low : range->low;
+        range->high = high > range->high ? high : range->high;
+      }
+      if (range == nullptr || ++rules_ >= kEvery) {
+        count = count_;
+        memcpy(flushed, ranges_, sizeof(Range) * static_cast<size_t>(count));
+        count_ = 0;
+        rules_ = 0;
+      }
+    }
+    release(flushed, count);
+  }
+
+ private:
+  static constexpr int kRanges = 8;
+  static constexpr int kEvery = 256;
+  struct Range {
+    uintptr_t segment_begin, low, high;
+  };
+  static size_t release(const Range* ranges, int count) {
+    size_t bytes = 0;
+    for (int i = 0; i < count; ++i) {
+      if (madvise(reinterpret_cast<void*>(ranges[i].low), ranges[i].high - ranges[i].low, MADV_DONTNEED) == 0) {
+        bytes += ranges[i].high - ranges[i].low;
+      }
+    }
+    return bytes;
+  }
+  SpinLock lock_;
+  Range ranges_[kRanges];
+  int count_ = 0;
+  int rules_ = 0;
+};
+ReadPages g_read_pages;
 
 // The rule for a return address `pc` (the call is at pc - 1).
 Rule compute_rule(uint64_t pc) {
@@ -393,6 +501,15 @@ Rule compute_rule(uint64_t pc) {
   if (!run_cfi(cie, cie.instructions, cie.end, 0, UINT64_MAX, initial, initial)) return rule;
   CfaState s = initial;
   if (!run_cfi(cie, f.p, fde_end, start, target, initial, s)) return rule;
+  {
+    // Everything this rule was read from: the search table's entry, the CIE, the FDE.
+    const auto* entry = reinterpret_cast<const uint8_t*>(table + 2 * lo);
+    const uint8_t* cie_at = id_at - cie_offset;
+    const uint8_t* low = entry < cie_at ? entry : cie_at;
+    const uint8_t* high = fde_end > cie.end ? fde_end : cie.end;
+    g_read_pages.note(lookup, reinterpret_cast<uintptr_t>(low < fde ? low : fde),
+                      reinterpret_cast<uintptr_t>(high) - 1);
+  }
 
   if (s.ret.where == Where::kUndefined || s.rbp.where == Where::kUndefined) {
     // The psABI's end of the call chain (_start, a thread's clone).
@@ -476,6 +593,8 @@ static_assert(kMaxFrames <= UnwindMemo::kStates);
 }  // namespace
 
 void unwinder_modules_unloaded() { g_generation.fetch_add(1, std::memory_order_release); }
+
+size_t unwinder_hand_back_read_pages() { return g_read_pages.hand_back(); }
 
 bool unwinder_configure(const char* choice) {
   if (choice == nullptr || *choice == '\0' || strcmp(choice, "fast") == 0) {

@@ -19,6 +19,7 @@
 // them on frames with and without frame pointers mixed in one stack).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace memledger::interposer {
@@ -77,6 +78,13 @@ int fast_backtrace_no_fallback(void** frames, int max, UnwindMemo* memo = nullpt
 // Loaded objects went away (dlclose): rules learnt for their addresses
 // must not be applied to what is loaded there next.
 void unwinder_modules_unloaded();
+
+// The pages of the unwind tables a walk reads to work out new rules are
+// handed back to the kernel every few hundred rules (they are clean pages of
+// read-only file mappings: read again, they come back from the page cache).
+// This hands back what is pending now and returns how many bytes that
+// covered. For tests.
+size_t unwinder_hand_back_read_pages();
 
 // MEMLEDGER_UNWINDER (README, "Stacks"): "fast" (the default), "libunwind"
 // (unw_backtrace() for every stack: the reference, for comparisons) or

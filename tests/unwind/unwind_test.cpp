@@ -1,9 +1,13 @@
 // The unwinder (interposer/unwinder.h) against libunwind's unw_backtrace()
 // on stacks that mix frames with and without frame pointers, frames whose
 // CFA is rbp-based, frames in the C library (qsort's callback), a thread's
-// outermost frame and a signal handler's frame; the memo; and when a walk
-// takes a loader section.
+// outermost frame and a signal handler's frame; the memo; when a walk
+// takes a loader section; and the unwind tables' pages handed back.
 #include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <link.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
@@ -444,4 +448,75 @@ TEST_CASE("a walk takes a loader section only to work a rule out", "[unwind]") {
       CHECK(g_left == 1);
     }
   }
+}
+
+namespace {
+
+// The read-only segment of this program that holds its .eh_frame_hdr, page-aligned.
+struct Segment {
+  uintptr_t begin = 0, end = 0;
+};
+int find_tables(dl_phdr_info* info, size_t, void* data) {
+  const ElfW(Phdr)* eh = nullptr;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) eh = &info->dlpi_phdr[i];
+  }
+  if (eh == nullptr) return 1;
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type == PT_LOAD && eh->p_vaddr >= ph.p_vaddr && eh->p_vaddr < ph.p_vaddr + ph.p_filesz) {
+      const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+      auto* segment = static_cast<Segment*>(data);
+      segment->begin = (info->dlpi_addr + ph.p_vaddr) & ~(page - 1);
+      segment->end = (info->dlpi_addr + ph.p_vaddr + ph.p_filesz + page - 1) & ~(page - 1);
+      if ((ph.p_flags & PF_W) != 0) segment->begin = segment->end = 0;
+    }
+  }
+  return 1;  // the program is the first object
+}
+
+// Pages of [begin, end) mapped in this process now (/proc/self/pagemap,
+// bit 63), or -1 when that cannot be read.
+long present_pages(uintptr_t begin, uintptr_t end) {
+  const int fd = open("/proc/self/pagemap", O_RDONLY);
+  if (fd < 0) return -1;
+  const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+  long present = 0;
+  for (uintptr_t p = begin; p < end; p += page) {
+    uint64_t entry = 0;
+    if (pread(fd, &entry, sizeof entry, static_cast<off_t>(p / page * sizeof entry)) != sizeof entry) {
+      present = -1;
+      break;
+    }
+    present += static_cast<long>(entry >> 63);
+  }
+  close(fd);
+  return present;
+}
+
+}  // namespace
+
+TEST_CASE("the pages of the unwind tables a walk read are handed back to the kernel", "[unwind]") {
+  Segment tables;
+  dl_iterate_phdr(find_tables, &tables);
+  REQUIRE(tables.end > tables.begin);
+  memledger::interposer::unwinder_hand_back_read_pages();  // what earlier cases left pending
+  const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+  for (uintptr_t p = tables.begin; p < tables.end; p += page) (void)*reinterpret_cast<const volatile char*>(p);
+  const long all = static_cast<long>((tables.end - tables.begin) / page);
+  const long before = present_pages(tables.begin, tables.end);
+  if (before < 0) {
+    WARN("/proc/self/pagemap cannot be read here: not checked");
+    return;
+  }
+  REQUIRE(before == all);
+  // Rules of an older generation are worked out again, from this program's tables.
+  memledger::interposer::unwinder_modules_unloaded();
+  const Capture first = run_chain("fnvfnv");
+  check_same(first);
+  CHECK(memledger::interposer::unwinder_hand_back_read_pages() > 0);
+  CHECK(present_pages(tables.begin, tables.end) < all);
+  // What reads them next finds them again: libunwind's stack, as before.
+  memledger::interposer::unwinder_modules_unloaded();
+  check_same(run_chain("fnvfnv"));
 }
