@@ -488,13 +488,25 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
   // memledger's own frames (the hook, this function) are left out.
   static constexpr LoaderAccess kLoader = {[] { return recorder().enter_loader_section(); },
                                            [] { recorder().leave_loader_section(); }};
-  n = fast_backtrace(frames, want, self_begin_, self_end_, own != nullptr ? &own->unwind_memo : nullptr, &kLoader);
+  uint32_t serial = 0;
+  n = fast_backtrace(frames, want, self_begin_, self_end_, own != nullptr ? &own->unwind_memo : nullptr, &kLoader,
+                     &serial);
   const int first = static_cast<int>(skip_extra);
   uint32_t depth = first < n ? static_cast<uint32_t>(n - first) : 0;
   if (depth > config_.stack_depth) depth = config_.stack_depth;
   if (python + depth == 0) return 0;
+  // Native frames alone, from the walk the thread's last such stack was
+  // made from (the same frames): the same stack.
+  uint64_t key = 0;
+  if (own != nullptr && python == 0 && serial != 0 && n < 512 && skip_extra < 8) {
+    key = (serial & 0xfffffffu) | static_cast<uint64_t>(n) << 28 | static_cast<uint64_t>(skip_extra) << 37;
+    const uint64_t last = own->walk_stack;
+    if ((last & 0xffffffffffull) == key) return static_cast<uint32_t>(last >> 40);
+  }
   if (first > 0) memmove(words + python, words + python + first, depth * sizeof(uintptr_t));
-  return stacks_.intern(words, python + depth, python, own != nullptr ? &own->path_cache : nullptr);
+  const uint32_t id = stacks_.intern(words, python + depth, python, own != nullptr ? &own->path_cache : nullptr);
+  if (key != 0 && id != 0 && id < (1u << 24)) own->walk_stack = key | static_cast<uint64_t>(id) << 40;
+  return id;
 }
 
 void Recorder::remember_sampled(uintptr_t addr) {
@@ -830,6 +842,7 @@ void Recorder::after_fork_child() {
       // cache (a half-written one would give wrong ids) and a free memo (a
       // walk replaces it only whole).
       ring->path_cache.clear();
+      ring->walk_stack = 0;
       ring->unwind_memo.busy = 0;
       ring->state.store(static_cast<int>(RingState::kFree), std::memory_order_relaxed);
     }

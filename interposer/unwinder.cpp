@@ -682,8 +682,9 @@ inline int walk_again(const UnwindMemo::State* last, uint32_t last_count, uint64
   return 0;
 }
 
+// `walk_serial`: set to the serial of the memo walk whose frames these are.
 inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max, UnwindMemo* memo,
-                LoaderUse& loader) {
+                LoaderUse& loader, uint32_t* walk_serial = nullptr) {
   int depth = 0;
   if (max <= 0) return 0;
   frames[depth++] = reinterpret_cast<void*>(rip);
@@ -703,7 +704,10 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
     // The common case in a loop: the same call, the same stack.
     if (last_count > 0 && at_state(last[0], rip, rsp, rbp)) {
       const int again = walk_again(last, last_count, rbp, frames, max);
-      if (again > 0) return again;
+      if (again > 0) {
+        if (walk_serial != nullptr) *walk_serial = memo->serial;
+        return again;
+      }
     }
   }
   // States recorded from `same_from` on are the last walk's, to its end:
@@ -800,6 +804,8 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
     memo->count[next] = written;
     memo->generation[next] = generation;
     memo->current = next;
+    if (++memo->serial == 0) memo->serial = 1;  // 0 is never a walk's
+    if (walk_serial != nullptr) *walk_serial = memo->serial;
   }
   return depth;
 }
@@ -866,7 +872,9 @@ __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(
                                                                               uintptr_t skip_begin,
                                                                               uintptr_t skip_end,
                                                                               UnwindMemo* memo,
-                                                                              const LoaderAccess* access) {
+                                                                              const LoaderAccess* access,
+                                                                              uint32_t* walk_serial) {
+  if (walk_serial != nullptr) *walk_serial = 0;
   if (max > kMaxFrames) max = kMaxFrames;
   LoaderUse loader(access);
   if (g_mode == Mode::kLibunwind) return loader.enter() ? libunwind_backtrace(frames, max, skip_begin, skip_end) : 0;
@@ -875,7 +883,7 @@ __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(
   OwnedUse use(memo);
   if (g_mode == Mode::kFast) {
     if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) {
-      const int walked = walk(rip, rsp, rbp, frames, max, memo, loader);
+      const int walked = walk(rip, rsp, rbp, frames, max, memo, loader, walk_serial);
       if (walked >= 0) return walked;
     }
     return loader.enter() ? libunwind_backtrace(frames, max, skip_begin, skip_end) : 0;

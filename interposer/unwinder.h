@@ -48,6 +48,8 @@ struct UnwindMemo {
   uint32_t current;  // which of `states` holds the last walk
   uint32_t count[2];
   uint32_t generation[2];
+  // Numbers the walks that wrote `states` (fast_backtrace's `walk_serial`).
+  uint32_t serial;
   State states[2][kStates];
 };
 
@@ -68,8 +70,13 @@ struct LoaderAccess {
 // pointers, left by their chain). Returns the count.
 // `memo`: the calling thread's, or nullptr. `loader`: nullptr reads the
 // loaded objects' list without a section (tests, benchmarks).
+// `walk_serial`, when given: the serial of the memo walk whose frames these
+// are (the walk just written, or the last one followed again frame for
+// frame), else 0. Two walks with the same serial gave the same frames: a
+// caller may reuse what it made of the first.
 int fast_backtrace(void** frames, int max, uintptr_t skip_begin = 0, uintptr_t skip_end = 0,
-                   UnwindMemo* memo = nullptr, const LoaderAccess* loader = nullptr);
+                   UnwindMemo* memo = nullptr, const LoaderAccess* loader = nullptr,
+                   uint32_t* walk_serial = nullptr);
 
 // The walk alone, for tests: -1 where fast_backtrace() hands over to
 // libunwind.
