@@ -20,7 +20,45 @@ bool StackTable::init() {
   nodes_ = static_cast<Node*>(map_reserve(sizeof(Node) * kMaxNodes));
   fan_ = static_cast<FanEntry*>(map_reserve(sizeof(FanEntry) * kFanParents));
   fan_region_ = static_cast<uint32_t*>(map_reserve(sizeof(uint32_t) * kFanRegionWords));
-  return nodes_ != nullptr && fan_ != nullptr && fan_region_ != nullptr;
+  escaped_ = static_cast<std::atomic<uint64_t>*>(map_reserve(sizeof(uint64_t) * kEscapedSlots));
+  return nodes_ != nullptr && fan_ != nullptr && fan_region_ != nullptr && escaped_ != nullptr;
+}
+
+uint64_t StackTable::key_of_other(uintptr_t word) {
+  if ((word & kPartBits) == kPairBit && (word & ~kPairBit) <= kIdMask) return kKeyOther | kKeyPair | (word & kIdMask);
+  if (format::is_python_frame(word)) {
+    const uint32_t code = format::python_code_id(word);
+    const uint32_t offset = format::python_offset(word);
+    if (code < (1u << 20) && (offset < kKeyOffsetUnknown || offset == format::kPythonOffsetUnknown)) {
+      return kKeyOther | kKeyPython | ((word & format::kPythonAttributedBit) ? kKeyAttributed : 0) |
+             uint64_t{code} << 24 | (offset == format::kPythonOffsetUnknown ? kKeyOffsetUnknown : offset);
+    }
+  }
+  size_t i = static_cast<size_t>((word * 0x9e3779b97f4a7c15ull) >> 40) & (kEscapedSlots - 1);
+  for (size_t probe = 0; probe < kEscapedSlots; ++probe, i = (i + 1) & (kEscapedSlots - 1)) {
+    uint64_t seen = escaped_[i].load(std::memory_order_acquire);
+    if (seen == 0 && !escaped_[i].compare_exchange_strong(seen, word, std::memory_order_acq_rel)) {
+      // another thread claimed the slot first: `seen` is its word
+    }
+    if (seen == 0 || seen == word) return kKeyOther | kKeyEscaped | i;
+  }
+  return kNoKey;  // full
+}
+
+uintptr_t StackTable::word_of(uint64_t key) const {
+  if (!(key & kKeyOther)) return key;
+  switch (key & kKeyKind) {
+    case kKeyPair:
+      return kPairBit | (key & kIdMask);
+    case kKeyPython: {
+      const uint32_t offset = static_cast<uint32_t>(key) & kKeyOffsetUnknown;
+      const uintptr_t word = format::python_frame_word(static_cast<uint32_t>(key >> 24) & ((1u << 20) - 1),
+                                                       offset == kKeyOffsetUnknown ? format::kPythonOffsetUnknown : offset);
+      return (key & kKeyAttributed) ? word | format::kPythonAttributedBit : word;
+    }
+    default:
+      return escaped_[key & (kEscapedSlots - 1)].load(std::memory_order_acquire);
+  }
 }
 
 namespace {
@@ -60,7 +98,7 @@ StackTable::FanEntry* StackTable::fan_entry(uint32_t parent) {
 // full: none).
 void StackTable::make_index(FanEntry& entry, uint32_t head) {
   uint32_t count = 0;
-  for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) ++count;
+  for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling()) ++count;
   uint32_t capacity = 64;
   while (capacity < count + count / 2) capacity *= 2;
   const size_t at = fan_used_.fetch_add(3 + size_t{capacity}, std::memory_order_relaxed);
@@ -73,17 +111,17 @@ void StackTable::make_index(FanEntry& entry, uint32_t head) {
   index[1] = head;
   index[2] = count;
   uint32_t* slots = index + 3;  // mapped zero: empty
-  for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
-    size_t i = slot_of_word(nodes_[id].word(), capacity);
+  for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling()) {
+    size_t i = slot_of_word(nodes_[id].key(), capacity);
     while (slots[i] != 0) i = (i + 1) & (capacity - 1);
     slots[i] = id;
   }
   entry.index.store(static_cast<uint32_t>(at), std::memory_order_release);
 }
 
-uint32_t StackTable::look_through(uint32_t from, uint32_t until, uintptr_t word, uint32_t* steps) const {
-  for (uint32_t id = from; id != until && id != 0; id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
-    if (nodes_[id].word() == word) return id;
+uint32_t StackTable::look_through(uint32_t from, uint32_t until, uint64_t key, uint32_t* steps) const {
+  for (uint32_t id = from; id != until && id != 0; id = nodes_[id].next_sibling()) {
+    if (nodes_[id].has_key(key)) return id;
     if (steps != nullptr) ++*steps;
   }
   return 0;
@@ -92,12 +130,12 @@ uint32_t StackTable::look_through(uint32_t from, uint32_t until, uintptr_t word,
 // The rest of the list from `id`, the short walk's end: by the parent's
 // index, and the children added since it was made; without an index, one
 // by one (and an index for next time when the list is long).
-uint32_t StackTable::find_far_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word) {
+uint32_t StackTable::find_far_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key) {
   FanEntry* entry = fan_entry(parent);
   const uint32_t at = entry != nullptr ? entry->index.load(std::memory_order_acquire) : 0;
   if (at == 0) {
     uint32_t more = 0;
-    const uint32_t found = look_through(id, 0, word, &more);
+    const uint32_t found = look_through(id, 0, key, &more);
     if (entry != nullptr && kShortWalk + more > kLongWalk) make_index(*entry, head);
     return found;
   }
@@ -105,10 +143,10 @@ uint32_t StackTable::find_far_child(uint32_t parent, uint32_t head, uint32_t id,
   const uint32_t capacity = index[0];
   const uint32_t covered = index[1];
   uint32_t newer = 0;
-  if (const uint32_t found = look_through(head, covered, word, &newer)) return found;
+  if (const uint32_t found = look_through(head, covered, key, &newer)) return found;
   const uint32_t* slots = index + 3;
-  for (size_t i = slot_of_word(word, capacity); slots[i] != 0; i = (i + 1) & (capacity - 1)) {
-    if (nodes_[slots[i]].word() == word) return slots[i];
+  for (size_t i = slot_of_word(key, capacity); slots[i] != 0; i = (i + 1) & (capacity - 1)) {
+    if (nodes_[slots[i]].has_key(key)) return slots[i];
   }
   if (newer > kStale && newer > index[2] / 8) make_index(*entry, head);
   return 0;
@@ -120,19 +158,20 @@ uint32_t StackTable::find_far_child(uint32_t parent, uint32_t head, uint32_t id,
 // Most look-ups end among the first few children: that walk is here, the
 // rest out of line.
 uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
+  const uint64_t key = key_of(word);
+  if (key == kNoKey) return 0;
   const uint32_t head = nodes_[parent].first_child.load(std::memory_order_acquire);
   uint32_t id = head;
-  for (uint32_t walked = 0; id != 0 && walked < kShortWalk;
-       ++walked, id = nodes_[id].next_sibling.load(std::memory_order_relaxed)) {
-    if (nodes_[id].word() == word) return id;
+  for (uint32_t walked = 0; id != 0 && walked < kShortWalk; ++walked, id = nodes_[id].next_sibling()) {
+    if (nodes_[id].has_key(key)) return id;
   }
-  return add_child(parent, head, id, word);
+  return add_child(parent, head, id, key);
 }
 
 // child() past its short walk, which stopped at `id` (0: the list's end).
-__attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word) {
+__attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key) {
   if (id != 0) {
-    if (const uint32_t found = find_far_child(parent, head, id, word)) return found;
+    if (const uint32_t found = find_far_child(parent, head, id, key)) return found;
   }
   Node& up = nodes_[parent];
   publishing_.fetch_add(1, std::memory_order_acq_rel);
@@ -143,19 +182,19 @@ __attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32
     return 0;
   }
   Node& node = nodes_[mine];
-  node.word_low = static_cast<uint32_t>(word);
-  node.word_high = static_cast<uint32_t>(word >> 32);
-  node.parent = parent;
+  node.key_low = static_cast<uint32_t>(key);
+  node.parent_key = parent | static_cast<uint32_t>(key >> 32 & 0xff) << 24;
   node.first_child.store(0, std::memory_order_relaxed);
+  const uint32_t sibling_key_bits = static_cast<uint32_t>(key >> 40 & 0xff) << 24;
   uint32_t seen_until = head;  // the list from here down was looked through
   for (;;) {
-    node.next_sibling.store(head, std::memory_order_relaxed);
+    node.sibling_key.store(head | sibling_key_bits, std::memory_order_relaxed);
     if (up.first_child.compare_exchange_strong(head, mine, std::memory_order_acq_rel, std::memory_order_acquire)) {
       publishing_.fetch_sub(1, std::memory_order_acq_rel);
       return mine;
     }
     // `head` is now the new head: look through the nodes pushed since.
-    if (const uint32_t found = look_through(head, seen_until, word, nullptr)) {
+    if (const uint32_t found = look_through(head, seen_until, key, nullptr)) {
       // Lost a race: `mine` stays unlinked, an id no stack uses.
       publishing_.fetch_sub(1, std::memory_order_acq_rel);
       return found;
@@ -233,17 +272,21 @@ uint32_t StackTable::get(uint32_t id, uintptr_t* out) const {
   // each part from its node up to the root.
   uint32_t python = id;
   uint32_t native = 0;
-  const uintptr_t word = nodes_[id].word();
+  const uintptr_t word = word_of(nodes_[id].key());
   if ((word & kPartBits) == kPairBit) {
     python = static_cast<uint32_t>(word);
-    native = nodes_[id].parent;
+    native = nodes_[id].parent();
   } else if (!format::is_python_frame(word)) {
     python = 0;
     native = id;
   }
   uint32_t depth = 0;
-  for (uint32_t at = python; at != 0 && depth < kMaxDepth; at = nodes_[at].parent) out[depth++] = nodes_[at].word();
-  for (uint32_t at = native; at != 0 && depth < kMaxDepth; at = nodes_[at].parent) out[depth++] = nodes_[at].word();
+  for (uint32_t at = python; at != 0 && depth < kMaxDepth; at = nodes_[at].parent()) {
+    out[depth++] = word_of(nodes_[at].key());
+  }
+  for (uint32_t at = native; at != 0 && depth < kMaxDepth; at = nodes_[at].parent()) {
+    out[depth++] = word_of(nodes_[at].key());
+  }
   return depth;
 }
 

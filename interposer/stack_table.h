@@ -34,7 +34,7 @@ class StackTable {
   // Native frames (--stack-depth at most 128) plus as many Python frames.
   static constexpr uint32_t kMaxNativeDepth = 128;
   static constexpr uint32_t kMaxDepth = 256;
-  static constexpr uint32_t kMaxNodes = 1u << 24;  // 320 MiB reserved, touched as used
+  static constexpr uint32_t kMaxNodes = 1u << 24;  // 256 MiB reserved, touched as used
 
   // A path from the root: its nodes, outermost first, and its words in a
   // stack's order (innermost first) ending at the end of `words`, so that
@@ -90,29 +90,66 @@ class StackTable {
   void reset_after_fork() { publishing_.store(0, std::memory_order_relaxed); }
 
  private:
-  // One frame of the tree, 20 bytes: the frame word (in two halves, so
-  // that nodes pack without padding) and the links, together so that a
-  // look through a parent's children reads one place per child. `word`
-  // and `parent` are set before the node is linked into its parent's child
-  // list and never change after.
+  // One frame of the tree, 16 bytes: the frame's key (key_of: its word in
+  // 48 bits) and the links, together so that a look through a parent's
+  // children reads one place per child. Node ids are below 2^24, so the
+  // parent and the next sibling take 24 bits each and the key's high 16
+  // bits ride in their top bytes. All but `first_child` are set before the
+  // node is linked into its parent's child list and never change after.
   struct Node {
-    uint32_t word_low;
-    uint32_t word_high;
-    uint32_t parent;
-    std::atomic<uint32_t> first_child;  // 0 = none
-    std::atomic<uint32_t> next_sibling;
-    uintptr_t word() const { return uintptr_t{word_high} << 32 | word_low; }
+    uint32_t key_low;
+    uint32_t parent_key;                 // the parent; key bits 32..39 in bits 24..31
+    std::atomic<uint32_t> first_child;   // 0 = none
+    std::atomic<uint32_t> sibling_key;   // the next sibling; key bits 40..47 in bits 24..31
+    uint32_t parent() const { return parent_key & kIdMask; }
+    uint32_t next_sibling() const { return sibling_key.load(std::memory_order_relaxed) & kIdMask; }
+    uint64_t key_high() const {
+      return (parent_key >> 24) | (sibling_key.load(std::memory_order_relaxed) >> 24) << 8;
+    }
+    bool has_key(uint64_t key) const {
+      return key_low == static_cast<uint32_t>(key) && key_high() == key >> 32;
+    }
+    uint64_t key() const { return key_high() << 32 | key_low; }
   };
-  static_assert(sizeof(Node) == 20);
+  static_assert(sizeof(Node) == 16);
+  static constexpr uint32_t kIdMask = (1u << 24) - 1;
+  static_assert(kMaxNodes - 1 <= kIdMask);
+
+  // A frame word as a node keeps it, in 48 bits:
+  //   a native return address below 2^47         as it is (bit 47 clear)
+  //   a pair (kPairBit | node)                    kKeyOther | kKeyPair | node
+  //   a Python frame (format::python_frame_word)  kKeyOther | kKeyPython | attributed (bit 44)
+  //                                               | code id (bits 24..43) | offset (bits 0..23)
+  //   any other word (an address above 2^47, a Python code id from 2^20
+  //   on or an offset from 2^24 - 1 on)           kKeyOther | kKeyEscaped | its slot in escaped_
+  // kNoKey when a word must be escaped and escaped_ is full. A key never
+  // changes meaning: word_of(key_of(w)) == w.
+  static constexpr uint64_t kNoKey = ~uint64_t{0};
+  static constexpr uint64_t kKeyOther = uint64_t{1} << 47;
+  static constexpr uint64_t kKeyKind = uint64_t{3} << 45;
+  static constexpr uint64_t kKeyPair = uint64_t{3} << 45;
+  static constexpr uint64_t kKeyPython = uint64_t{2} << 45;
+  static constexpr uint64_t kKeyEscaped = uint64_t{1} << 45;
+  static constexpr uint64_t kKeyAttributed = uint64_t{1} << 44;
+  static constexpr uint32_t kKeyOffsetUnknown = (1u << 24) - 1;
+  uint64_t key_of(uintptr_t word) { return word < kKeyOther ? word : key_of_other(word); }
+  uint64_t key_of_other(uintptr_t word);
+  uintptr_t word_of(uint64_t key) const;
+  // Words kept whole, each in a slot found by hashing (open addressing, a
+  // compare-and-swap claims a slot: no lock, so a signal handler that
+  // interns on a thread in the middle of this does not wait for it).
+  static constexpr size_t kEscapedSlots = size_t{1} << 16;
+  std::atomic<uint64_t>* escaped_ = nullptr;
+
   uint32_t child(uint32_t parent, uintptr_t word);
-  uint32_t add_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word);
-  // The child of `parent` for `word` in its list as it was at `head`, from
+  uint32_t add_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key);
+  // The child of `parent` for `key` in its list as it was at `head`, from
   // `id` on (the first children were looked through), or 0 when it is not
   // there.
-  uint32_t find_far_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word);
-  // The sibling for `word` from `from` up to (not including) `until` or the
+  uint32_t find_far_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key);
+  // The sibling for `key` from `from` up to (not including) `until` or the
   // list's end, or 0; `steps`, when given, counts the siblings passed.
-  uint32_t look_through(uint32_t from, uint32_t until, uintptr_t word, uint32_t* steps) const;
+  uint32_t look_through(uint32_t from, uint32_t until, uint64_t key, uint32_t* steps) const;
 
   // Parents with many children (the root; a native path reached from
   // hundreds of Python lines) get an index of their children: a hash table

@@ -61,6 +61,51 @@ TEST_CASE("stacks that share their outer frames share their nodes", "[stacks]") 
   CHECK(frames_of(table, table.intern(stack.data(), 60)) == stack);
 }
 
+TEST_CASE("every kind of frame word comes back as it was interned", "[stacks]") {
+  static StackTable table;
+  REQUIRE(table.init());
+  constexpr uintptr_t kAttributed = uintptr_t{1} << 62;
+  constexpr uintptr_t kCode = uintptr_t{1} << 32;  // Python code id 1
+  // Words a node keeps in 48 bits, and words kept whole beside the tree:
+  // an address from 2^47 on, a Python code id from 2^20 on, an offset from
+  // 2^24 - 1 on; the unknown offset; words that differ only in the bits a
+  // packed form could drop.
+  const std::vector<uintptr_t> python = {
+      kPy | kCode | 0x10,
+      kPy | kAttributed | kCode | 0x10,
+      kPy | kCode | 0xffffffffu,
+      kPy | kCode | 0xfffffe,
+      kPy | kCode | 0xffffff,
+      kPy | kCode | 0x1000000,
+      kPy | (uintptr_t{(1u << 20) - 1} << 32) | 7,
+      kPy | (uintptr_t{1u << 20} << 32) | 7,
+      kPy | (uintptr_t{0x3fffffff} << 32) | 7,
+      kPy | kAttributed | (uintptr_t{0x3fffffff} << 32) | 0xfffffffeu,
+  };
+  const std::vector<uintptr_t> native = {0x1, 0x7ffffffff000, 0x7fffffffffff, 0x800000000000, 0xff00000000001234,
+                                         0x4000000000000001, 0x4000000000ffffff};
+  std::vector<uintptr_t> both = python;
+  both.insert(both.end(), native.begin(), native.end());
+  const uint32_t a = table.intern(both.data(), static_cast<uint32_t>(both.size()), static_cast<uint32_t>(python.size()));
+  const uint32_t b = table.intern(native.data(), static_cast<uint32_t>(native.size()));
+  const uint32_t c = table.intern(python.data(), static_cast<uint32_t>(python.size()), static_cast<uint32_t>(python.size()));
+  REQUIRE(a != 0);
+  REQUIRE(b != 0);
+  REQUIRE(c != 0);
+  CHECK(frames_of(table, a) == both);
+  CHECK(frames_of(table, b) == native);
+  CHECK(frames_of(table, c) == python);
+  // Each word is its own frame: one word changed, another stack.
+  for (size_t i = 0; i < both.size(); ++i) {
+    std::vector<uintptr_t> other = both;
+    other[i] ^= 1;
+    const uint32_t id = table.intern(other.data(), static_cast<uint32_t>(other.size()), static_cast<uint32_t>(python.size()));
+    CHECK(id != a);
+    CHECK(frames_of(table, id) == other);
+  }
+  CHECK(table.intern(both.data(), static_cast<uint32_t>(both.size()), static_cast<uint32_t>(python.size())) == a);
+}
+
 TEST_CASE("Python frames come back before native frames, each innermost first", "[stacks]") {
   static StackTable table;
   REQUIRE(table.init());
