@@ -83,11 +83,11 @@ struct ThreadRing {
   StackTable::PathCache path_cache;
   // The owning thread's last native walk (fast_backtrace).
   UnwindMemo unwind_memo;
-  // The stack its thread last made of native frames alone, in one word (a
-  // signal handler on the same thread replaces it whole, never in part):
-  // the serial of the walk that gave the frames (bits 0..27), their count
-  // (28..36), the frames skipped (37..39) and the stack's id (40..63).
-  // Recorder::capture_stack.
+  // The stack its thread made last, when it was of native frames alone (0
+  // otherwise), in one word (a signal handler on the same thread replaces it
+  // whole, never in part): the serial of the walk that gave the frames (bits
+  // 0..27), their count (28..36), the frames skipped (37..39) and the
+  // stack's id (40..63). Recorder::capture_stack.
   volatile uint64_t walk_stack;
   Event events[kCapacity];
 };
