@@ -178,21 +178,6 @@ uint64_t parse_u64_env(const char* name, uint64_t fallback) {
   return (end && *end == '\0') ? v : fallback;
 }
 
-// Updates a ring's exact totals. The owning thread is the only writer of its
-// ring's counters, so plain loads and stores suffice (no locked instruction
-// on the hot path); the shared ring has many writers.
-inline void add_totals(ThreadRing* ring, bool shared, int64_t bytes, uint64_t allocs, uint64_t frees) {
-  if (shared) {
-    ring->host_live.fetch_add(bytes, std::memory_order_relaxed);
-    ring->host_allocs.fetch_add(allocs, std::memory_order_relaxed);
-    ring->host_frees.fetch_add(frees, std::memory_order_relaxed);
-    return;
-  }
-  ring->host_live.store(ring->host_live.load(std::memory_order_relaxed) + bytes, std::memory_order_relaxed);
-  ring->host_allocs.store(ring->host_allocs.load(std::memory_order_relaxed) + allocs, std::memory_order_relaxed);
-  ring->host_frees.store(ring->host_frees.load(std::memory_order_relaxed) + frees, std::memory_order_relaxed);
-}
-
 void message(const char* text) {
   char line[1024];
   int n = snprintf(line, sizeof line, "memledger: %s\n", text);
@@ -553,9 +538,15 @@ void Recorder::read_host_totals(Event& e) const {
   e.weight = (allocs << 32) | (frees & 0xffffffffu);
 }
 
-void Recorder::add_totals_without_ring(ThreadState& t, int64_t bytes, uint64_t allocs, uint64_t frees) {
-  ThreadRing* ring = acquire_ring(t);
-  add_totals(ring ? ring : shared_ring_, ring == nullptr, bytes, allocs, frees);
+void Recorder::add_totals_without_ring(ThreadState& t, size_t usable, bool alloc) {
+  if (ThreadRing* ring = acquire_ring(t)) {
+    alloc ? count_own_alloc(ring, usable) : count_own_free(ring, usable);
+    return;
+  }
+  // The shared ring has many writers.
+  const int64_t bytes = static_cast<int64_t>(usable);
+  shared_ring_->host_live.fetch_add(alloc ? bytes : -bytes, std::memory_order_relaxed);
+  (alloc ? shared_ring_->host_allocs : shared_ring_->host_frees).fetch_add(1, std::memory_order_relaxed);
 }
 
 // The countdown of sampled mode reached zero: the allocation is sampled,

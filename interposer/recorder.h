@@ -69,7 +69,7 @@ class Recorder {
     if (__builtin_expect(t.ring != nullptr, 1)) {
       count_own_alloc(t.ring, usable);
     } else {
-      add_totals_without_ring(t, static_cast<int64_t>(usable), 1, 0);
+      add_totals_without_ring(t, usable, true);
     }
     if (size < sample_below_) {
       t.sample_countdown -= static_cast<int64_t>(size);
@@ -82,7 +82,7 @@ class Recorder {
     if (__builtin_expect(t.ring != nullptr, 1)) {
       count_own_free(t.ring, usable);
     } else {
-      add_totals_without_ring(t, -static_cast<int64_t>(usable), 0, 1);
+      add_totals_without_ring(t, usable, false);
     }
     const uintptr_t addr = reinterpret_cast<uintptr_t>(ptr);
     if (sampled_filter_ != nullptr) {
@@ -191,7 +191,7 @@ class Recorder {
   // without a ring of its own yet (it takes one) or any more (the shared
   // ring's totals), a countdown that reached zero, a free whose filter slot
   // is taken.
-  void add_totals_without_ring(ThreadState& t, int64_t bytes, uint64_t allocs, uint64_t frees);
+  void add_totals_without_ring(ThreadState& t, size_t usable, bool alloc);
   void countdown_reached(ThreadState& t, uintptr_t addr, size_t size);
   void free_if_sampled(ThreadState& t, uintptr_t addr);
   // The recording itself. `by_chance`: sampled by the countdown (its weight
