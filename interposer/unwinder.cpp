@@ -390,10 +390,7 @@ class ReadPages {
     int count;
     {
       SpinGuard guard(lock_);
-      count = count_;
-      memcpy(flushed, ranges_, sizeof(Range) * static_cast<size_t>(count));
-      count_ = 0;
-      rules_ = 0;
+      count = take(flushed);
     }
     return release(flushed, count);
   }
@@ -419,12 +416,7 @@ class ReadPages {
         range->low = low < range->low ? low : range->low;
         range->high = high > range->high ? high : range->high;
       }
-      if (range == nullptr || ++rules_ >= kEvery) {
-        count = count_;
-        memcpy(flushed, ranges_, sizeof(Range) * static_cast<size_t>(count));
-        count_ = 0;
-        rules_ = 0;
-      }
+      if (range == nullptr || ++rules_ >= kEvery) count = take(flushed);
     }
     release(flushed, count);
   }
@@ -435,6 +427,15 @@ class ReadPages {
   struct Range {
     uintptr_t segment_begin, low, high;
   };
+  // Moves the pending ranges to `out` (lock_ held); their count.
+  int take(Range* out) {
+    const int count = count_;
+    memcpy(out, ranges_, sizeof(Range) * static_cast<size_t>(count));
+    count_ = 0;
+    rules_ = 0;
+    return count;
+  }
+  // Hands the ranges back (no lock held: madvise may take a while).
   static size_t release(const Range* ranges, int count) {
     size_t bytes = 0;
     for (int i = 0; i < count; ++i) {
