@@ -331,8 +331,10 @@ bool resolved_late(Fn& next) {
 // (dlsym allocating) are served by the static arena.
 #define MEMLEDGER_BOOTSTRAP_ALLOC(ret, size) \
   if (!ip::next_resolved()) return static_cast<ret>(ip::arena_alloc(size));
+#define MEMLEDGER_ARENA_FREE(ptr) \
+  if (ptr != nullptr && ip::in_arena(ptr)) return;
 #define MEMLEDGER_BOOTSTRAP_FREE(ptr) \
-  if (ptr != nullptr && ip::in_arena(ptr)) return;   \
+  MEMLEDGER_ARENA_FREE(ptr)           \
   if (!ip::next_resolved()) return;
 
 // No definition of `name` after memledger: look again if the hook's family
@@ -394,7 +396,7 @@ bool resolved_late(Fn& next) {
 #define MEMLEDGER_HOOK_FREE_VIA_FREE(usable, late, name, ret, params, args, ptr, fallback) \
   MEMLEDGER_EXPORT ret name params {                                                      \
     if (__builtin_expect(ip::g_cxx_direct.load(std::memory_order_relaxed), 1)) {          \
-      if (ptr != nullptr && ip::in_arena(ptr)) return;                                    \
+      MEMLEDGER_ARENA_FREE(ptr)                                                           \
       HookGuard direct;                                                                   \
       record_free<usable>(direct, ptr);                                                   \
       next_free(ptr);                                                                     \
@@ -576,21 +578,30 @@ void fill_late(Fn& fn, const char* name) {
 
 // Whether the first definition of `name` in load order (the executable,
 // then the preloaded objects, then the rest), which is what a call from
-// libstdc++ reaches, is memledger's. Not dlsym(RTLD_DEFAULT): it may answer
-// with the executable's PLT entry for the name.
-bool first_definition_is_ours(const char* name) {
+// libstdc++ reaches, is in the object `ours` (memledger's program headers).
+// Not dlsym(RTLD_DEFAULT): it may answer with the executable's PLT entry
+// for the name.
+bool first_definition_in(const void* ours, const char* name) {
   void* first = find_in_loaded_objects(name, 1);
-  return first != nullptr && same_object(first, reinterpret_cast<void*>(&first_definition_is_ours));
+  return first != nullptr && object_of(first).phdr == ours;
 }
 
+// Decided once the next operator new is known: it never changes after, and
+// neither do the objects ahead of memledger in load order.
+std::atomic<bool> g_cxx_decided{false};
+
 void decide_cxx_direct() {
-  if (g_cxx_direct.load(std::memory_order_relaxed) || next__Znwm == nullptr) return;
+  if (next__Znwm == nullptr || g_cxx_decided.exchange(true, std::memory_order_relaxed)) return;
   const char* path = object_of(reinterpret_cast<void*>(next__Znwm)).path;
   if (path == nullptr || strstr(path, "/libstdc++.so") == nullptr) return;
-  if (!first_definition_is_ours("malloc") || !first_definition_is_ours("free")) return;
-  void* cxx = reinterpret_cast<void*>(next__Znwm);
-#define MEMLEDGER_CXX_FROM_LIBSTDCXX(name, ...)                                                          \
-  if (!same_object(reinterpret_cast<void*>(next_##name), cxx) || !first_definition_is_ours(#name)) return;
+  const void* ours = object_of(reinterpret_cast<void*>(&decide_cxx_direct)).phdr;
+  if (!first_definition_in(ours, "malloc") || !first_definition_in(ours, "free")) return;
+  const void* cxx = object_of(reinterpret_cast<void*>(next__Znwm)).phdr;
+#define MEMLEDGER_CXX_FROM_LIBSTDCXX(name, ...)                                                    \
+  if (next_##name == nullptr || object_of(reinterpret_cast<void*>(next_##name)).phdr != cxx ||     \
+      !first_definition_in(ours, #name)) {                                                          \
+    return;                                                                                         \
+  }
   MEMLEDGER_CXX_HOOKS(MEMLEDGER_CXX_FROM_LIBSTDCXX)
 #undef MEMLEDGER_CXX_FROM_LIBSTDCXX
   g_cxx_direct.store(true, std::memory_order_relaxed);
