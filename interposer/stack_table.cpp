@@ -36,11 +36,11 @@ uint64_t StackTable::key_of_other(uintptr_t word) {
   }
   size_t i = static_cast<size_t>((word * 0x9e3779b97f4a7c15ull) >> 40) & (kEscapedSlots - 1);
   for (size_t probe = 0; probe < kEscapedSlots; ++probe, i = (i + 1) & (kEscapedSlots - 1)) {
+    // A failed claim leaves in `seen` the word another thread put there first.
     uint64_t seen = escaped_[i].load(std::memory_order_acquire);
-    if (seen == 0 && !escaped_[i].compare_exchange_strong(seen, word, std::memory_order_acq_rel)) {
-      // another thread claimed the slot first: `seen` is its word
+    if ((seen == 0 && escaped_[i].compare_exchange_strong(seen, word, std::memory_order_acq_rel)) || seen == word) {
+      return kKeyOther | kKeyEscaped | i;
     }
-    if (seen == 0 || seen == word) return kKeyOther | kKeyEscaped | i;
   }
   return kNoKey;  // full
 }
