@@ -73,8 +73,8 @@ constexpr uint32_t kLongWalk = 32;
 // stays within a few times the last one's).
 constexpr uint32_t kStale = 64;
 
-inline size_t slot_of_word(uintptr_t word, uint32_t capacity) {
-  return static_cast<size_t>((word * 0x9e3779b97f4a7c15ull) >> 32) & (capacity - 1);
+inline size_t slot_of_key(uint64_t key, uint32_t capacity) {
+  return static_cast<size_t>((key * 0x9e3779b97f4a7c15ull) >> 32) & (capacity - 1);
 }
 
 }  // namespace
@@ -112,7 +112,7 @@ void StackTable::make_index(FanEntry& entry, uint32_t head) {
   index[2] = count;
   uint32_t* slots = index + 3;  // mapped zero: empty
   for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling()) {
-    size_t i = slot_of_word(nodes_[id].key(), capacity);
+    size_t i = slot_of_key(nodes_[id].key(), capacity);
     while (slots[i] != 0) i = (i + 1) & (capacity - 1);
     slots[i] = id;
   }
@@ -145,7 +145,7 @@ uint32_t StackTable::find_far_child(uint32_t parent, uint32_t head, uint32_t id,
   uint32_t newer = 0;
   if (const uint32_t found = look_through(head, covered, key, &newer)) return found;
   const uint32_t* slots = index + 3;
-  for (size_t i = slot_of_word(key, capacity); slots[i] != 0; i = (i + 1) & (capacity - 1)) {
+  for (size_t i = slot_of_key(key, capacity); slots[i] != 0; i = (i + 1) & (capacity - 1)) {
     if (nodes_[slots[i]].has_key(key)) return slots[i];
   }
   if (newer > kStale && newer > index[2] / 8) make_index(*entry, head);
