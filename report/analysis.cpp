@@ -25,6 +25,7 @@
 #include "site_groups.h"
 #include "growth_view.h"
 #include "step_inference.h"
+#include "symbolizer.h"
 #include "verdict.h"
 
 namespace memledger::report {
@@ -149,6 +150,34 @@ bool under_import(const Trace& trace, uint32_t stack) {
 bool under_memledger(const Trace& trace, uint32_t stack) {
   return has_python_file(trace, stack,
                          [](const std::string& file) { return file.ends_with("/memledger/_retention.py"); });
+}
+
+// The line of the program's own Python code a stack was made under: its
+// kind, the code object and line of the innermost frame in the program's
+// own files, then the Python words of its callers. Empty for a stack
+// without such a frame, and for a stack lent the main thread's frames
+// (attributed: the line is the main thread's at that moment, not the
+// allocation's; merge_attributed_variants joins those).
+std::string program_line_key(const Trace& trace, const SiteAcc& site) {
+  auto it = trace.stacks.find(site.stack);
+  if (it == trace.stacks.end()) return {};
+  const std::vector<uint64_t>& words = it->second;
+  size_t user = 0;
+  while (user < words.size() && fmt::is_python_frame(words[user]) && !fmt::is_attributed_python_frame(words[user])) {
+    auto code = trace.python_codes.find(fmt::python_code_id(words[user]));
+    if (code != trace.python_codes.end() && !is_library_python_file(code->second.filename)) break;
+    ++user;
+  }
+  if (user == words.size() || !fmt::is_python_frame(words[user]) || fmt::is_attributed_python_frame(words[user])) {
+    return {};
+  }
+  std::string key(1, static_cast<char>(site.kind));
+  auto append = [&key](uint64_t w) { key.append(reinterpret_cast<const char*>(&w), sizeof w); };
+  const uint32_t code_id = fmt::python_code_id(words[user]);
+  append(code_id);
+  append(static_cast<uint64_t>(python_line(trace.python_codes.at(code_id), fmt::python_offset(words[user]))));
+  for (size_t i = user + 1; i < words.size() && fmt::is_python_frame(words[i]); ++i) append(words[i]);
+  return key;
 }
 
 // The worker functions of the frameworks' process pools, by the code the
@@ -452,6 +481,7 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   // per user line, site_groups.h).
   GrowthOptions growth_options{options.warmup_steps, options.max_suspects * kStacksPerRow, sampled, r.sample_interval};
   if (replay.step_source == "auto" || replay.step_source == "time") growth_options.min_growth = kMinAutoStepGrowth;
+  growth_options.line_of = [&](const SiteAcc& site) { return program_line_key(trace, site); };
   Growth growth = find_growth(replay.sites, replay.steps.size(), growth_options);
   if (pass.steps.by_time) drop_imports(trace, growth.suspects);
   ExitLeaks leaks = find_exit_leaks(replay, options.max_exit_sites * kStacksPerRow, sampled ? r.sample_interval : 0,

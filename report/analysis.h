@@ -432,6 +432,9 @@ LinearFit fit_line(const std::vector<double>& y);
 // moving it much, where one such point can swing a least-squares fit.
 double theil_sen_slope(const std::vector<double>& y);
 
+// The share of y's step-to-step changes that are not decreases.
+double monotone_share(const std::vector<double>& y);
+
 std::string signal_name(int signo);
 
 // Index of the first frame that is the user's code rather than allocator

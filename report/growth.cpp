@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 
 #include "check.h"
 #include "trace_format.h"
@@ -31,6 +35,12 @@ LinearFit fit_line(const std::vector<double>& y) {
   fit.intercept = mean_y - fit.slope * mean_x;
   fit.r_squared = syy == 0 ? 1.0 : (sxy * sxy) / (sxx * syy);
   return fit;
+}
+
+double monotone_share(const std::vector<double>& y) {
+  size_t non_decreasing = 0;
+  for (size_t i = 1; i < y.size(); ++i) non_decreasing += y[i] >= y[i - 1];
+  return static_cast<double>(non_decreasing) / static_cast<double>(y.size() - 1);
 }
 
 namespace {
@@ -101,8 +111,7 @@ struct SteadyGrowth {
   double monotonicity = 0;
 };
 
-std::optional<SteadyGrowth> steady_growth(const std::vector<double>& y, const SiteAcc& acc,
-                                          const GrowthOptions& options) {
+std::optional<SteadyGrowth> steady_growth(const std::vector<double>& y, uint8_t kind, const GrowthOptions& options) {
   const double growth = y.back() - y.front();
   if (growth <= 0) return std::nullopt;
   // In sampled mode one sampled allocation weighs about the sample
@@ -110,7 +119,7 @@ std::optional<SteadyGrowth> steady_growth(const std::vector<double>& y, const Si
   // ends may be sampling noise (a per-step temporary caught live at some
   // step ends and not others, a bounded prefetch queue), not growth. A
   // leak must gain at least four samples' worth over the window.
-  if (options.sampled && acc.kind == static_cast<uint8_t>(fmt::Kind::kHost) &&
+  if (options.sampled && kind == static_cast<uint8_t>(fmt::Kind::kHost) &&
       growth < 4.0 * static_cast<double>(options.sample_interval)) {
     return std::nullopt;
   }
@@ -118,9 +127,7 @@ std::optional<SteadyGrowth> steady_growth(const std::vector<double>& y, const Si
   if (fit.slope <= 0 || fit.slope * static_cast<double>(y.size()) < static_cast<double>(options.min_growth)) {
     return std::nullopt;
   }
-  size_t non_decreasing = 0;
-  for (size_t i = 1; i < y.size(); ++i) non_decreasing += y[i] >= y[i - 1];
-  const double monotonicity = static_cast<double>(non_decreasing) / static_cast<double>(y.size() - 1);
+  const double monotonicity = monotone_share(y);
   // A steady rise through noise is growth too: a temporary of the same site
   // caught live at some step ends (in sampled mode, a sample of it) makes a
   // leak zigzag upwards, and a line fits it closely all the same.
@@ -158,19 +165,18 @@ void sampling_error(const SiteAcc& acc, size_t window, LeakSuspect& s) {
   s.allocations_per_step_error = std::sqrt(std::max(0.0, s.allocations_per_step) * w * a.count_variance / a.count) / w;
 }
 
-// `first`: the first step of the window (1-based).
-std::optional<LeakSuspect> judge_site(const SiteAcc& acc, size_t n_steps, size_t first, const GrowthOptions& options) {
-  DenseSeries d = dense_series(acc, n_steps);
-  const std::vector<double> y(d.live.begin() + static_cast<long>(first - 1), d.live.end());
-  const std::optional<SteadyGrowth> g = steady_growth(y, acc, options);
-  if (!g) return std::nullopt;
+// A site's figures over the window from `first` (1-based), fitted to the
+// live bytes `y` at its step ends.
+LeakSuspect describe(const SiteAcc& acc, const DenseSeries& d, size_t first, const LinearFit& fit,
+                     double monotonicity) {
+  const size_t n_steps = d.live.size();
   const size_t window = n_steps - first + 1;
   LeakSuspect s;
   s.site.stack = acc.stack;
   s.site.kind = acc.kind;
-  s.bytes_per_step = g->fit.slope;
-  s.r_squared = g->fit.r_squared;
-  s.monotonicity = g->monotonicity;
+  s.bytes_per_step = fit.slope;
+  s.r_squared = fit.r_squared;
+  s.monotonicity = monotonicity;
   s.allocations_per_step = (d.allocs[n_steps - 1] - d.allocs[first - 2 < n_steps ? first - 2 : 0]) /
                            static_cast<double>(window);
   sampling_error(acc, window, s);
@@ -182,6 +188,18 @@ std::optional<LeakSuspect> judge_site(const SiteAcc& acc, size_t n_steps, size_t
   }
   s.live_at_end = acc.live;
   return s;
+}
+
+std::vector<double> window_of(const DenseSeries& d, size_t first) {
+  return std::vector<double>(d.live.begin() + static_cast<long>(first - 1), d.live.end());
+}
+
+// `first`: the first step of the window (1-based).
+std::optional<LeakSuspect> judge_site(const SiteAcc& acc, size_t n_steps, size_t first, const GrowthOptions& options) {
+  const DenseSeries d = dense_series(acc, n_steps);
+  const std::optional<SteadyGrowth> g = steady_growth(window_of(d, first), acc.kind, options);
+  if (!g) return std::nullopt;
+  return describe(acc, d, first, g->fit, g->monotonicity);
 }
 
 // A suspect found while judging, with the index of its site: its series is
@@ -196,6 +214,42 @@ void keep_steepest(std::vector<Candidate>& candidates, size_t keep) {
     return a.suspect.bytes_per_step > b.suspect.bytes_per_step;
   });
   if (candidates.size() > keep) candidates.resize(keep);
+}
+
+// Stacks made under one line of the program share its growth: a leak that
+// a library makes now by one path and now by another (XLA copying a host
+// array, or keeping it when it is aligned) grows steadily only as the
+// line's sum. Where the sum of a line's stacks grows steadily, each of its
+// stacks that rose over the window is a suspect, so that the line's row
+// (site_groups.h) holds the whole of its growth.
+void add_growing_lines(const std::vector<SiteAcc>& sites, size_t n_steps, size_t first, const GrowthOptions& options,
+                       std::vector<Candidate>& candidates) {
+  absl::flat_hash_map<std::string, std::vector<size_t>> lines;
+  for (size_t i = 0; i < sites.size(); ++i) {
+    if (sites[i].changes.empty()) continue;
+    std::string key = options.line_of(sites[i]);
+    if (!key.empty()) lines[std::move(key)].push_back(i);
+  }
+  absl::flat_hash_set<size_t> judged;
+  for (const Candidate& c : candidates) judged.insert(c.site);
+  for (const auto& [key, members] : lines) {
+    if (members.size() < 2) continue;
+    std::vector<DenseSeries> series;
+    std::vector<double> sum(n_steps - first + 1, 0);
+    for (size_t i : members) {
+      series.push_back(dense_series(sites[i], n_steps));
+      const std::vector<double> y = window_of(series.back(), first);
+      for (size_t k = 0; k < y.size(); ++k) sum[k] += y[k];
+    }
+    if (!steady_growth(sum, sites[members.front()].kind, options)) continue;
+    for (size_t m = 0; m < members.size(); ++m) {
+      if (judged.contains(members[m])) continue;
+      const std::vector<double> y = window_of(series[m], first);
+      const LinearFit fit = fit_line(y);
+      if (fit.slope <= 0) continue;
+      candidates.push_back(Candidate{describe(sites[members[m]], series[m], first, fit, monotone_share(y)), members[m]});
+    }
+  }
 }
 
 }  // namespace
@@ -228,6 +282,7 @@ Growth find_growth(const std::vector<SiteAcc>& sites, size_t n_steps, const Grow
       if (candidates.size() >= 2 * options.max_suspects + 16) keep_steepest(candidates, options.max_suspects);
     }
   }
+  if (options.line_of) add_growing_lines(sites, n_steps, first, options, candidates);
   keep_steepest(candidates, options.max_suspects);
   for (Candidate& c : candidates) {
     c.suspect.series = dense_series(sites[c.site], n_steps).live;

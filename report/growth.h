@@ -11,12 +11,16 @@
 //
 // A site must grow over the window, steadily (monotone share, at least
 // three rises, a positive Theil-Sen slope) and still in its last third (a
-// cache that fills up and stops is not a leak). Suspects' sites are
-// unnamed (stack id and kind).
+// cache that fills up and stops is not a leak). The stacks made under one
+// line of the program are judged together as well (GrowthOptions::line_of):
+// when their sum grows steadily, each of them that rose is a suspect, even
+// where none grows steadily alone. Suspects' sites are unnamed (stack id
+// and kind).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,6 +41,10 @@ struct GrowthOptions {
   // boundaries are inferred, and a lazily filled library cache that gains a
   // few hundred bytes now and then is not the loop's growth.
   uint64_t min_growth = 1024;
+  // The program line a site was made under (empty: none known): sites of
+  // one line are also judged together, their live bytes summed, and when
+  // the sum grows steadily each of them that rose is a suspect.
+  std::function<std::string(const SiteAcc&)> line_of = nullptr;
 };
 
 inline constexpr uint64_t kMinAutoStepGrowth = 16 << 10;

@@ -43,9 +43,7 @@ void refit(LeakSuspect& row, int warmup_steps) {
   const std::vector<double> y(row.series.begin() + static_cast<long>(first), row.series.end());
   if (y.size() < 2) return;
   row.r_squared = fit_line(y).r_squared;
-  size_t non_decreasing = 0;
-  for (size_t i = 1; i < y.size(); ++i) non_decreasing += y[i] >= y[i - 1];
-  row.monotonicity = static_cast<double>(non_decreasing) / static_cast<double>(y.size() - 1);
+  row.monotonicity = monotone_share(y);
 }
 
 LeakSuspect merge_suspects(std::vector<LeakSuspect> members, int warmup_steps) {

@@ -5,7 +5,10 @@ people hit, for memledger's integration tests.
 
 --leak cache: every batch is normalised on the host, put on the device
     (jax.device_put) and cached in a dict keyed by the batch's id "to reuse
-    it", but ids never repeat: one 256 KiB array more per step.
+    it", but ids never repeat: one 256 KiB array more per step. XLA copies
+    the normalised array, or keeps it as it is when numpy's buffer happens to
+    be 64-byte aligned (even with may_alias=False): the block kept is made
+    by one of two stacks, both under the planted line.
 --leak outputs: every step's hidden activations over four batches (the
     output of a jitted function, 512 KiB) are kept in a list "for later". XLA makes output
     buffers on its own threads, which never run Python.
@@ -36,10 +39,6 @@ except ImportError:  # run without `memledger run`
 
 BATCH, FEATURES, HIDDEN, CLASSES = 128, 512, 256, 10
 OUTPUT_BATCHES = 4  # --leak outputs keeps the activations of this many batches a step
-
-
-def normalize(batch):
-    return (batch - batch.mean(axis=0)) / (batch.std(axis=0) + 1e-6)
 
 
 def loss_fn(params, x, y):
@@ -84,7 +83,8 @@ def main():
         labels = rng.integers(0, CLASSES, BATCH)
         batch_id = step if args.leak == "cache" else step % 4
         if batch_id not in normalized_cache:
-            normalized_cache[batch_id] = jax.device_put(normalize(raw), may_alias=False)  # LEAK_SITE(cache): ids never repeat
+            # With --leak cache, ids never repeat.
+            normalized_cache[batch_id] = jax.device_put((raw - raw.mean(0)) / (raw.std(0) + 1e-6), may_alias=False)  # LEAK_SITE(cache)
         if args.leak in ("outputs", "dict"):
             batches = jnp.tile(normalized_cache[batch_id], (OUTPUT_BATCHES, 1))
         if args.leak == "outputs":

@@ -136,6 +136,59 @@ TEST_CASE("growth: a site must gain the options' minimum over the window", "[gro
   CHECK(leak.suspects.size() == 1);
 }
 
+// One leak per step made under one line of the program, by one of two
+// paths: a library copies the block (site 1) or, now and then, keeps the
+// one it was given (site 2, three steps in twenty, none in the last four).
+// Site 2 alone is not steady growth; the line's sum is.
+TEST_CASE("growth: the stacks of one program line are judged together", "[growth]") {
+  const int64_t block = 256 << 10;
+  std::vector<int64_t> copied, kept;
+  for (int64_t k = 1, c = 0, p = 0; k <= 20; ++k) {
+    (k == 6 || k == 11 || k == 16 ? p : c) += block;
+    copied.push_back(c);
+    kept.push_back(p);
+  }
+  auto judge = [&](const char* line_of_kept) {
+    GrowthOptions options;
+    options.line_of = [&](const SiteAcc& s) { return std::string(s.stack == 1 ? "line 87" : line_of_kept); };
+    std::vector<std::pair<uint32_t, double>> out;
+    for (const LeakSuspect& s : find_growth({site(1, copied), site(2, kept)}, 20, options).suspects) {
+      out.emplace_back(s.site.stack, s.bytes_per_step);
+    }
+    return out;
+  };
+  CHECK(find_growth({site(2, kept)}, 20, GrowthOptions{}).suspects.empty());
+  const auto together = judge("line 87");
+  REQUIRE(together.size() == 2);
+  CHECK(together[0].first == 1);
+  CHECK(together[1].first == 2);
+  // The two slopes add up to the line's: one block a step.
+  CHECK(together[0].second + together[1].second == Approx(block));
+  // Another line, or none known: the copies alone.
+  for (const char* other : {"line 42", ""}) {
+    const auto apart = judge(other);
+    REQUIRE(apart.size() == 1);
+    CHECK(apart[0].first == 1);
+    CHECK(apart[0].second < 0.9 * block);
+  }
+}
+
+// A block handed from one stack of a line to another (the first keeps it,
+// the second lets its own go at the same steps): the line does not grow,
+// and the stack that rose is no suspect for it.
+TEST_CASE("growth: a line whose stacks' sum is level adds no suspect", "[growth]") {
+  std::vector<int64_t> rose, fell;
+  for (int64_t k = 1, r = 0; k <= 20; ++k) {
+    r += (k == 6 || k == 11 || k == 16) ? 65536 : 0;
+    rose.push_back(r);
+    fell.push_back(3 * 65536 - r);
+  }
+  GrowthOptions options;
+  options.line_of = [](const SiteAcc&) { return std::string("line 12"); };
+  CHECK(fit_line(std::vector<double>(rose.begin() + 2, rose.end())).slope > 0);
+  CHECK(find_growth({site(1, rose), site(2, fell)}, 20, options).suspects.empty());
+}
+
 TEST_CASE("growth: too few steps, or none, are said rather than judged", "[growth]") {
   Growth few = find_growth({site(1, linear(3, 1 << 20))}, 3, GrowthOptions{});
   CHECK(few.suspects.empty());
