@@ -62,7 +62,14 @@ class JupyterRun:
         port = free_port()
         url = "http://127.0.0.1:%d" % port
         server = [JUPYTER, "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", "--port=%d" % port,
-                  "--ServerApp.port_retries=0", "--IdentityProvider.token=" + TOKEN, "--ServerApp.root_dir=" + tmp]
+                  "--ServerApp.port_retries=0", "--IdentityProvider.token=" + TOKEN, "--ServerApp.root_dir=" + tmp,
+                  # A kernel asked to shut down gets SIGTERM after half of
+                  # this and SIGKILL after all of it (5 s by default). A
+                  # traced kernel's exit takes longer (the retention walk,
+                  # up to 1 s, and the trace's last frames), and under a
+                  # loaded machine may pass 2.5 s: it would then be
+                  # terminated, and rightly counted as such.
+                  "--KernelManager.shutdown_wait_time=30"]
         if cgroup is not None:
             server = cgroup.enter_command(server)
         command = [mltest.MEMLEDGER, "run", "-q", "-o", self.run_dir, "--", *server]
