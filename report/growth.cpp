@@ -226,7 +226,9 @@ void add_growing_lines(const std::vector<SiteAcc>& sites, size_t n_steps, size_t
                        std::vector<Candidate>& candidates) {
   absl::flat_hash_map<std::string, std::vector<size_t>> lines;
   for (size_t i = 0; i < sites.size(); ++i) {
-    if (sites[i].changes.empty()) continue;
+    // A site that did not change after the window's first step is level in
+    // it: it adds nothing to a line's sum.
+    if (sites[i].changes.empty() || sites[i].changes.back().step <= first) continue;
     std::string key = options.line_of(sites[i]);
     if (!key.empty()) lines[std::move(key)].push_back(i);
   }
