@@ -162,22 +162,19 @@ std::string program_line_key(const Trace& trace, const SiteAcc& site) {
   auto it = trace.stacks.find(site.stack);
   if (it == trace.stacks.end()) return {};
   const std::vector<uint64_t>& words = it->second;
-  size_t user = 0;
-  while (user < words.size() && fmt::is_python_frame(words[user]) && !fmt::is_attributed_python_frame(words[user])) {
+  for (size_t user = 0; user < words.size() && fmt::is_python_frame(words[user]) &&
+                        !fmt::is_attributed_python_frame(words[user]);
+       ++user) {
     auto code = trace.python_codes.find(fmt::python_code_id(words[user]));
-    if (code != trace.python_codes.end() && !is_library_python_file(code->second.filename)) break;
-    ++user;
+    if (code == trace.python_codes.end() || is_library_python_file(code->second.filename)) continue;
+    std::string key(1, static_cast<char>(site.kind));
+    auto append = [&key](uint64_t w) { key.append(reinterpret_cast<const char*>(&w), sizeof w); };
+    append(code->first);
+    append(static_cast<uint64_t>(python_line(code->second, fmt::python_offset(words[user]))));
+    for (size_t i = user + 1; i < words.size() && fmt::is_python_frame(words[i]); ++i) append(words[i]);
+    return key;
   }
-  if (user == words.size() || !fmt::is_python_frame(words[user]) || fmt::is_attributed_python_frame(words[user])) {
-    return {};
-  }
-  std::string key(1, static_cast<char>(site.kind));
-  auto append = [&key](uint64_t w) { key.append(reinterpret_cast<const char*>(&w), sizeof w); };
-  const uint32_t code_id = fmt::python_code_id(words[user]);
-  append(code_id);
-  append(static_cast<uint64_t>(python_line(trace.python_codes.at(code_id), fmt::python_offset(words[user]))));
-  for (size_t i = user + 1; i < words.size() && fmt::is_python_frame(words[i]); ++i) append(words[i]);
-  return key;
+  return {};
 }
 
 // The worker functions of the frameworks' process pools, by the code the

@@ -165,8 +165,8 @@ void sampling_error(const SiteAcc& acc, size_t window, LeakSuspect& s) {
   s.allocations_per_step_error = std::sqrt(std::max(0.0, s.allocations_per_step) * w * a.count_variance / a.count) / w;
 }
 
-// A site's figures over the window from `first` (1-based), fitted to the
-// live bytes `y` at its step ends.
+// A site's figures over the window from `first` (1-based): `fit` and
+// `monotonicity` are those of its live bytes at the window's step ends.
 LeakSuspect describe(const SiteAcc& acc, const DenseSeries& d, size_t first, const LinearFit& fit,
                      double monotonicity) {
   const size_t n_steps = d.live.size();
@@ -237,19 +237,20 @@ void add_growing_lines(const std::vector<SiteAcc>& sites, size_t n_steps, size_t
   for (const auto& [key, members] : lines) {
     if (members.size() < 2) continue;
     std::vector<DenseSeries> series;
+    std::vector<std::vector<double>> windows;
     std::vector<double> sum(n_steps - first + 1, 0);
     for (size_t i : members) {
       series.push_back(dense_series(sites[i], n_steps));
-      const std::vector<double> y = window_of(series.back(), first);
-      for (size_t k = 0; k < y.size(); ++k) sum[k] += y[k];
+      windows.push_back(window_of(series.back(), first));
+      for (size_t k = 0; k < sum.size(); ++k) sum[k] += windows.back()[k];
     }
     if (!steady_growth(sum, sites[members.front()].kind, options)) continue;
     for (size_t m = 0; m < members.size(); ++m) {
       if (judged.contains(members[m])) continue;
-      const std::vector<double> y = window_of(series[m], first);
-      const LinearFit fit = fit_line(y);
+      const LinearFit fit = fit_line(windows[m]);
       if (fit.slope <= 0) continue;
-      candidates.push_back(Candidate{describe(sites[members[m]], series[m], first, fit, monotone_share(y)), members[m]});
+      candidates.push_back(
+          Candidate{describe(sites[members[m]], series[m], first, fit, monotone_share(windows[m])), members[m]});
     }
   }
 }
