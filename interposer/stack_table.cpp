@@ -207,6 +207,7 @@ void StackTable::PathCache::clear() {
   python.depth = 0;
   native.depth = 0;
   for (Pair& pair : pairs) pair = Pair{0, 0, 0};
+  for (Recent& r : recent) r.id = 0;
   busy = 0;
 }
 
@@ -247,6 +248,27 @@ uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t py
   if (depth > kMaxDepth) depth = kMaxDepth;
   if (python > depth) python = depth;
   const uint32_t native = depth - python;
+  PathCache::Recent* recent = nullptr;
+  if (cache != nullptr && depth <= kRecentDepth) {
+    uint64_t h = uint64_t{depth} << 8 | python;
+    for (uint32_t i = 0; i < depth; ++i) h = (h << 7 | h >> 57) ^ frames[i];
+    recent = &cache->recent[(h * 0x9e3779b97f4a7c15ull) >> 58 & (PathCache::kRecentSlots - 1)];
+    if (recent->id != 0 && recent->depth == depth && recent->python == python &&
+        memcmp(recent->words, frames, depth * sizeof(uintptr_t)) == 0) {
+      return recent->id;
+    }
+  }
+  const uint32_t id = intern_parts(frames, python, native, cache);
+  if (recent != nullptr && id != 0) {
+    recent->id = id;
+    recent->depth = static_cast<uint16_t>(depth);
+    recent->python = static_cast<uint16_t>(python);
+    memcpy(recent->words, frames, depth * sizeof(uintptr_t));
+  }
+  return id;
+}
+
+uint32_t StackTable::intern_parts(const uintptr_t* frames, uint32_t python, uint32_t native, PathCache* cache) {
   uint32_t python_node = 0;
   if (python > 0) {
     python_node = intern_path(frames, python, cache != nullptr ? &cache->python : nullptr);

@@ -52,6 +52,8 @@ class StackTable {
   // lately without looking through its native node's children (which can
   // be many: every Python line that reaches one native path). Owned by
   // one thread at a time.
+  // Stacks of at most this many words are remembered whole (PathCache::recent).
+  static constexpr uint32_t kRecentDepth = 62;
   struct PathCache {
     // Set while intern() uses it: a signal handler that interns on the
     // same thread in the middle of that goes without.
@@ -65,6 +67,18 @@ class StackTable {
     };
     static constexpr uint32_t kPairs = 256;
     Pair pairs[kPairs];
+    // Whole stacks made lately, each in a slot found by hashing all of its
+    // words: a stack seen lately is one compare of its words, where a look
+    // through the tree follows a node's children at each frame that is not
+    // the cached path's (a loop calling a few sites in turn).
+    struct Recent {
+      uint32_t id;      // 0: empty
+      uint16_t depth;   // words
+      uint16_t python;  // of them, Python frames
+      uintptr_t words[kRecentDepth];
+    };
+    static constexpr uint32_t kRecentSlots = 64;
+    Recent recent[kRecentSlots];
     // Forgets everything (a fork child's ring whose thread did not come
     // along may hold a half-written entry).
     void clear();
@@ -168,6 +182,8 @@ class StackTable {
   // The node of the path `frames` (innermost first, `n` of them) read
   // outermost first; 0 when the table is full.
   uint32_t intern_path(const uintptr_t* frames, uint32_t n, CachedPath* cache);
+  // intern() past its recent stacks: the stack's Python and native paths.
+  uint32_t intern_parts(const uintptr_t* frames, uint32_t python, uint32_t native, PathCache* cache);
 
   // Frame words: native return addresses (below 2^57), Python frames
   // (format::kPythonFrameBit), and pairs (bit 62 alone, the Python path's

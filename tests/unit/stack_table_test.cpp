@@ -289,3 +289,44 @@ TEST_CASE("a parent with thousands of children: every thread finds each one, by 
   }
   CHECK(distinct.size() == kChildren);
 }
+
+TEST_CASE("a stack made lately comes back whole with its id, told apart by where its Python frames end", "[stacks]") {
+  static StackTable table;
+  REQUIRE(table.init());
+  static StackTable::PathCache cache;
+  // The same words as three stacks: native alone, one Python frame, two
+  // (intern() takes the split from its caller: the words do not say it),
+  // made one after the other, for enough lists of words that some of the
+  // three share a slot of the recent stacks.
+  for (uintptr_t list = 0; list < 400; ++list) {
+    const std::vector<uintptr_t> words = {0x4010 + 0x10 * list, 0x4020, 0x4030, 0x4040};
+    const uint32_t n = static_cast<uint32_t>(words.size());
+    uint32_t ids[3];
+    for (uint32_t python = 0; python < 3; ++python) {
+      ids[python] = table.intern(words.data(), n, python, &cache);
+      REQUIRE(ids[python] == table.intern(words.data(), n, python));
+      REQUIRE(table.intern(words.data(), n, python, &cache) == ids[python]);
+    }
+    REQUIRE(std::set<uint32_t>{ids[0], ids[1], ids[2]}.size() == 3);
+  }
+  // Stacks that differ in one word only, at each place, and more of them
+  // than the recent stacks hold, in turn: each keeps its own id.
+  std::vector<std::vector<uintptr_t>> stacks;
+  for (uintptr_t at = 0; at < StackTable::kRecentDepth; ++at) {
+    for (uintptr_t v = 0; v < 5; ++v) {
+      std::vector<uintptr_t> s(StackTable::kRecentDepth, 0x5000);
+      for (size_t k = 0; k < s.size(); ++k) s[k] += 0x10 * k;
+      s[at] = 0x9000 + 0x10 * v;
+      stacks.push_back(s);
+    }
+  }
+  std::vector<uint32_t> first;
+  for (const auto& s : stacks) first.push_back(table.intern(s.data(), static_cast<uint32_t>(s.size()), 0, &cache));
+  for (int round = 0; round < 2; ++round) {
+    for (size_t i = 0; i < stacks.size(); ++i) {
+      REQUIRE(table.intern(stacks[i].data(), static_cast<uint32_t>(stacks[i].size()), 0, &cache) == first[i]);
+      REQUIRE(table.intern(stacks[i].data(), static_cast<uint32_t>(stacks[i].size())) == first[i]);
+    }
+  }
+  for (size_t i = 0; i < stacks.size(); ++i) REQUIRE(frames_of(table, first[i]) == stacks[i]);
+}
