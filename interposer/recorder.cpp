@@ -288,6 +288,7 @@ void Recorder::start() {
     disable(text);
     return;
   }
+  trace_writer().scan_modules_at_start();
   install_signal_handlers();
   pthread_atfork([] { recorder().before_fork(); }, [] { recorder().after_fork_parent(); },
                  [] { recorder().after_fork_child(); });

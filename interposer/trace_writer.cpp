@@ -745,6 +745,66 @@ void encode_pressure(Encoder& enc, PressureSampler& sampler, uint64_t ts, bool w
 
 }  // namespace
 
+void TraceWriter::scan_modules(State& st) {
+  struct Scan {
+    State* st;
+    Encoder* enc;
+    bool first = true;
+  } scan{&st, &st.enc};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t size, void* data) -> int {
+        Scan& s = *static_cast<Scan*>(data);
+        if (s.first) {
+          s.first = false;
+          if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
+            if (info->dlpi_adds == s.st->dl_adds && info->dlpi_subs == s.st->dl_subs) return 1;
+            // An object went away: what is loaded at its addresses next is unwound afresh.
+            if (info->dlpi_subs != s.st->dl_subs && s.st->dl_subs != ~0ull) unwinder_modules_unloaded();
+            s.st->dl_adds = info->dlpi_adds;
+            s.st->dl_subs = info->dlpi_subs;
+          }
+        }
+        String path = info->dlpi_name ? info->dlpi_name : "";
+        if (path.empty()) {
+          char exe[4096];
+          ssize_t m = readlink("/proc/self/exe", exe, sizeof exe - 1);
+          if (m > 0) path.assign(exe, static_cast<size_t>(m));
+        }
+        for (const ModuleRecord& m : s.st->modules_written) {
+          if (m.base == info->dlpi_addr && m.path == path) return 0;
+        }
+        ModuleRecord rec;
+        rec.base = info->dlpi_addr;
+        rec.path = path;
+        rec.build_id = build_id_of(info);
+        for (int i = 0; i < info->dlpi_phnum; ++i) {
+          if (info->dlpi_phdr[i].p_type == PT_LOAD) {
+            rec.segments.emplace_back(info->dlpi_phdr[i].p_vaddr, info->dlpi_phdr[i].p_memsz);
+          }
+        }
+        s.enc->tag(format::Tag::kModule);
+        s.enc->u(rec.base);
+        s.enc->str(rec.path.data(), rec.path.size());
+        s.enc->str(rec.build_id.data(), rec.build_id.size());
+        s.enc->u(rec.segments.size());
+        for (auto& seg : rec.segments) {
+          s.enc->u(seg.first);
+          s.enc->u(seg.second);
+        }
+        s.st->modules_written.push_back(std::move(rec));
+        return 0;
+      },
+      &scan);
+}
+
+void TraceWriter::scan_modules_at_start() {
+  if (state_ == nullptr || !trace_.is_open() || running_.load(std::memory_order_acquire)) return;
+  Recorder& rec = recorder();
+  if (!rec.enter_loader_section()) return;
+  scan_modules(*state_);
+  rec.leave_loader_section();
+}
+
 size_t TraceWriter::cycle(bool final) {
   if (!trace_.is_open() || state_ == nullptr) return 0;
   State& st = *state_;
@@ -786,61 +846,17 @@ size_t TraceWriter::cycle(bool final) {
   merge_runs(st);
 
   // 3. Modules, when the set of loaded objects changed (skipped while a
-  // fork is under way: see Recorder::enter_loader_section).
+  // fork is under way: see Recorder::enter_loader_section). Skipped too
+  // while a signal's note waits, once the objects were read at least once:
+  // the signal may have stopped a thread that holds the loader's lock (in
+  // dlopen(), as a Python import is), which it gives back only when the
+  // signal's handler returns, and the handler waits for this cycle to write
+  // the note. Objects loaded since the last cycle are read by the next one,
+  // if the process lives on.
   const unsigned long long dl_adds_before = st.dl_adds;
-  const bool loader = rec.enter_loader_section();
-  if (loader) {
-    struct Scan {
-      State* st;
-      Encoder* enc;
-      bool first = true;
-      bool changed = false;
-    } scan{&st, &enc};
-    dl_iterate_phdr(
-        [](dl_phdr_info* info, size_t size, void* data) -> int {
-          Scan& s = *static_cast<Scan*>(data);
-          if (s.first) {
-            s.first = false;
-            if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
-              if (info->dlpi_adds == s.st->dl_adds && info->dlpi_subs == s.st->dl_subs) return 1;
-              // An object went away: what is loaded at its addresses next is unwound afresh.
-              if (info->dlpi_subs != s.st->dl_subs && s.st->dl_subs != ~0ull) unwinder_modules_unloaded();
-              s.st->dl_adds = info->dlpi_adds;
-              s.st->dl_subs = info->dlpi_subs;
-            }
-          }
-          String path = info->dlpi_name ? info->dlpi_name : "";
-          if (path.empty()) {
-            char exe[4096];
-            ssize_t m = readlink("/proc/self/exe", exe, sizeof exe - 1);
-            if (m > 0) path.assign(exe, static_cast<size_t>(m));
-          }
-          for (const ModuleRecord& m : s.st->modules_written) {
-            if (m.base == info->dlpi_addr && m.path == path) return 0;
-          }
-          ModuleRecord rec;
-          rec.base = info->dlpi_addr;
-          rec.path = path;
-          rec.build_id = build_id_of(info);
-          for (int i = 0; i < info->dlpi_phnum; ++i) {
-            if (info->dlpi_phdr[i].p_type == PT_LOAD) {
-              rec.segments.emplace_back(info->dlpi_phdr[i].p_vaddr, info->dlpi_phdr[i].p_memsz);
-            }
-          }
-          s.enc->tag(format::Tag::kModule);
-          s.enc->u(rec.base);
-          s.enc->str(rec.path.data(), rec.path.size());
-          s.enc->str(rec.build_id.data(), rec.build_id.size());
-          s.enc->u(rec.segments.size());
-          for (auto& seg : rec.segments) {
-            s.enc->u(seg.first);
-            s.enc->u(seg.second);
-          }
-          s.st->modules_written.push_back(std::move(rec));
-          return 0;
-        },
-        &scan);
-  }
+  const bool signal_waits = signal_.pending.load(std::memory_order_acquire) == 1 && !st.modules_written.empty();
+  const bool loader = !signal_waits && rec.enter_loader_section();
+  if (loader) scan_modules(st);
 
   // 4. The Python interpreter (found at start-up, or in an object loaded
   // since), then the Python code objects and stacks published since the

@@ -76,6 +76,10 @@ class TraceWriter {
     int64_t host_live = 0;
   };
   bool open(const Config& config, const ForkOrigin& origin, char* error, size_t error_size);
+  // Records the loaded objects now, from the thread that opened the trace,
+  // before start_thread(): a signal's note written before the writer's
+  // first cycle read them still has them.
+  void scan_modules_at_start();
   bool start_thread();
   // Writes everything pending, the END record, and closes the file.
   void stop();
@@ -114,6 +118,9 @@ class TraceWriter {
   void run();
   // Returns the number of events it took from the rings.
   size_t cycle(bool final);
+  // Writes a record of each loaded object not written yet, when the list
+  // changed (dl_iterate_phdr: under the loader's lock).
+  void scan_modules(State& st);
   // Writes one frame of `raw_len` payload bytes (compressed when that is
   // smaller). On a failed write, cuts the file back to its last whole frame.
   bool write_frame(const uint8_t* raw, size_t raw_len, int* err);

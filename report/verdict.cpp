@@ -96,7 +96,8 @@ void without_signal(Verdict& v, const Trace& trace, const ExitInfo& exit_info) {
     v.summary = "exited (status not recorded)";
   } else {
     killed(v,
-           "stopped without warning (SIGKILL or a crash of the tracer's writer); the trace covers up to " +
+           "stopped without warning (SIGKILL, a signal the tracer could not record, or a crash of its writer); "
+           "the trace covers up to " +
                std::to_string(trace.last_ts / 1000000) + " ms",
            trace, exit_info);
   }

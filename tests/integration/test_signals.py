@@ -15,6 +15,7 @@ MODES = {
     "segv-deep": ("crash", "SIGSEGV", None),
     "abort": ("crash", "SIGABRT", None),
     "term-self": ("signal", "SIGTERM", None),
+    "term-in-loader": ("signal", "SIGTERM", None),
     "handler": ("exit", None, 42),
     "python-style": ("exit", None, 0),
     "vfork-reset": ("exit", None, 42),

@@ -1,7 +1,8 @@
 // signals: ends (or survives) in one of several signal-related ways, so the
 // tests can check that memledger leaves the outcome unchanged and names it.
 //
-//   signals MODE   MODE: segv | segv-deep | abort | term-self | handler | python-style | vfork-reset
+//   signals MODE   MODE: segv | segv-deep | abort | term-self | term-in-loader | handler | python-style |
+//                        vfork-reset
 //
 //   segv          null-pointer write in `crash_here`, the first
 //                 instruction of the function                   -> SIGSEGV
@@ -9,6 +10,10 @@
 //                 other work in the same function               -> SIGSEGV
 //   abort         abort()                                       -> SIGABRT
 //   term-self     raise(SIGTERM) with the default action        -> SIGTERM
+//   term-in-loader
+//                 as term-self, from inside dl_iterate_phdr: the
+//                 thread holds the loader's lock, as a thread in
+//                 dlopen() does (a Python import)               -> SIGTERM
 //   handler       installs a SIGTERM handler after start-up, raises SIGTERM;
 //                 the handler prints HANDLER_RAN and _exit(42)  -> exit 42
 //   python-style  a SIGINT handler that sets a flag (as CPython does);
@@ -21,6 +26,7 @@
 // STEP_DONE i. The segv modes print CRASH_LINE=N (the faulting line) first.
 
 #include <dlfcn.h>
+#include <link.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -76,7 +82,8 @@ void install(int signo, void (*fn)(int)) {
 
 int main(int argc, char** argv) {
   if (argc != 2) {
-    std::fprintf(stderr, "usage: %s segv|segv-deep|abort|term-self|handler|python-style|vfork-reset\n", argv[0]);
+    std::fprintf(stderr, "usage: %s segv|segv-deep|abort|term-self|term-in-loader|handler|python-style|vfork-reset\n",
+                 argv[0]);
     return 2;
   }
   const char* mode = argv[1];
@@ -109,6 +116,16 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(mode, "term-self") == 0) {
     raise(SIGTERM);
+    std::puts("NOT_REACHED");
+    return 0;
+  }
+  if (std::strcmp(mode, "term-in-loader") == 0) {
+    dl_iterate_phdr(
+        [](dl_phdr_info*, size_t, void*) -> int {
+          raise(SIGTERM);
+          return 1;
+        },
+        nullptr);
     std::puts("NOT_REACHED");
     return 0;
   }
