@@ -460,7 +460,7 @@ void Recorder::leave_loader_section() {
   g_loader[tls_loader_shard - 1].inside.fetch_sub(1, std::memory_order_release);
 }
 
-uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
+uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void* hook_frame) {
   if (config_.stack_depth == 0) return 0;  // stacks off (benchmarks, or by choice)
   // Python frames first (innermost first), then the native frames.
   uintptr_t words[PythonFrames::kMaxFrames + StackTable::kMaxNativeDepth + 16];
@@ -476,7 +476,7 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python) {
                                            [] { recorder().leave_loader_section(); }};
   uint32_t serial = 0;
   n = fast_backtrace(frames, want, self_begin_, self_end_, own != nullptr ? &own->unwind_memo : nullptr, &kLoader,
-                     &serial);
+                     &serial, hook_frame);
   const int first = static_cast<int>(skip_extra);
   uint32_t depth = first < n ? static_cast<uint32_t>(n - first) : 0;
   if (depth > config_.stack_depth) depth = config_.stack_depth;
@@ -552,18 +552,18 @@ void Recorder::add_totals_without_ring(ThreadState& t, size_t usable, bool alloc
 
 // The countdown of sampled mode reached zero: the allocation is sampled,
 // unless this is the thread's first, which draws its first distance.
-void Recorder::countdown_reached(ThreadState& t, uintptr_t addr, size_t size) {
+void Recorder::countdown_reached(ThreadState& t, uintptr_t addr, size_t size, const void* hook_frame) {
   if (!t.counting) {
     t.counting = 1;
     t.sample_countdown += next_sample_distance(t, config_.sample_interval);
     if (t.sample_countdown > 0) return;
   }
   t.sample_countdown = next_sample_distance(t, config_.sample_interval);
-  record_host_alloc(t, addr, size, true);
+  record_host_alloc(t, addr, size, true, hook_frame);
 }
 
 __attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintptr_t addr, size_t size,
-                                                           bool by_chance) {
+                                                           bool by_chance, const void* hook_frame) {
   const bool sampled = config_.host_mode == HostMode::kSampled;
   uint64_t weight = size;
   if (by_chance) {
@@ -582,7 +582,7 @@ __attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintp
     e.flags = format::kAllocSampled;
     remember_sampled(e.addr);
   }
-  e.stack = capture_stack();
+  e.stack = capture_stack(0, true, hook_frame);
   push(t, e);
   if (sampled) {
     // The exact totals beside each recorded allocation: the report corrects

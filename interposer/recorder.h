@@ -74,9 +74,9 @@ class Recorder {
     if (size < sample_below_) {
       t.sample_countdown -= static_cast<int64_t>(size);
       if (__builtin_expect(t.sample_countdown > 0, 1)) return;
-      return countdown_reached(t, reinterpret_cast<uintptr_t>(ptr), size);
+      return countdown_reached(t, reinterpret_cast<uintptr_t>(ptr), size, __builtin_frame_address(0));
     }
-    record_host_alloc(t, reinterpret_cast<uintptr_t>(ptr), size, false);
+    record_host_alloc(t, reinterpret_cast<uintptr_t>(ptr), size, false, __builtin_frame_address(0));
   }
   void on_host_free(ThreadState& t, void* ptr, size_t usable) {
     if (__builtin_expect(t.ring != nullptr, 1)) {
@@ -147,7 +147,9 @@ class Recorder {
   // Captures the caller's stack and interns it: the thread's Python frames
   // (python_frames.h) when `with_python`, then the native frames outside
   // memledger.
-  uint32_t capture_stack(size_t skip_extra = 0, bool with_python = true);
+  // `hook_frame`: the frame of the hook that calls (its frame pointer), where
+  // the walk starts instead of at this function's own frame.
+  uint32_t capture_stack(size_t skip_extra = 0, bool with_python = true, const void* hook_frame = nullptr);
   uint32_t intern_string(const char* text);
   // The exact host counters of all threads into `e` (kStep, kHostTotals):
   // addr = live bytes, weight = allocations << 32 | frees (mod 2^32 each).
@@ -192,11 +194,11 @@ class Recorder {
   // ring's totals), a countdown that reached zero, a free whose filter slot
   // is taken.
   void add_totals_without_ring(ThreadState& t, size_t usable, bool alloc);
-  void countdown_reached(ThreadState& t, uintptr_t addr, size_t size);
+  void countdown_reached(ThreadState& t, uintptr_t addr, size_t size, const void* hook_frame);
   void free_if_sampled(ThreadState& t, uintptr_t addr);
   // The recording itself. `by_chance`: sampled by the countdown (its weight
   // is the estimate).
-  void record_host_alloc(ThreadState& t, uintptr_t addr, size_t size, bool by_chance);
+  void record_host_alloc(ThreadState& t, uintptr_t addr, size_t size, bool by_chance, const void* hook_frame);
   void record_host_free(ThreadState& t, uintptr_t addr);
   void remember_sampled(uintptr_t addr);
   bool forget_sampled(uintptr_t addr);

@@ -874,12 +874,13 @@ __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(
                                                                               uintptr_t skip_end,
                                                                               UnwindMemo* memo,
                                                                               const LoaderAccess* access,
-                                                                              uint32_t* walk_serial) {
+                                                                              uint32_t* walk_serial,
+                                                                              const void* from_frame) {
   if (walk_serial != nullptr) *walk_serial = 0;
   if (max > kMaxFrames) max = kMaxFrames;
   LoaderUse loader(access);
   if (g_mode == Mode::kLibunwind) return loader.enter() ? libunwind_backtrace(frames, max, skip_begin, skip_end) : 0;
-  const uint64_t* fp = static_cast<const uint64_t*>(__builtin_frame_address(0));
+  const uint64_t* fp = static_cast<const uint64_t*>(from_frame != nullptr ? from_frame : __builtin_frame_address(0));
   uint64_t rip, rsp, rbp;
   OwnedUse use(memo);
   if (g_mode == Mode::kFast) {

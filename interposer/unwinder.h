@@ -74,9 +74,12 @@ struct LoaderAccess {
 // are (the walk just written, or the last one followed again frame for
 // frame), else 0. Two walks with the same serial gave the same frames: a
 // caller may reuse what it made of the first.
+// `from_frame`, when given: the frame pointer of a function of memledger's
+// further up this thread's stack (a hook), where the walk starts instead
+// of at this function's frame: the frames in between are memledger's.
 int fast_backtrace(void** frames, int max, uintptr_t skip_begin = 0, uintptr_t skip_end = 0,
                    UnwindMemo* memo = nullptr, const LoaderAccess* loader = nullptr,
-                   uint32_t* walk_serial = nullptr);
+                   uint32_t* walk_serial = nullptr, const void* from_frame = nullptr);
 
 // The walk alone, for tests: -1 where fast_backtrace() hands over to
 // libunwind.
