@@ -491,9 +491,10 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
   }
   if (first > 0) memmove(words + python, words + python + first, depth * sizeof(uintptr_t));
   const uint32_t id = stacks_.intern(words, python + depth, python, own != nullptr ? &own->path_cache : nullptr);
-  // Always replaced, also by a stack it cannot describe: between two stacks
-  // of the thread the memo's serial moves by one walk at most, so its low
-  // 28 bits tell the walks apart.
+  // Always replaced, also by a stack it cannot describe: every serial the
+  // memo hands out is within 2^27 walks of its newest, which moves by one
+  // at most between two stacks of the thread, so their low 28 bits tell
+  // the walks apart.
   if (own != nullptr) own->walk_stack = key != 0 && id != 0 && id < (1u << 24) ? key | static_cast<uint64_t>(id) << 40 : 0;
   return id;
 }

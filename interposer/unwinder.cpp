@@ -695,21 +695,39 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
   uint32_t generation = 0, next = 0;
   if (memo != nullptr) {
     generation = g_generation.load(std::memory_order_relaxed);
-    const uint32_t current = memo->current & 1;
+    const uint32_t current = memo->current % UnwindMemo::kWalks;
+    // The common case in a loop: the same call, the same stack, as the last
+    // walk or one made shortly before.
+    for (uint32_t j = 0; j < UnwindMemo::kWalks; ++j) {
+      const uint32_t k = (current + j) % UnwindMemo::kWalks;
+      const UnwindMemo::State* held = memo->states[k];
+      if (memo->count[k] == 0 || memo->generation[k] != generation || !at_state(held[0], rip, rsp, rbp)) continue;
+      const int again = walk_again(held, memo->count[k], rbp, frames, max);
+      if (again > 0) {
+        memo->current = k;
+        memo->used[k] = ++memo->tick;
+        // A walk held long gets a new number: every number handed out stays
+        // within 2^27 walks of the newest (Recorder::capture_stack keeps
+        // the low 28 bits of one).
+        if (memo->serial - memo->serials[k] >= (1u << 27)) {
+          if (++memo->serial == 0) memo->serial = 1;
+          memo->serials[k] = memo->serial;
+        }
+        if (walk_serial != nullptr) *walk_serial = memo->serials[k];
+        return again;
+      }
+    }
     if (memo->generation[current] == generation) {
       last = memo->states[current];
       last_count = memo->count[current];
     }
-    next = current ^ 1;
-    out = memo->states[next];
-    // The common case in a loop: the same call, the same stack.
-    if (last_count > 0 && at_state(last[0], rip, rsp, rbp)) {
-      const int again = walk_again(last, last_count, rbp, frames, max);
-      if (again > 0) {
-        if (walk_serial != nullptr) *walk_serial = memo->serial;
-        return again;
-      }
+    // The slot of the walk least recently used, never the last walk's.
+    next = (current + 1) % UnwindMemo::kWalks;
+    for (uint32_t j = 2; j < UnwindMemo::kWalks; ++j) {
+      const uint32_t k = (current + j) % UnwindMemo::kWalks;
+      if (memo->tick - memo->used[k] > memo->tick - memo->used[next]) next = k;
     }
+    out = memo->states[next];
   }
   // States recorded from `same_from` on are the last walk's, to its end:
   // their kRbpMatters bits still hold (they depend only on what follows).
@@ -805,7 +823,9 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
     memo->count[next] = written;
     memo->generation[next] = generation;
     memo->current = next;
+    memo->used[next] = ++memo->tick;
     if (++memo->serial == 0) memo->serial = 1;  // 0 is never a walk's
+    memo->serials[next] = memo->serial;
     if (walk_serial != nullptr) *walk_serial = memo->serial;
   }
   return depth;

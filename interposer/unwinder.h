@@ -24,18 +24,20 @@
 
 namespace memledger::interposer {
 
-// A thread's last walk, each frame's registers and rule, innermost first.
-// The next walk, once it reaches a frame of the last one (same return
-// address, stack pointer and, where the rest of the walk depends on it,
-// frame pointer), follows the last walk from there as long as the stack
-// holds what that walk read from it: the return addresses and saved frame
-// pointers it loaded, at the same places. Those loads are made all the
-// same, but their addresses are known in advance, so they no longer wait
-// for one another and the rule table is not consulted. The result is the
-// walk's own, frame for frame. Owned by one thread at a time; mapped
-// memory (ThreadRing).
+// A thread's last walks, each frame's registers and rule, innermost first.
+// A walk that starts where one of them started (same return address, stack
+// pointer and, where the rest of the walk depends on it, frame pointer) is
+// that walk again as long as the stack holds what that walk read from it:
+// a loop that calls a few sites in turn makes a few walks over and over.
+// Any other walk, once it reaches a frame of the last one, follows the last
+// walk from there the same way. Those loads are made all the same, but
+// their addresses are known in advance, so they no longer wait for one
+// another and the rule table is not consulted. The result is the walk's
+// own, frame for frame. Owned by one thread at a time; mapped memory
+// (ThreadRing).
 struct UnwindMemo {
   static constexpr int kStates = 256;
+  static constexpr uint32_t kWalks = 4;
   struct State {
     uint64_t rip;
     uint64_t rsp;
@@ -45,12 +47,18 @@ struct UnwindMemo {
   // Set while a walk uses it: a signal handler that walks on the same
   // thread in the middle of that goes without.
   volatile uint32_t busy;
-  uint32_t current;  // which of `states` holds the last walk
-  uint32_t count[2];
-  uint32_t generation[2];
-  // Numbers the walks that wrote `states` (fast_backtrace's `walk_serial`).
+  uint32_t current;  // which of `states` holds the last walk made or followed again
+  uint32_t count[kWalks];
+  uint32_t generation[kWalks];
+  // Numbers the walks that wrote `states` (fast_backtrace's `walk_serial`):
+  // `serial` the last one handed out, `serials` each slot's.
   uint32_t serial;
-  State states[2][kStates];
+  uint32_t serials[kWalks];
+  // When each slot's walk was last made or followed again (a count of walks):
+  // a new walk takes the place of the one least recently used.
+  uint32_t tick;
+  uint32_t used[kWalks];
+  State states[kWalks][kStates];
 };
 
 // How a walk enters and leaves a loader section (Recorder::

@@ -284,7 +284,8 @@ TEST_CASE("a frame found in the last walk takes its rule from there", "[unwind]"
   MemoCapture c[2] = {{&memo, kMax, {}, {}}, {&memo, kMax, {}, {}}};
   for (int i = 0; i < 2; ++i) {
     if (i == 1) {
-      const uint32_t current = memo.current & 1;
+      const uint32_t current = memo.current;
+      REQUIRE(current < UnwindMemo::kWalks);
       REQUIRE(memo.count[current] > 6);
       memo.states[current][4].rule = 1 | 1u << 1;
     }
@@ -341,24 +342,50 @@ TEST_CASE("a walk cut short by the frame limit is followed to its end by the nex
   }
 }
 
-TEST_CASE("the same walk again leaves the memo as it is, and any other walk makes a new one", "[unwind]") {
+TEST_CASE("a walk the memo holds, made again, leaves the memo as it is; any other walk makes a new one",
+          "[unwind]") {
   static UnwindMemo memo;
-  // (pattern, frame limit, the walk before was this one to its end)
+  // (pattern, frame limit, the memo holds this walk: the same frames to the
+  // same end, from the same place)
   const struct {
     const char* pattern;
     int max;
-    bool again;
-  } walks[] = {{"nvfnvf", kMax, false}, {"nvfnvf", kMax, true},  {"nvfnvf", kMax, true}, {"nvfnvf", 6, false},
-               {"nvfnvf", 6, true},     {"nvfnvf", 5, false},    {"nvfnvf", 9, false},   {"nvfnvf", 9, true},
-               {"nvfnvf", kMax, false}, {"nvfnv", kMax, false},  {"nvfnv", kMax, true},  {"vnfnvf", kMax, false}};
+    bool held;
+  } walks[] = {
+      {"nvfnvf", kMax, false}, {"nvfnvf", kMax, true}, {"nvfnvf", kMax, true},
+      // Cut short: a walk of its own, held beside the whole one.
+      {"nvfnvf", 6, false}, {"nvfnvf", 6, true}, {"nvfnvf", 5, false}, {"nvfnvf", 9, false}, {"nvfnvf", 9, true},
+      // The whole walk is still held (four walks are).
+      {"nvfnvf", kMax, true},
+      // A fifth walk takes the place of the one least recently used (the one cut at 6).
+      {"nvfnv", kMax, false}, {"nvfnv", kMax, true}, {"nvfnvf", 6, false}, {"vnfnvf", kMax, false},
+      {"nvfnvf", kMax, true}, {"nvfnv", kMax, true}};
   for (size_t i = 0; i < sizeof walks / sizeof walks[0]; ++i) {
     INFO("walk " << i << " '" << walks[i].pattern << "' max " << walks[i].max);
-    const uint32_t current = memo.current;
+    const uint32_t serial = memo.serial;
     MemoCapture c{&memo, walks[i].max, {}, {}, true};
     chain_nofp(walks[i].pattern, memo_leaf, &c);
     check_memo(c);
-    CHECK((memo.current == current) == walks[i].again);
+    CHECK((memo.serial == serial) == walks[i].held);
+    CHECK(memo.current < UnwindMemo::kWalks);
   }
+}
+
+TEST_CASE("a walk held while many others were made is handed out under a new number", "[unwind]") {
+  // Recorder::capture_stack tells walks apart by the low 28 bits of their
+  // numbers: none handed out may be 2^28 behind the newest.
+  static UnwindMemo memo;
+  uint32_t numbers[3];
+  for (int i = 0; i < 3; ++i) {
+    if (i == 2) memo.serial += 1u << 27;  // as after 2^27 other walks
+    MemoCapture c{&memo, kMax, {}, {}, true};
+    chain_nofp("nvf", memo_leaf, &c);
+    check_memo(c);
+    numbers[i] = memo.serials[memo.current];
+  }
+  CHECK(numbers[1] == numbers[0]);  // the same walk again, the same number
+  CHECK(numbers[2] == numbers[0] + (1u << 27) + 1);
+  CHECK(memo.serial == numbers[2]);
 }
 
 namespace {
