@@ -847,14 +847,15 @@ size_t TraceWriter::cycle(bool final) {
 
   // 3. Modules, when the set of loaded objects changed (skipped while a
   // fork is under way: see Recorder::enter_loader_section). Skipped too
-  // while a signal's note waits, once the objects were read at least once:
-  // the signal may have stopped a thread that holds the loader's lock (in
-  // dlopen(), as a Python import is), which it gives back only when the
-  // signal's handler returns, and the handler waits for this cycle to write
-  // the note. Objects loaded since the last cycle are read by the next one,
-  // if the process lives on.
+  // while a signal's note is being taken or waits, once the objects were
+  // read at least once: the signal may have stopped a thread that holds the
+  // loader's lock (in dlopen(), as a Python import is), which it gives back
+  // only when the signal's handler returns, and the handler waits for this
+  // cycle to write the note. Objects loaded since the last cycle are read
+  // by the next one, if the process lives on.
   const unsigned long long dl_adds_before = st.dl_adds;
-  const bool signal_waits = signal_.pending.load(std::memory_order_acquire) == 1 && !st.modules_written.empty();
+  const int signal_state = signal_.pending.load(std::memory_order_acquire);
+  const bool signal_waits = (signal_state == 1 || signal_state == 3) && !st.modules_written.empty();
   const bool loader = !signal_waits && rec.enter_loader_section();
   if (loader) scan_modules(st);
 

@@ -17,7 +17,7 @@ struct Config;
 
 // A crash or termination signal, handed from the signal handler to the writer.
 struct SignalNote {
-  std::atomic<int> pending{0};
+  std::atomic<int> pending{0};  // 0: none; 3: the handler is taking it; 1: it waits for the writer; 2: written
   int signo = 0;
   int code = 0;
   uint64_t fault_addr = 0;
