@@ -363,16 +363,26 @@ namespace {
 // events or 20 ms, the program runs at the writer's pace with a backlog of
 // milliseconds. (At 4 Ki, one thread allocating without pause was held
 // back at every compressed frame the writer made, a millisecond each.)
+// One or two threads allocating share 24 Ki events between them, which
+// three threads had: one thread held back at 8 Ki spent a fifth of its
+// time waiting (bench/storm, full mode), at 24 Ki a twentieth.
 constexpr uint64_t kSoftCapacity = 8192;
+constexpr uint64_t kSharedBacklog = 3 * kSoftCapacity;
 // A quarter of that wakes a writer in a long wait: it drains while the
 // program goes on, where it otherwise often began only once the program
 // was held back, and the two took turns.
 constexpr uint64_t kWakeAt = kSoftCapacity / 4;
+
+// The backlog a ring may hold when `allocating` threads allocate without
+// pause (Recorder::allocating_threads).
+inline uint64_t soft_capacity(uint32_t allocating) {
+  return allocating <= 1 ? kSharedBacklog : allocating == 2 ? kSharedBacklog / 2 : kSoftCapacity;
+}
 constexpr uint64_t kMaxLagNs = 20'000'000;
 constexpr uint64_t kMaxHoldNs = 50'000'000;  // per check: a stalled writer costs little
 
 bool behind(const ThreadRing* ring, uint64_t head, uint64_t tail, uint64_t now) {
-  if (head - tail >= kSoftCapacity) return true;
+  if (head - tail >= soft_capacity(recorder().allocating_threads())) return true;
   const Event& oldest = ring->events[tail & ThreadRing::kMask];
   // CUPTI records carry the time CUPTI gave them: only the tracer's own clock counts.
   return oldest.type < EventType::kCuptiStatus && oldest.ts <= now && now - oldest.ts >= kMaxLagNs;

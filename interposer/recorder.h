@@ -141,6 +141,12 @@ class Recorder {
   StackTable& stacks() { return stacks_; }
   ThreadRing* rings() const { return rings_.load(std::memory_order_acquire); }
   ThreadRing* shared_ring() { return shared_ring_; }
+  // How many threads' rings held kBusyRingEvents or more at the writer's
+  // last drain: threads allocating without pause (the backlog each may hold
+  // depends on it).
+  static constexpr uint64_t kBusyRingEvents = 1024;
+  uint32_t allocating_threads() const { return allocating_threads_.load(std::memory_order_relaxed); }
+  void set_allocating_threads(uint32_t n) { allocating_threads_.store(n, std::memory_order_relaxed); }
   uintptr_t self_begin() const { return self_begin_; }
   uintptr_t self_end() const { return self_end_; }
   pid_t pid() const { return pid_; }
@@ -218,6 +224,7 @@ class Recorder {
   // A step from any source but a data loader was recorded: loader steps stop.
   std::atomic<bool> other_steps_{false};
   std::atomic<ThreadRing*> rings_{nullptr};
+  std::atomic<uint32_t> allocating_threads_{0};
   ThreadRing* shared_ring_ = nullptr;
   StackTable stacks_;
   uintptr_t self_begin_ = 0;

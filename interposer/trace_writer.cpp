@@ -816,9 +816,11 @@ size_t TraceWriter::cycle(bool final) {
   st.batch.clear();
   st.run_ends.clear();
   uint64_t dropped = 0;
+  uint32_t allocating = 0;
   for (ThreadRing* ring = rec.rings(); ring != nullptr; ring = ring->next) {
     uint64_t tail = ring->tail.load(std::memory_order_relaxed);
     uint64_t head = ring->head.load(std::memory_order_acquire);
+    if (head - tail >= Recorder::kBusyRingEvents && ring != rec.shared_ring()) ++allocating;
     drain_run(st, *ring, tail, head);
     ring->tail.store(head, std::memory_order_release);
     dropped += ring->dropped.exchange(0, std::memory_order_relaxed);
@@ -828,6 +830,7 @@ size_t TraceWriter::cycle(bool final) {
       ring->state.compare_exchange_strong(expected, static_cast<int>(RingState::kFree));
     }
   }
+  rec.set_allocating_threads(allocating);
   const uint64_t now = monotonic_ns();
 
   // 2. Time-based steps.
