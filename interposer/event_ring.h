@@ -89,6 +89,10 @@ struct ThreadRing {
   // 0..27), their count (28..36), the frames skipped (37..39) and the
   // stack's id (40..63). Recorder::capture_stack.
   volatile uint64_t walk_stack;
+  // Until when (monotonic ns) the writer counts this ring's thread as
+  // allocating without pause (Recorder::allocating_threads): the writer's
+  // own, set where it drains kBusyRingEvents or more at once.
+  uint64_t busy_until_ns;
   Event events[kCapacity];
 };
 

@@ -141,10 +141,11 @@ class Recorder {
   StackTable& stacks() { return stacks_; }
   ThreadRing* rings() const { return rings_.load(std::memory_order_acquire); }
   ThreadRing* shared_ring() { return shared_ring_; }
-  // How many threads' rings held kBusyRingEvents or more at the writer's
-  // last drain: threads allocating without pause (the backlog each may hold
-  // depends on it).
+  // How many threads' rings held kBusyRingEvents or more at one of the
+  // writer's drains in the last kBusyForNs: threads allocating without
+  // pause (the backlog each may hold depends on it).
   static constexpr uint64_t kBusyRingEvents = 1024;
+  static constexpr uint64_t kBusyForNs = 200'000'000;
   uint32_t allocating_threads() const { return allocating_threads_.load(std::memory_order_relaxed); }
   void set_allocating_threads(uint32_t n) { allocating_threads_.store(n, std::memory_order_relaxed); }
   uintptr_t self_begin() const { return self_begin_; }

@@ -817,10 +817,14 @@ size_t TraceWriter::cycle(bool final) {
   st.run_ends.clear();
   uint64_t dropped = 0;
   uint32_t allocating = 0;
+  const uint64_t drained_at = monotonic_ns();
   for (ThreadRing* ring = rec.rings(); ring != nullptr; ring = ring->next) {
     uint64_t tail = ring->tail.load(std::memory_order_relaxed);
     uint64_t head = ring->head.load(std::memory_order_acquire);
-    if (head - tail >= Recorder::kBusyRingEvents && ring != rec.shared_ring()) ++allocating;
+    // A thread is counted for a while after it allocated fast: among many
+    // threads on few cores, not every one has run since the last cycle.
+    if (head - tail >= Recorder::kBusyRingEvents) ring->busy_until_ns = drained_at + Recorder::kBusyForNs;
+    if (ring->busy_until_ns > drained_at && ring != rec.shared_ring()) ++allocating;
     drain_run(st, *ring, tail, head);
     ring->tail.store(head, std::memory_order_release);
     dropped += ring->dropped.exchange(0, std::memory_order_relaxed);
