@@ -341,8 +341,6 @@ struct TraceWriter::State {
   Vector<uint8_t> code_written;   // Python code objects, by id
   uint32_t code_low = 1;
   uint32_t python_generation = 0;
-  Vector<ModuleRecord> modules_written;
-  unsigned long long dl_adds = ~0ull, dl_subs = ~0ull;
   uint32_t strings_written = 0;
   uint32_t frame_index = 0;
   uint64_t last_flush_ns = 0;
@@ -363,6 +361,27 @@ struct TraceWriter::State {
   ZSTD_CCtx* zstd = nullptr;
   Encoder enc{buffer};
   uint64_t start_mono_ns = 0;
+};
+
+// The list of loaded objects is read on a thread of its own: reading it
+// (dl_iterate_phdr) takes the loader's lock, and a signal may stop a thread
+// that holds that lock (inside dlopen(), as a Python import is, or inside
+// dl_iterate_phdr, as a C++ throw is) until the signal's handler returns.
+// The handler waits for the writer to write the signal's note: the writer
+// must never wait for that lock itself.
+struct TraceWriter::Modules {
+  // Held by whoever reads the list: the module thread, or the thread that
+  // opens or closes the trace. Its holder owns `seen` and the counts.
+  std::atomic<bool> scanning{false};
+  Vector<std::pair<uint64_t, String>> seen;  // base and path of each object found
+  unsigned long long dl_adds = ~0ull, dl_subs = ~0ull;
+  // Records found and not written yet: the writer takes them.
+  SpinLock lock;
+  Vector<ModuleRecord> found;
+  std::atomic<uint32_t> requested{0};
+  std::atomic<uint32_t> done{0};
+  std::atomic<bool> stopping{false};
+  uint64_t next_request_ns = 0;  // the writer's
 };
 
 namespace {
@@ -400,6 +419,14 @@ bool TraceWriter::open(const Config& config, const ForkOrigin& origin, char* err
       return false;
     }
     state_ = new (mem) State();
+  }
+  if (modules_ == nullptr) {
+    void* mem = __libc_malloc(sizeof(Modules));
+    if (mem == nullptr) {
+      snprintf(error, error_size, "out of memory");
+      return false;
+    }
+    modules_ = new (mem) Modules();
   }
   State& st = *state_;
   if (mkdir(config.dir, 0700) != 0 && errno != EEXIST) {
@@ -554,6 +581,12 @@ bool TraceWriter::start_thread() {
   // The writer must never take the program's signals.
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int rc = pthread_create(&thread_, &attr, &TraceWriter::thread_main, this);
+  // Without the module thread, the writer reads the list of loaded objects itself.
+  if (rc == 0 && modules_ != nullptr &&
+      pthread_create(&modules_thread_, &attr, &TraceWriter::modules_main, this) == 0) {
+    pthread_detach(modules_thread_);
+    modules_running_.store(true, std::memory_order_release);
+  }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
   pthread_attr_destroy(&attr);
   if (rc != 0) return false;
@@ -661,6 +694,11 @@ void TraceWriter::stop() {
     trace_.close();
   }
   status_.close();
+  // The module thread is not joined: it may be waiting for the loader's lock.
+  if (modules_running_.exchange(false, std::memory_order_acq_rel)) {
+    modules_->stopping.store(true, std::memory_order_release);
+    request_modules_scan();
+  }
 }
 
 void TraceWriter::reset_after_fork() {
@@ -682,6 +720,13 @@ void TraceWriter::reset_after_fork() {
     state_->~State();
     state_ = new (state_) State();
     state_->zstd = zstd;
+  }
+  // The parent's module thread does not exist here either; the child's
+  // trace records every object again.
+  modules_running_.store(false, std::memory_order_relaxed);
+  if (modules_ != nullptr) {
+    modules_->~Modules();
+    modules_ = new (modules_) Modules();
   }
 }
 
@@ -745,33 +790,43 @@ void encode_pressure(Encoder& enc, PressureSampler& sampler, uint64_t ts, bool w
 
 }  // namespace
 
-void TraceWriter::scan_modules(State& st) {
+namespace {
+
+constexpr uint64_t kModulesEveryNs = 10'000'000;
+
+// Reads the list of loaded objects when it changed since the last read, and
+// queues a record of each object not found before. Returns true when the
+// list changed.
+bool read_loaded_objects(TraceWriter::Modules& m) {
   struct Scan {
-    State* st;
-    Encoder* enc;
+    TraceWriter::Modules* m;
+    Vector<ModuleRecord> fresh;
     bool first = true;
-  } scan{&st, &st.enc};
+    bool changed = false;
+  } scan{&m, {}};
   dl_iterate_phdr(
       [](dl_phdr_info* info, size_t size, void* data) -> int {
         Scan& s = *static_cast<Scan*>(data);
+        TraceWriter::Modules& m = *s.m;
         if (s.first) {
           s.first = false;
           if (size >= offsetof(dl_phdr_info, dlpi_subs) + sizeof(info->dlpi_subs)) {
-            if (info->dlpi_adds == s.st->dl_adds && info->dlpi_subs == s.st->dl_subs) return 1;
+            if (info->dlpi_adds == m.dl_adds && info->dlpi_subs == m.dl_subs) return 1;
             // An object went away: what is loaded at its addresses next is unwound afresh.
-            if (info->dlpi_subs != s.st->dl_subs && s.st->dl_subs != ~0ull) unwinder_modules_unloaded();
-            s.st->dl_adds = info->dlpi_adds;
-            s.st->dl_subs = info->dlpi_subs;
+            if (info->dlpi_subs != m.dl_subs && m.dl_subs != ~0ull) unwinder_modules_unloaded();
+            m.dl_adds = info->dlpi_adds;
+            m.dl_subs = info->dlpi_subs;
           }
+          s.changed = true;
         }
         String path = info->dlpi_name ? info->dlpi_name : "";
         if (path.empty()) {
           char exe[4096];
-          ssize_t m = readlink("/proc/self/exe", exe, sizeof exe - 1);
-          if (m > 0) path.assign(exe, static_cast<size_t>(m));
+          ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+          if (n > 0) path.assign(exe, static_cast<size_t>(n));
         }
-        for (const ModuleRecord& m : s.st->modules_written) {
-          if (m.base == info->dlpi_addr && m.path == path) return 0;
+        for (const auto& known : m.seen) {
+          if (known.first == info->dlpi_addr && known.second == path) return 0;
         }
         ModuleRecord rec;
         rec.base = info->dlpi_addr;
@@ -782,27 +837,117 @@ void TraceWriter::scan_modules(State& st) {
             rec.segments.emplace_back(info->dlpi_phdr[i].p_vaddr, info->dlpi_phdr[i].p_memsz);
           }
         }
-        s.enc->tag(format::Tag::kModule);
-        s.enc->u(rec.base);
-        s.enc->str(rec.path.data(), rec.path.size());
-        s.enc->str(rec.build_id.data(), rec.build_id.size());
-        s.enc->u(rec.segments.size());
-        for (auto& seg : rec.segments) {
-          s.enc->u(seg.first);
-          s.enc->u(seg.second);
-        }
-        s.st->modules_written.push_back(std::move(rec));
+        m.seen.emplace_back(info->dlpi_addr, std::move(path));
+        s.fresh.push_back(std::move(rec));
         return 0;
       },
       &scan);
+  if (!scan.fresh.empty()) {
+    SpinGuard guard(m.lock);
+    for (ModuleRecord& rec : scan.fresh) m.found.push_back(std::move(rec));
+  }
+  return scan.changed;
+}
+
+void sleep_ms(long ms) {
+  timespec wait = {0, ms * 1'000'000L};
+  nanosleep(&wait, nullptr);
+}
+
+}  // namespace
+
+bool TraceWriter::scan_modules_here(bool detect_python, int wait_ms) {
+  if (modules_ == nullptr) return false;
+  Modules& m = *modules_;
+  for (int waited = 0; m.scanning.exchange(true, std::memory_order_acquire); ++waited) {
+    if (waited >= wait_ms) return false;
+    sleep_ms(1);
+  }
+  Recorder& rec = recorder();
+  bool scanned = false;
+  if (rec.enter_loader_section()) {  // not while a fork is under way
+    const bool changed = read_loaded_objects(m);
+    PythonFrames& python = python_frames();
+    // The interpreter may come in an object loaded since (an embedding program).
+    if (detect_python && changed && python.status() == PythonFrames::Status::kNone &&
+        rec.config().stack_depth != 0) {
+      python.detect();
+    }
+    rec.leave_loader_section();
+    scanned = true;
+  }
+  m.scanning.store(false, std::memory_order_release);
+  return scanned;
+}
+
+uint32_t TraceWriter::request_modules_scan() {
+  Modules& m = *modules_;
+  const uint32_t ticket = m.requested.fetch_add(1, std::memory_order_acq_rel) + 1;
+  futex(&m.requested, FUTEX_WAKE_PRIVATE, 1, nullptr);
+  return ticket;
+}
+
+bool TraceWriter::wait_modules_scan(uint32_t ticket, int timeout_ms) {
+  Modules& m = *modules_;
+  for (int waited = 0;; ++waited) {
+    const uint32_t done = m.done.load(std::memory_order_acquire);
+    if (static_cast<int32_t>(done - ticket) >= 0) return true;
+    if (waited >= timeout_ms) return false;
+    timespec wait = {0, 1'000'000};
+    futex(&m.done, FUTEX_WAIT_PRIVATE, done, &wait);
+  }
+}
+
+void* TraceWriter::modules_main(void* self) {
+  ThreadState& t = thread_state();
+  t.in_hook = 1;  // nothing this thread allocates is the program's memory
+  t.status = 2;
+#ifdef __linux__
+  pthread_setname_np(pthread_self(), "memledger-mods");
+#endif
+  static_cast<TraceWriter*>(self)->run_modules();
+  return nullptr;
+}
+
+void TraceWriter::run_modules() {
+  Modules& m = *modules_;
+  uint32_t seen = 0;
+  while (!m.stopping.load(std::memory_order_acquire)) {
+    futex(&m.requested, FUTEX_WAIT_PRIVATE, seen, nullptr);
+    const uint32_t ticket = m.requested.load(std::memory_order_acquire);
+    if (ticket == seen || m.stopping.load(std::memory_order_acquire)) continue;
+    seen = ticket;
+    // Busy elsewhere (the trace is being closed): that scan stands for this one.
+    scan_modules_here(true, 0);
+    m.done.store(ticket, std::memory_order_release);
+    futex(&m.done, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr);
+  }
+}
+
+void TraceWriter::write_found_modules(State& st) {
+  if (modules_ == nullptr) return;
+  Modules& m = *modules_;
+  Vector<ModuleRecord> found;
+  {
+    SpinGuard guard(m.lock);
+    found.swap(m.found);
+  }
+  for (const ModuleRecord& rec : found) {
+    st.enc.tag(format::Tag::kModule);
+    st.enc.u(rec.base);
+    st.enc.str(rec.path.data(), rec.path.size());
+    st.enc.str(rec.build_id.data(), rec.build_id.size());
+    st.enc.u(rec.segments.size());
+    for (auto& seg : rec.segments) {
+      st.enc.u(seg.first);
+      st.enc.u(seg.second);
+    }
+  }
 }
 
 void TraceWriter::scan_modules_at_start() {
   if (state_ == nullptr || !trace_.is_open() || running_.load(std::memory_order_acquire)) return;
-  Recorder& rec = recorder();
-  if (!rec.enter_loader_section()) return;
-  scan_modules(*state_);
-  rec.leave_loader_section();
+  if (scan_modules_here(false, 0)) write_found_modules(*state_);
 }
 
 size_t TraceWriter::cycle(bool final) {
@@ -852,29 +997,28 @@ size_t TraceWriter::cycle(bool final) {
   }
   merge_runs(st);
 
-  // 3. Modules, when the set of loaded objects changed (skipped while a
-  // fork is under way: see Recorder::enter_loader_section). Skipped too
-  // while a signal's note is being taken or waits, once the objects were
-  // read at least once: the signal may have stopped a thread that holds the
-  // loader's lock (in dlopen(), as a Python import is), which it gives back
-  // only when the signal's handler returns, and the handler waits for this
-  // cycle to write the note. Objects loaded since the last cycle are read
-  // by the next one, if the process lives on.
-  const unsigned long long dl_adds_before = st.dl_adds;
+  // 3. Modules: the module thread reads their list, at most every 10 ms,
+  // and this cycle writes what it found. While a signal's note waits, the
+  // cycle waits a little for a fresh read (the crashing frame may be in an
+  // object loaded since the last one), never for long: that thread may wait
+  // for the loader's lock, held by the thread the signal stopped. Without
+  // the module thread, or at the end, the list is read here, unless a
+  // signal's note waits.
   const int signal_state = signal_.pending.load(std::memory_order_acquire);
-  const bool signal_waits = (signal_state == 1 || signal_state == 3) && !st.modules_written.empty();
-  const bool loader = !signal_waits && rec.enter_loader_section();
-  if (loader) scan_modules(st);
-
-  // 4. The Python interpreter (found at start-up, or in an object loaded
-  // since), then the Python code objects and stacks published since the
-  // last cycle.
-  PythonFrames& python = python_frames();
-  if (loader && python.status() == PythonFrames::Status::kNone && st.dl_adds != dl_adds_before &&
-      rec.config().stack_depth != 0) {
-    python.detect();
+  const bool signal_waits = signal_state == 1 || signal_state == 3;
+  if (final || !modules_running_.load(std::memory_order_acquire)) {
+    if (!signal_waits) scan_modules_here(true, final ? 250 : 0);
+  } else if (signal_state == 1) {
+    wait_modules_scan(request_modules_scan(), 100);
+  } else if (now >= modules_->next_request_ns) {
+    modules_->next_request_ns = now + kModulesEveryNs;
+    request_modules_scan();
   }
-  if (loader) rec.leave_loader_section();
+  write_found_modules(st);
+
+  // 4. The Python interpreter's status, then the Python code objects and
+  // stacks published since the last cycle.
+  PythonFrames& python = python_frames();
   if (python.generation() != st.python_generation) {
     st.python_generation = python.generation();
     enc.tag(format::Tag::kPython);

@@ -80,6 +80,8 @@ class TraceWriter {
   // before start_thread(): a signal's note written before the writer's
   // first cycle read them still has them.
   void scan_modules_at_start();
+  // Starts the writer thread, and the thread that reads the list of loaded
+  // objects for it (without that one, the writer reads the list itself).
   bool start_thread();
   // Writes everything pending, the END record, and closes the file.
   void stop();
@@ -100,7 +102,8 @@ class TraceWriter {
            trace_.is_open();
   }
 
-  struct State;  // everything only the writer thread touches
+  struct State;    // everything only the writer thread touches
+  struct Modules;  // the loaded objects found, and the thread that reads them
 
   void note_exit(int status);
   void note_exec(const char* path);
@@ -118,9 +121,17 @@ class TraceWriter {
   void run();
   // Returns the number of events it took from the rings.
   size_t cycle(bool final);
-  // Writes a record of each loaded object not written yet, when the list
-  // changed (dl_iterate_phdr: under the loader's lock).
-  void scan_modules(State& st);
+  static void* modules_main(void* self);
+  void run_modules();
+  // Reads the list of loaded objects on the calling thread, when no other
+  // thread is reading it (waiting up to `wait_ms` for one that is).
+  bool scan_modules_here(bool detect_python, int wait_ms);
+  // Asks the module thread to read the list; returns its ticket.
+  uint32_t request_modules_scan();
+  // Waits up to `timeout_ms` for the scan with that ticket to end.
+  bool wait_modules_scan(uint32_t ticket, int timeout_ms);
+  // Writes a record of each loaded object found and not written yet.
+  void write_found_modules(State& st);
   // Writes one frame of `raw_len` payload bytes (compressed when that is
   // smaller). On a failed write, cuts the file back to its last whole frame.
   bool write_frame(const uint8_t* raw, size_t raw_len, int* err);
@@ -142,10 +153,13 @@ class TraceWriter {
   std::atomic<bool> running_{false};
   std::atomic<bool> waiting_{false};
   pthread_t thread_{};
+  std::atomic<bool> modules_running_{false};
+  pthread_t modules_thread_{};
   OwnedFile trace_;
   OwnedFile status_;
   char status_path_[4200] = {};  // until the status file is made
   State* state_ = nullptr;
+  Modules* modules_ = nullptr;
 };
 
 TraceWriter& trace_writer();

@@ -11,9 +11,11 @@
 //   abort         abort()                                       -> SIGABRT
 //   term-self     raise(SIGTERM) with the default action        -> SIGTERM
 //   term-in-loader
-//                 as term-self, from inside dl_iterate_phdr: the
-//                 thread holds the loader's lock, as a thread in
-//                 dlopen() does (a Python import)               -> SIGTERM
+//                 as term-self, from inside dl_iterate_phdr, 50 ms
+//                 after it began: the thread holds the loader's
+//                 lock, as a thread in dlopen() does (a Python
+//                 import), and the tracer's threads come to wait
+//                 for it                                        -> SIGTERM
 //   handler       installs a SIGTERM handler after start-up, raises SIGTERM;
 //                 the handler prints HANDLER_RAN and _exit(42)  -> exit 42
 //   python-style  a SIGINT handler that sets a flag (as CPython does);
@@ -122,6 +124,7 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "term-in-loader") == 0) {
     dl_iterate_phdr(
         [](dl_phdr_info*, size_t, void*) -> int {
+          usleep(50'000);
           raise(SIGTERM);
           return 1;
         },
