@@ -403,7 +403,16 @@ void hold_back_if_behind(ThreadRing* ring, uint64_t head) {
 
 }  // namespace
 
-bool Recorder::push(ThreadState& t, Event& event) {
+// Fills the next slot of the thread's ring in place and publishes it:
+// `fill` writes every field but seq, ts and tid. `seq` is the event's
+// number when it has one already, else 0: it is numbered here, before the
+// slot is written (a locked instruction waits for the stores before it, and
+// the ring's lines are seldom in cache). Built in the slot, the event is not
+// copied there from the stack: that copy's wide loads of fields just stored
+// one by one wait for the stores to drain (no store forwarding).
+// Returns the event's number, 0 when it was dropped.
+template <typename Fill>
+uint64_t Recorder::push_in_place(ThreadState& t, uint64_t seq, Fill&& fill) {
   ThreadRing* ring = t.ring;
   if (ring == nullptr) ring = acquire_ring(t);
   const bool shared = ring == nullptr;
@@ -428,7 +437,7 @@ bool Recorder::push(ThreadState& t, Event& event) {
     if (head - ring->tail.load(std::memory_order_acquire) >= ThreadRing::kCapacity) {
       ring->dropped.fetch_add(1, std::memory_order_relaxed);
       if (shared) g_shared_lock.unlock();
-      return false;
+      return 0;
     }
   } else if (!shared && (head & 63) == 0) {
     if (head - tail >= kWakeAt) trace_writer().nudge();
@@ -436,18 +445,27 @@ bool Recorder::push(ThreadState& t, Event& event) {
   }
   // A free recorded after its real call took its number before that call
   // (see on_device_free); everything else is numbered here.
-  if (event.seq == 0) event.seq = next_seq();
+  if (seq == 0) seq = next_seq();
+  Event& slot = ring->events[head & ThreadRing::kMask];
+  fill(slot);
+  slot.seq = seq;
   // Allocation times need no more than millisecond precision (the order is
   // the sequence number); the coarse clock costs a few nanoseconds.
   // CUPTI's records bring their own time and fields (event_ring.h).
-  if (event.type < EventType::kCuptiStatus) {
-    event.ts = event.type == EventType::kStep ? monotonic_ns() : coarse_ns();
-    event.tid = static_cast<uint32_t>(ring->tid.load(std::memory_order_relaxed));
-    if (shared) event.tid = static_cast<uint32_t>(syscall(SYS_gettid));
+  if (slot.type < EventType::kCuptiStatus) {
+    slot.ts = slot.type == EventType::kStep ? monotonic_ns() : coarse_ns();
+    slot.tid = shared ? static_cast<uint32_t>(syscall(SYS_gettid))
+                      : static_cast<uint32_t>(ring->tid.load(std::memory_order_relaxed));
   }
-  ring->events[head & ThreadRing::kMask] = event;
   ring->head.store(head + 1, std::memory_order_release);
   if (shared) g_shared_lock.unlock();
+  return seq;
+}
+
+bool Recorder::push(ThreadState& t, Event& event) {
+  const uint64_t seq = push_in_place(t, event.seq, [&event](Event& slot) { slot = event; });
+  if (seq == 0) return false;
+  event.seq = seq;
   return true;
 }
 
@@ -561,6 +579,24 @@ void Recorder::add_totals_without_ring(ThreadState& t, size_t usable, bool alloc
   (alloc ? shared_ring_->host_allocs : shared_ring_->host_frees).fetch_add(1, std::memory_order_relaxed);
 }
 
+namespace {
+
+// Every field of a host event but seq, ts and tid (Recorder::push_in_place).
+inline void fill_host_event(Event& e, EventType type, uint8_t flags, uint64_t addr, uint64_t size,
+                            uint64_t weight, uint32_t stack) {
+  e.addr = addr;
+  e.size = size;
+  e.weight = weight;
+  e.stack = stack;
+  e.aux = 0;
+  e.type = type;
+  e.kind = static_cast<uint8_t>(format::Kind::kHost);
+  e.flags = flags;
+  e.source = 0;
+}
+
+}  // namespace
+
 // The countdown of sampled mode reached zero: the allocation is sampled,
 // unless this is the thread's first, which draws its first distance.
 void Recorder::countdown_reached(ThreadState& t, uintptr_t addr, size_t size, const void* hook_frame) {
@@ -583,18 +619,11 @@ __attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintp
     const double p = -std::expm1(-static_cast<double>(size) / static_cast<double>(config_.sample_interval));
     weight = static_cast<uint64_t>(std::llround(static_cast<double>(size) / p));
   }
-  Event e{};
-  e.type = EventType::kAlloc;
-  e.kind = static_cast<uint8_t>(format::Kind::kHost);
-  e.addr = addr;
-  e.size = size;
-  e.weight = weight;
-  if (sampled) {
-    e.flags = format::kAllocSampled;
-    remember_sampled(e.addr);
-  }
-  e.stack = capture_stack(0, true, hook_frame);
-  push(t, e);
+  if (sampled) remember_sampled(addr);
+  const uint32_t stack = capture_stack(0, true, hook_frame);
+  push_in_place(t, 0, [&](Event& e) {
+    fill_host_event(e, EventType::kAlloc, sampled ? format::kAllocSampled : 0, addr, size, weight, stack);
+  });
   if (sampled) {
     // The exact totals beside each recorded allocation: the report corrects
     // its estimate at step ends that no marker carries (automatic steps).
@@ -610,11 +639,7 @@ void Recorder::free_if_sampled(ThreadState& t, uintptr_t addr) {
 }
 
 __attribute__((noinline)) void Recorder::record_host_free(ThreadState& t, uintptr_t addr) {
-  Event e{};
-  e.type = EventType::kFree;
-  e.kind = static_cast<uint8_t>(format::Kind::kHost);
-  e.addr = addr;
-  push(t, e);
+  push_in_place(t, 0, [addr](Event& e) { fill_host_event(e, EventType::kFree, 0, addr, 0, 0, 0); });
 }
 
 void Recorder::on_host_failed(ThreadState& t, size_t size, int error) {

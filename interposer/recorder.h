@@ -182,6 +182,8 @@ class Recorder {
  private:
   ThreadRing* acquire_ring(ThreadState& t);
   bool push(ThreadState& t, Event& event);
+  template <typename Fill>
+  uint64_t push_in_place(ThreadState& t, uint64_t seq, Fill&& fill);
   // A thread's own ring's totals: only its thread writes them, so plain
   // loads and stores suffice (no locked instruction on the hot path).
   static void count_own_alloc(ThreadRing* ring, size_t usable) {
