@@ -252,7 +252,7 @@ uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t py
   if (cache != nullptr && depth <= kRecentDepth) {
     uint64_t h = uint64_t{depth} << 8 | python;
     for (uint32_t i = 0; i < depth; ++i) h = (h << 7 | h >> 57) ^ frames[i];
-    recent = &cache->recent[(h * 0x9e3779b97f4a7c15ull) >> 58 & (PathCache::kRecentSlots - 1)];
+    recent = &cache->recent[(h * 0x9e3779b97f4a7c15ull) >> (64 - PathCache::kRecentBits)];
     if (recent->id != 0 && recent->depth == depth && recent->python == python &&
         memcmp(recent->words, frames, depth * sizeof(uintptr_t)) == 0) {
       return recent->id;

@@ -77,7 +77,11 @@ class StackTable {
       uint16_t python;  // of them, Python frames
       uintptr_t words[kRecentDepth];
     };
-    static constexpr uint32_t kRecentSlots = 64;
+    // 256 slots: a loop over many call sites at many depths (bench/storm
+    // --depth) keeps finding its stacks here. About 126 KiB a thread, in
+    // the ring's mapping, touched as the slots are used.
+    static constexpr uint32_t kRecentBits = 8;
+    static constexpr uint32_t kRecentSlots = 1u << kRecentBits;
     Recent recent[kRecentSlots];
     // Forgets everything (a fork child's ring whose thread did not come
     // along may hold a half-written entry).
