@@ -411,22 +411,24 @@ uint32_t Recorder::intern_string(const char* text) {
   return static_cast<uint32_t>(table.strings.size());
 }
 
+namespace {
+
+// Makes `*p` in the C library's heap the first time; false when out of memory.
+template <typename T>
+bool make_once(T** p) {
+  if (*p != nullptr) return true;
+  void* mem = __libc_malloc(sizeof(T));
+  if (mem == nullptr) return false;
+  *p = new (mem) T();
+  return true;
+}
+
+}  // namespace
+
 bool TraceWriter::open(const Config& config, const ForkOrigin& origin, char* error, size_t error_size) {
-  if (state_ == nullptr) {
-    void* mem = __libc_malloc(sizeof(State));
-    if (mem == nullptr) {
-      snprintf(error, error_size, "out of memory");
-      return false;
-    }
-    state_ = new (mem) State();
-  }
-  if (modules_ == nullptr) {
-    void* mem = __libc_malloc(sizeof(Modules));
-    if (mem == nullptr) {
-      snprintf(error, error_size, "out of memory");
-      return false;
-    }
-    modules_ = new (mem) Modules();
+  if (!make_once(&state_) || !make_once(&modules_)) {
+    snprintf(error, error_size, "out of memory");
+    return false;
   }
   State& st = *state_;
   if (mkdir(config.dir, 0700) != 0 && errno != EEXIST) {
@@ -594,13 +596,22 @@ bool TraceWriter::start_thread() {
   return true;
 }
 
-void* TraceWriter::thread_main(void* self) {
+namespace {
+
+// The start of each of memledger's own threads.
+void become_tracer_thread(const char* name) {
   ThreadState& t = thread_state();
   t.in_hook = 1;  // nothing this thread allocates is the program's memory
   t.status = 2;
 #ifdef __linux__
-  pthread_setname_np(pthread_self(), "memledger");
+  pthread_setname_np(pthread_self(), name);
 #endif
+}
+
+}  // namespace
+
+void* TraceWriter::thread_main(void* self) {
+  become_tracer_thread("memledger");
   static_cast<TraceWriter*>(self)->run();
   return nullptr;
 }
@@ -899,12 +910,7 @@ bool TraceWriter::wait_modules_scan(uint32_t ticket, int timeout_ms) {
 }
 
 void* TraceWriter::modules_main(void* self) {
-  ThreadState& t = thread_state();
-  t.in_hook = 1;  // nothing this thread allocates is the program's memory
-  t.status = 2;
-#ifdef __linux__
-  pthread_setname_np(pthread_self(), "memledger-mods");
-#endif
+  become_tracer_thread("memledger-mods");
   static_cast<TraceWriter*>(self)->run_modules();
   return nullptr;
 }
