@@ -1,5 +1,6 @@
 #include "recorder.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -376,7 +377,7 @@ constexpr uint64_t kWakeAt = kSoftCapacity / 4;
 // The backlog a ring may hold when `allocating` threads allocate without
 // pause (Recorder::allocating_threads).
 inline uint64_t soft_capacity(uint32_t allocating) {
-  return allocating <= 1 ? kSharedBacklog : allocating == 2 ? kSharedBacklog / 2 : kSoftCapacity;
+  return std::max<uint64_t>(kSoftCapacity, kSharedBacklog / std::max<uint32_t>(allocating, 1));
 }
 constexpr uint64_t kMaxLagNs = 20'000'000;
 constexpr uint64_t kMaxHoldNs = 50'000'000;  // per check: a stalled writer costs little

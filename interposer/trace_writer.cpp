@@ -361,6 +361,7 @@ struct TraceWriter::State {
   ZSTD_CCtx* zstd = nullptr;
   Encoder enc{buffer};
   uint64_t start_mono_ns = 0;
+  uint64_t next_modules_ns = 0;  // when to ask the module thread for a read again
 };
 
 // The list of loaded objects is read on a thread of its own: reading it
@@ -381,7 +382,6 @@ struct TraceWriter::Modules {
   std::atomic<uint32_t> requested{0};
   std::atomic<uint32_t> done{0};
   std::atomic<bool> stopping{false};
-  uint64_t next_request_ns = 0;  // the writer's
 };
 
 namespace {
@@ -584,9 +584,10 @@ bool TraceWriter::start_thread() {
   pthread_sigmask(SIG_SETMASK, &all, &old);
   int rc = pthread_create(&thread_, &attr, &TraceWriter::thread_main, this);
   // Without the module thread, the writer reads the list of loaded objects itself.
+  pthread_t modules_thread;
   if (rc == 0 && modules_ != nullptr &&
-      pthread_create(&modules_thread_, &attr, &TraceWriter::modules_main, this) == 0) {
-    pthread_detach(modules_thread_);
+      pthread_create(&modules_thread, &attr, &TraceWriter::modules_main, this) == 0) {
+    pthread_detach(modules_thread);
     modules_running_.store(true, std::memory_order_release);
   }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
@@ -860,11 +861,6 @@ bool read_loaded_objects(TraceWriter::Modules& m) {
   return scan.changed;
 }
 
-void sleep_ms(long ms) {
-  timespec wait = {0, ms * 1'000'000L};
-  nanosleep(&wait, nullptr);
-}
-
 }  // namespace
 
 bool TraceWriter::scan_modules_here(bool detect_python, int wait_ms) {
@@ -872,7 +868,8 @@ bool TraceWriter::scan_modules_here(bool detect_python, int wait_ms) {
   Modules& m = *modules_;
   for (int waited = 0; m.scanning.exchange(true, std::memory_order_acquire); ++waited) {
     if (waited >= wait_ms) return false;
-    sleep_ms(1);
+    timespec pause = {0, 1'000'000};
+    nanosleep(&pause, nullptr);
   }
   Recorder& rec = recorder();
   bool scanned = false;
@@ -1016,8 +1013,8 @@ size_t TraceWriter::cycle(bool final) {
     if (!signal_waits) scan_modules_here(true, final ? 250 : 0);
   } else if (signal_state == 1) {
     wait_modules_scan(request_modules_scan(), 100);
-  } else if (now >= modules_->next_request_ns) {
-    modules_->next_request_ns = now + kModulesEveryNs;
+  } else if (now >= st.next_modules_ns) {
+    st.next_modules_ns = now + kModulesEveryNs;
     request_modules_scan();
   }
   write_found_modules(st);

@@ -154,7 +154,6 @@ class TraceWriter {
   std::atomic<bool> waiting_{false};
   pthread_t thread_{};
   std::atomic<bool> modules_running_{false};
-  pthread_t modules_thread_{};
   OwnedFile trace_;
   OwnedFile status_;
   char status_path_[4200] = {};  // until the status file is made
