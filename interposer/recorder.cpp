@@ -510,21 +510,25 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
   uint32_t depth = first < n ? static_cast<uint32_t>(n - first) : 0;
   if (depth > config_.stack_depth) depth = config_.stack_depth;
   if (python + depth == 0) return 0;
-  // Native frames alone, from the walk the thread's last such stack was
-  // made from (the same frames): the same stack.
+  // Native frames alone, from the walk the thread's last such stack from
+  // the same memo slot was made from (the same frames): the same stack.
   uint64_t key = 0;
-  if (own != nullptr && python == 0 && serial != 0 && n < 512 && skip_extra < 8) {
+  volatile uint64_t* made = nullptr;
+  if (own != nullptr) made = &own->walk_stacks[own->unwind_memo.current % UnwindMemo::kWalks];
+  if (made != nullptr && python == 0 && serial != 0 && n < 512 && skip_extra < 8) {
     key = (serial & 0xfffffffu) | static_cast<uint64_t>(n) << 28 | static_cast<uint64_t>(skip_extra) << 37;
-    const uint64_t last = own->walk_stack;
+    const uint64_t last = *made;
     if ((last & 0xffffffffffull) == key) return static_cast<uint32_t>(last >> 40);
   }
   if (first > 0) memmove(words + python, words + python + first, depth * sizeof(uintptr_t));
   const uint32_t id = stacks_.intern(words, python + depth, python, own != nullptr ? &own->path_cache : nullptr);
-  // Always replaced, also by a stack it cannot describe: every serial the
-  // memo hands out is within 2^27 walks of its newest, which moves by one
-  // at most between two stacks of the thread, so their low 28 bits tell
-  // the walks apart.
-  if (own != nullptr) own->walk_stack = key != 0 && id != 0 && id < (1u << 24) ? key | static_cast<uint64_t>(id) << 40 : 0;
+  // Always replaced, also by a stack it cannot describe. A slot's word is
+  // written at every stack made from its walk, so it holds the serial of
+  // the slot's walk or of one shortly before (a signal handler's walk on
+  // this thread may move `current` between the walk and the line above):
+  // every serial the memo hands out is within 2^27 walks of its newest, so
+  // their low 28 bits tell the walks apart.
+  if (made != nullptr) *made = key != 0 && id != 0 && id < (1u << 24) ? key | static_cast<uint64_t>(id) << 40 : 0;
   return id;
 }
 
@@ -874,7 +878,7 @@ void Recorder::after_fork_child() {
       // cache (a half-written one would give wrong ids) and a free memo (a
       // walk replaces it only whole).
       ring->path_cache.clear();
-      ring->walk_stack = 0;
+      for (volatile uint64_t& made : ring->walk_stacks) made = 0;
       ring->unwind_memo.busy = 0;
       ring->state.store(static_cast<int>(RingState::kFree), std::memory_order_relaxed);
     }

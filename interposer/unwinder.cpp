@@ -701,7 +701,10 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
     for (uint32_t j = 0; j < UnwindMemo::kWalks; ++j) {
       const uint32_t k = (current + j) % UnwindMemo::kWalks;
       const UnwindMemo::State* held = memo->states[k];
-      if (memo->count[k] == 0 || memo->generation[k] != generation || !at_state(held[0], rip, rsp, rbp)) continue;
+      if (memo->first_rsp[k] != rsp || memo->count[k] == 0 || memo->generation[k] != generation ||
+          !at_state(held[0], rip, rsp, rbp)) {
+        continue;
+      }
       const int again = walk_again(held, memo->count[k], rbp, frames, max);
       if (again > 0) {
         memo->current = k;
@@ -728,6 +731,10 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
       if (memo->tick - memo->used[k] > memo->tick - memo->used[next]) next = k;
     }
     out = memo->states[next];
+    // Empty until this walk is whole: one given up half way leaves no
+    // states of two walks in one slot.
+    memo->count[next] = 0;
+    memo->first_rsp[next] = 0;
   }
   // States recorded from `same_from` on are the last walk's, to its end:
   // their kRbpMatters bits still hold (they depend only on what follows).
@@ -821,6 +828,7 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
       read_after = read;
     }
     memo->count[next] = written;
+    memo->first_rsp[next] = written > 0 ? out[0].rsp : 0;
     memo->generation[next] = generation;
     memo->current = next;
     memo->used[next] = ++memo->tick;

@@ -37,7 +37,7 @@ namespace memledger::interposer {
 // (ThreadRing).
 struct UnwindMemo {
   static constexpr int kStates = 256;
-  static constexpr uint32_t kWalks = 4;
+  static constexpr uint32_t kWalks = 8;
   struct State {
     uint64_t rip;
     uint64_t rsp;
@@ -49,6 +49,8 @@ struct UnwindMemo {
   volatile uint32_t busy;
   uint32_t current;  // which of `states` holds the last walk made or followed again
   uint32_t count[kWalks];
+  // Each slot's first stack pointer (0: empty), compared before the rest.
+  uint64_t first_rsp[kWalks];
   uint32_t generation[kWalks];
   // Numbers the walks that wrote `states` (fast_backtrace's `walk_serial`):
   // `serial` the last one handed out, `serials` each slot's.

@@ -347,20 +347,30 @@ TEST_CASE("a walk the memo holds, made again, leaves the memo as it is; any othe
   static UnwindMemo memo;
   // (pattern, frame limit, the memo holds this walk: the same frames to the
   // same end, from the same place)
-  const struct {
+  struct Walk {
     const char* pattern;
     int max;
     bool held;
-  } walks[] = {
+  };
+  std::vector<Walk> walks = {
       {"nvfnvf", kMax, false}, {"nvfnvf", kMax, true}, {"nvfnvf", kMax, true},
       // Cut short: a walk of its own, held beside the whole one.
       {"nvfnvf", 6, false}, {"nvfnvf", 6, true}, {"nvfnvf", 5, false}, {"nvfnvf", 9, false}, {"nvfnvf", 9, true},
-      // The whole walk is still held (four walks are).
-      {"nvfnvf", kMax, true},
-      // A fifth walk takes the place of the one least recently used (the one cut at 6).
-      {"nvfnv", kMax, false}, {"nvfnv", kMax, true}, {"nvfnvf", 6, false}, {"vnfnvf", kMax, false},
-      {"nvfnvf", kMax, true}, {"nvfnv", kMax, true}};
-  for (size_t i = 0; i < sizeof walks / sizeof walks[0]; ++i) {
+      // The whole walk is still held.
+      {"nvfnvf", kMax, true}};
+  // More walks cut elsewhere, until every slot is taken.
+  const int more_cuts[] = {7, 8, 10, 4, 3, 11};
+  static_assert(UnwindMemo::kWalks >= 4 && UnwindMemo::kWalks - 4 <= std::size(more_cuts));
+  for (uint32_t i = 0; i + 4 < UnwindMemo::kWalks; ++i) walks.push_back({"nvfnvf", more_cuts[i], false});
+  walks.push_back({"nvfnvf", kMax, true});
+  // One walk more takes the place of the one least recently used (the one
+  // cut at 6), which then takes the place of the next one (cut at 5); the
+  // others stay.
+  const Walk last[] = {{"nvfnv", kMax, false}, {"nvfnv", kMax, true}, {"nvfnvf", 6, false},
+                       {"nvfnvf", 9, true},    {"nvfnvf", 5, false},  {"nvfnvf", kMax, true},
+                       {"nvfnv", kMax, true}};
+  walks.insert(walks.end(), std::begin(last), std::end(last));
+  for (size_t i = 0; i < walks.size(); ++i) {
     INFO("walk " << i << " '" << walks[i].pattern << "' max " << walks[i].max);
     const uint32_t serial = memo.serial;
     MemoCapture c{&memo, walks[i].max, {}, {}, true};
