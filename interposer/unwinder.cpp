@@ -683,6 +683,65 @@ inline int walk_again(const UnwindMemo::State* last, uint32_t last_count, uint64
   return 0;
 }
 
+// A state as a walk records it (rbp_at is prepare_whole's).
+inline void set_state(UnwindMemo::State& s, uint64_t rip, uint64_t rsp, uint64_t rbp, uint64_t rule) {
+  s.rip = rip;
+  s.rsp = rsp;
+  s.rbp = rbp;
+  s.rule = rule;
+}
+
+// The last walk again from its states' stack words alone (UnwindMemo::
+// whole): each frame's return address where the walk read it, and its rbp
+// where a rule after reads it. What walk_again compares, less what cannot
+// differ when this matches (a rule's CFA from a rbp already compared), in
+// one pattern for every frame. True with `count` frames in `frames`.
+inline bool follow_whole(const UnwindMemo::State* last, uint32_t count, void** frames) {
+  for (uint32_t i = 1; i < count; ++i) {
+    const UnwindMemo::State& s = last[i];
+    if (*reinterpret_cast<const uint64_t*>(s.rsp - 8) != s.rip ||
+        *reinterpret_cast<const uint64_t*>(s.rbp_at) != s.rbp) {
+      return false;
+    }
+    frames[i] = reinterpret_cast<void*>(s.rip);
+  }
+  return true;
+}
+
+// Prepares the walk `states[0..count)` (marks set) to be made again by
+// follow_whole: its frame count, or 0 where walk_again would not follow it
+// to its end, or where a rule reads a rbp that no compare made sure of.
+// `cut`: it stopped at the frame limit.
+inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* cut) {
+  *cut = false;
+  if (count == 0 || states[0].rule == 0) return 0;
+  // Whether the rbp of the state reached is the one the memo holds, once
+  // the compares so far matched (at_state compares the first's where it matters).
+  bool known = (states[0].rule & kRbpMatters) != 0;
+  states[0].rbp_at = reinterpret_cast<uint64_t>(&states[0].rbp);
+  uint32_t k = 0;
+  while (states[k].rule & kFollowable) {
+    const uint64_t rule = states[k].rule;
+    UnwindMemo::State& then = states[k + 1];
+    then.rbp_at = reinterpret_cast<uint64_t>(&then.rbp);
+    if (rule & 16) {
+      known = (then.rule & kRbpMatters) != 0;
+      if (known) then.rbp_at = then.rsp + static_cast<int16_t>(rule >> 16);
+    } else if ((then.rule & kRbpMatters) && !known) {
+      return 0;
+    }
+    ++k;
+  }
+  const Kind kind = static_cast<Kind>((states[k].rule >> 1) & 3);
+  if (kind == Kind::kOutermost && k + 1 == count) return k + 1;
+  if (kind == Kind::kStandard && k + 2 == count && states[k + 1].rule == 0 && (!(states[k].rule & 8) || known)) {
+    states[k + 1].rbp_at = reinterpret_cast<uint64_t>(&states[k + 1].rbp);
+    *cut = true;
+    return k + 2;
+  }
+  return 0;
+}
+
 // `walk_serial`: set to the serial of the memo walk whose frames these are.
 inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max, UnwindMemo* memo,
                 LoaderUse& loader, uint32_t* walk_serial = nullptr) {
@@ -705,7 +764,22 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
           !at_state(held[0], rip, rsp, rbp)) {
         continue;
       }
-      const int again = walk_again(held, memo->count[k], rbp, frames, max);
+      int again;
+      if (const uint32_t whole = memo->whole[k]; whole != 0) {
+        // As walk_again: the frame limit the walk stopped at, or room for its frames.
+        if (memo->whole_cut[k] ? whole != static_cast<uint32_t>(max) : whole > static_cast<uint32_t>(max)) continue;
+        again = follow_whole(held, whole, frames) ? static_cast<int>(whole) : 0;
+      } else {
+        again = walk_again(held, memo->count[k], rbp, frames, max);
+        // A walk made again once is prepared for the next times (most walks
+        // of a deep, varied stack are never made again).
+        if (again > 0 && !memo->whole_tried[k]) {
+          memo->whole_tried[k] = true;
+          bool cut = false;
+          memo->whole[k] = prepare_whole(memo->states[k], memo->count[k], &cut);
+          memo->whole_cut[k] = cut;
+        }
+      }
       if (again > 0) {
         memo->current = k;
         memo->used[k] = ++memo->tick;
@@ -735,6 +809,8 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
     // states of two walks in one slot.
     memo->count[next] = 0;
     memo->first_rsp[next] = 0;
+    memo->whole[next] = 0;
+    memo->whole_tried[next] = false;
   }
   // States recorded from `same_from` on are the last walk's, to its end:
   // their kRbpMatters bits still hold (they depend only on what follows).
@@ -753,7 +829,7 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
       void** const frames_end = frames + max;
       for (;;) {
         rule = at->rule;
-        *put++ = {rip, rsp, rbp, rule};
+        set_state(*put++, rip, rsp, rbp, rule);
         if (!(rule & kFollowable)) break;
         const UnwindMemo::State* then = at + 1;
         const uint64_t ret = *reinterpret_cast<const uint64_t*>(then->rsp - 8);
@@ -775,7 +851,7 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
       rule = rule_of(rip, loader);
       if (rule == 0) return -2;
       same_from = kNone;
-      if (out != nullptr) out[written++] = {rip, rsp, rbp, rule};
+      if (out != nullptr) set_state(out[written++], rip, rsp, rbp, rule);
     }
     const Kind kind = static_cast<Kind>((rule >> 1) & 3);
     if (kind == Kind::kOutermost) {
@@ -798,7 +874,7 @@ inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max
     frames[depth++] = reinterpret_cast<void*>(rip);
   }
   if (out != nullptr) {
-    if (stopped) out[written++] = {rip, rsp, rbp, 0};
+    if (stopped) set_state(out[written++], rip, rsp, rbp, 0);
     // States copied from the last walk keep its marks, but the last one
     // copied may have no next state here, or a stop instead.
     if (written > 0) out[written - 1].rule &= ~kFollowable;

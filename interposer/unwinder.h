@@ -43,12 +43,23 @@ struct UnwindMemo {
     uint64_t rsp;
     uint64_t rbp;
     uint64_t rule;  // 0: the walk stopped here (enough frames)
+    // Where the walk made again reads this state's rbp from (`whole`): the
+    // stack word its caller's rule restored it from where a rule after reads
+    // it, else this `rbp` itself (nothing to compare).
+    uint64_t rbp_at;
   };
   // Set while a walk uses it: a signal handler that walks on the same
   // thread in the middle of that goes without.
   volatile uint32_t busy;
   uint32_t current;  // which of `states` holds the last walk made or followed again
   uint32_t count[kWalks];
+  // Each slot's walk made again from the stack words alone: its frame count
+  // (0: it cannot be, walk_again follows its rules) and whether it stopped
+  // at the frame limit (then it is made again for that limit only).
+  // Prepared once the walk is made again (walk_again) a first time.
+  uint32_t whole[kWalks];
+  bool whole_cut[kWalks];
+  bool whole_tried[kWalks];
   // Each slot's first stack pointer (0: empty), compared before the rest.
   uint64_t first_rsp[kWalks];
   uint32_t generation[kWalks];

@@ -275,6 +275,38 @@ TEST_CASE("walks that follow the last one give libunwind's stacks", "[unwind]") 
   CHECK(shared_outer > 100);
 }
 
+TEST_CASE("walks made again from their stack words alone give libunwind's stacks", "[unwind]") {
+  // A few chains, each walked many times in a random order from two call
+  // sites at the same depth, some cut by the frame limit: after its second
+  // time a walk is made again by comparing stack words alone (UnwindMemo::
+  // whole), through frames with and without frame pointers and rbp-based
+  // ones.
+  static UnwindMemo memo;
+  const char* patterns[] = {"nvfnvf", "fvn", "vvnf", "nnnfff", "vfvfvfv", "f"};
+  const int cuts[] = {kMax, kMax, kMax, 4, 7};
+  uint64_t r = 0x2545f4914f6cdd1dull;
+  auto next = [&] {
+    r ^= r << 13;
+    r ^= r >> 7;
+    r ^= r << 17;
+    return r;
+  };
+  for (int i = 0; i < 600; ++i) {
+    const char* pattern = patterns[next() % std::size(patterns)];
+    MemoCapture c{&memo, cuts[next() % std::size(cuts)], {}, {}, true};
+    INFO("walk " << i << " pattern '" << pattern << "' max " << c.max);
+    if (next() % 2) {
+      chain_vla(pattern, memo_leaf, &c);
+    } else {
+      two_sites(static_cast<int>(next() % 2), pattern, &c);
+    }
+    check_memo(c);
+  }
+  uint32_t prepared = 0;
+  for (uint32_t k = 0; k < UnwindMemo::kWalks; ++k) prepared += memo.whole[k] != 0;
+  CHECK(prepared > 0);
+}
+
 TEST_CASE("a frame found in the last walk takes its rule from there", "[unwind]") {
   // The same chain walked twice from the same place; between the two, the
   // memo's rule for the fifth frame is made "outermost" (in unwinder.cpp's
