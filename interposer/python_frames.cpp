@@ -352,9 +352,8 @@ bool PythonFrames::detect() {
   return true;
 }
 
-uint32_t PythonFrames::capture(uintptr_t* out, uint32_t max) {
-  const Layout* layout = layout_.load(std::memory_order_acquire);
-  if (layout == nullptr || tls_walk_fault != nullptr) return 0;
+uint32_t PythonFrames::capture_with(const Layout& layout, uintptr_t* out, uint32_t max) {
+  if (tls_walk_fault != nullptr) return 0;
   // The frames are read under a fault guard: python_frames_recover() brings
   // a read of memory freed under the walk back here, with no frames. The
   // signal mask is restored by the handler, so sigsetjmp saves none (no
@@ -365,7 +364,7 @@ uint32_t PythonFrames::capture(uintptr_t* out, uint32_t max) {
     return 0;
   }
   tls_walk_fault = &guard;
-  const uint32_t n = walk(*layout, out, max);
+  const uint32_t n = walk(layout, out, max);
   tls_walk_fault = nullptr;
   return n;
 }
@@ -528,8 +527,6 @@ bool PythonFrames::code(uint32_t id, PythonCodeView* view) const {
 
 // Trivially destructible: hooks run until the very end of the process.
 constinit PythonFrames g_python_frames;
-
-PythonFrames& python_frames() { return g_python_frames; }
 
 bool python_frames_recover(void* ucontext) {
   sigjmp_buf* guard = tls_walk_fault;

@@ -67,7 +67,10 @@ class PythonFrames {
   // how many. A thread that never ran Python gets the main thread's frames,
   // marked with format::kPythonAttributedBit. No allocation, no lock, no call into the interpreter beyond
   // the two reads named above.
-  uint32_t capture(uintptr_t* out, uint32_t max);
+  uint32_t capture(uintptr_t* out, uint32_t max) {
+    const Layout* layout = layout_.load(std::memory_order_acquire);
+    return layout == nullptr ? 0 : capture_with(*layout, out, max);
+  }
 
   // Writer side: ids are 1..code_count(); false while `id` is being written.
   uint32_t code_count() const { return next_id_.load(std::memory_order_acquire) - 1; }
@@ -97,6 +100,9 @@ class PythonFrames {
     uint64_t name;
     uint64_t table;
   };
+  // capture() once an interpreter's layout is known.
+  uint32_t capture_with(const Layout& layout, uintptr_t* out, uint32_t max);
+
   static constexpr uint32_t kSlots = kMaxCodes * 2;
   static constexpr size_t kArenaBytes = size_t{256} << 20;
 
@@ -117,7 +123,8 @@ class PythonFrames {
   std::atomic<uint32_t> next_id_{1};
 };
 
-PythonFrames& python_frames();
+extern PythonFrames g_python_frames;
+inline PythonFrames& python_frames() { return g_python_frames; }
 
 // Called first by memledger's SIGSEGV/SIGBUS handler: when the fault is a
 // read of the Python frame walk (memory freed under it, e.g. by a
