@@ -225,6 +225,17 @@ void check_memo(const MemoCapture& c) {
   CHECK(std::equal(c.memoised.begin(), c.memoised.end(), c.libunwind.begin()));
 }
 
+// A fixed-seed xorshift: the same random walks in every run.
+struct XorShift {
+  uint64_t r;
+  uint64_t operator()() {
+    r ^= r << 13;
+    r ^= r >> 7;
+    r ^= r << 17;
+    return r;
+  }
+};
+
 // One caller, two call sites at the same stack depth: the frames below are
 // at the same places with the same return addresses, and only the return
 // address into this function tells the two stacks apart.
@@ -239,13 +250,7 @@ __attribute__((noinline)) int two_sites(int which, const char* pattern, void* ar
 TEST_CASE("walks that follow the last one give libunwind's stacks", "[unwind]") {
   static UnwindMemo memo;
   MemoCapture c{&memo, kMax, {}, {}};
-  uint64_t r = 88172645463325252ull;
-  auto next = [&] {
-    r ^= r << 13;
-    r ^= r >> 7;
-    r ^= r << 17;
-    return r;
-  };
+  XorShift next{88172645463325252ull};
   int shared_outer = 0;
   std::vector<void*> before;
   for (int i = 0; i < 400; ++i) {
@@ -284,13 +289,7 @@ TEST_CASE("walks made again from their stack words alone give libunwind's stacks
   static UnwindMemo memo;
   const char* patterns[] = {"nvfnvf", "fvn", "vvnf", "nnnfff", "vfvfvfv", "f"};
   const int cuts[] = {kMax, kMax, kMax, 4, 7};
-  uint64_t r = 0x2545f4914f6cdd1dull;
-  auto next = [&] {
-    r ^= r << 13;
-    r ^= r >> 7;
-    r ^= r << 17;
-    return r;
-  };
+  XorShift next{0x2545f4914f6cdd1dull};
   for (int i = 0; i < 600; ++i) {
     const char* pattern = patterns[next() % std::size(patterns)];
     MemoCapture c{&memo, cuts[next() % std::size(cuts)], {}, {}, true};
