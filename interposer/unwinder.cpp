@@ -743,8 +743,10 @@ inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* c
 }
 
 // `walk_serial`: set to the serial of the memo walk whose frames these are.
-inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max, UnwindMemo* memo,
-                LoaderUse& loader, uint32_t* walk_serial = nullptr) {
+// Inlined into its callers: the entry points' checks and the walk are one
+// function on the hooks' path.
+__attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max,
+                                               UnwindMemo* memo, LoaderUse& loader, uint32_t* walk_serial = nullptr) {
   int depth = 0;
   if (max <= 0) return 0;
   frames[depth++] = reinterpret_cast<void*>(rip);
