@@ -718,7 +718,6 @@ inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* c
   // Whether the rbp of the state reached is the one the memo holds, once
   // the compares so far matched (at_state compares the first's where it matters).
   bool known = (states[0].rule & kRbpMatters) != 0;
-  states[0].rbp_at = reinterpret_cast<uint64_t>(&states[0].rbp);
   uint32_t k = 0;
   while (states[k].rule & kFollowable) {
     const uint64_t rule = states[k].rule;
@@ -762,10 +761,8 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
     for (uint32_t j = 0; j < UnwindMemo::kWalks; ++j) {
       const uint32_t k = (current + j) % UnwindMemo::kWalks;
       const UnwindMemo::State* held = memo->states[k];
-      if (memo->first_rsp[k] != rsp || memo->count[k] == 0 || memo->generation[k] != generation ||
-          !at_state(held[0], rip, rsp, rbp)) {
-        continue;
-      }
+      // An empty slot's first stack pointer is 0, never a walk's.
+      if (memo->first_rsp[k] != rsp || memo->generation[k] != generation || !at_state(held[0], rip, rsp, rbp)) continue;
       int again;
       if (const uint32_t whole = memo->whole[k]; whole != 0) {
         // As walk_again: the frame limit the walk stopped at, or room for its frames.

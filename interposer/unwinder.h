@@ -43,9 +43,10 @@ struct UnwindMemo {
     uint64_t rsp;
     uint64_t rbp;
     uint64_t rule;  // 0: the walk stopped here (enough frames)
-    // Where the walk made again reads this state's rbp from (`whole`): the
-    // stack word its caller's rule restored it from where a rule after reads
-    // it, else this `rbp` itself (nothing to compare).
+    // Where the walk made again reads this state's rbp from (`whole`; not
+    // the first state's, which at_state compares): the stack word its
+    // caller's rule restored it from where a rule after reads it, else this
+    // `rbp` itself (nothing to compare).
     uint64_t rbp_at;
   };
   // Set while a walk uses it: a signal handler that walks on the same
