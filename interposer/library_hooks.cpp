@@ -44,13 +44,22 @@ void* libc_dlsym(void* handle, const char* name) {
   return fn != nullptr ? fn(handle, name) : nullptr;
 }
 
-// The file `p` lives in starts with `library` (libcudnn.so.9, libcudnn-1a2b.so).
+// The file named `path` is `library` itself (libcudnn.so.9, libcudnn-1a2b.so),
+// not one of its sub-libraries: cuDNN 9's libcudnn.so.9 is a front that hands
+// each call to the function of the same name in libcudnn_graph.so.9, found by
+// dlsym. Taken for the library, that function would be answered with the
+// hook, and the front's call would come back to the hook without end.
+bool is_library_file(const char* path, const char* library) {
+  const char* slash = strrchr(path, '/');
+  const char* base = slash != nullptr ? slash + 1 : path;
+  const size_t n = strlen(library);
+  return strncmp(base, library, n) == 0 && (base[n] == '.' || base[n] == '-');
+}
+
 bool lives_in(const void* p, const char* library) {
   Dl_info info;
   if (p == nullptr || dladdr(p, &info) == 0 || info.dli_fname == nullptr) return false;
-  const char* slash = strrchr(info.dli_fname, '/');
-  const char* base = slash != nullptr ? slash + 1 : info.dli_fname;
-  return strncmp(base, library, strlen(library)) == 0;
+  return is_library_file(info.dli_fname, library);
 }
 
 struct Search {
@@ -62,11 +71,7 @@ struct Search {
 int search_loaded(dl_phdr_info* info, size_t, void* data) {
   auto* s = static_cast<Search*>(data);
   const char* path = info->dlpi_name;
-  if (path == nullptr || path[0] == '\0') return 0;
-  const char* slash = strrchr(path, '/');
-  const char* base = slash != nullptr ? slash + 1 : path;
-  const size_t n = strlen(s->library);
-  if (strncmp(base, s->library, n) != 0 || (base[n] != '.' && base[n] != '-')) return 0;
+  if (path == nullptr || path[0] == '\0' || !is_library_file(path, s->library)) return 0;
   void* handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
   if (handle == nullptr) return 0;
   s->result = libc_dlsym(handle, s->name);

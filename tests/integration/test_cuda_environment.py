@@ -195,15 +195,18 @@ class CudaEnvironment(TestCase):
         self.assertIn("crashed inside the CUDA driver 580.65.06 (libcuda.so.1); driver for CUDA 13.0",
                       report["verdict"]["summary"])
 
-    def create_handle(self, library, call, exit_on_failure, **env):
+    def create_handle(self, library, call, exit_on_failure, linked=False, **env):
         """Initialises the simulated runtime, then calls the library's
-        handle-creating call through ctypes (dlsym, as TensorFlow and XLA
-        reach cuDNN and cuBLAS)."""
+        handle-creating call through ctypes: by dlsym on the library, as
+        TensorFlow and XLA reach cuDNN and cuBLAS, or `linked`, by its name
+        in the global scope, as a framework linked against it (PyTorch)."""
         script = textwrap.dedent(f"""
             import ctypes, sys
             rt = ctypes.CDLL({str(RUNTIME_13)!r})
             assert rt.cudaGetDeviceCount(ctypes.byref(ctypes.c_int())) == 0
-            lib = ctypes.CDLL({str(library)!r})
+            lib = ctypes.CDLL({str(library)!r}, mode=ctypes.RTLD_GLOBAL)
+            if {linked!r}:
+                lib = ctypes.CDLL(None)
             handle = ctypes.c_void_p()
             status = getattr(lib, {call!r})(ctypes.byref(handle))
             print("STATUS", status)
@@ -245,11 +248,16 @@ class CudaEnvironment(TestCase):
 
     @unittest.skipUnless(SIM_CUDNN.exists(), "the simulated cuDNN is not built (no cuDNN headers)")
     def test_cudnn_create_that_succeeds_is_no_finding(self):
-        proc, report, _ = self.create_handle(SIM_CUDNN, "cudnnCreate", True)
-        self.assertIn("STATUS 0", proc.stdout)
-        self.assertEqual(report["environment"]["create_errors"], [])
-        self.assertEqual(report["environment"]["findings"], [])
-        self.assertRegex(self.library(report, "libcudnn")[0]["version"], r"^9\.")
+        # cuDNN 9's libcudnn.so.9 hands cudnnCreate to libcudnn_graph.so.9's,
+        # found by dlsym: by either way in, the call must reach it once.
+        for linked in (False, True):
+            with self.subTest(linked=linked):
+                proc, report, _ = self.create_handle(SIM_CUDNN, "cudnnCreate", True, linked=linked)
+                self.assertIn("STATUS 0", proc.stdout, proc.stderr)
+                self.assertEqual(report["verdict"]["summary"], "clean exit (code 0)")
+                self.assertEqual(report["environment"]["create_errors"], [])
+                self.assertEqual(report["environment"]["findings"], [])
+                self.assertRegex(self.library(report, "libcudnn")[0]["version"], r"^9\.")
 
     def test_crash_outside_cuda_names_no_library(self):
         script = "import ctypes; ctypes.CDLL(%r).cudaGetDeviceCount(ctypes.byref(ctypes.c_int())); " \

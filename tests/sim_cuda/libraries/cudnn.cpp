@@ -1,41 +1,56 @@
-// A stand-in for libcudnn.so.9: its version call, handles, and status names,
-// with the real prototypes and status values (cudnn_graph.h). The create
-// call fails with the status in SIMCUDA_CUDNN_CREATE_STATUS (a number, such
-// as 1002 for CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH), for tests of what
-// memledger makes of a cuDNN that does not fit the rest of the CUDA stack.
+// A stand-in for libcudnn.so.9. As in cuDNN 9, this library is a front that
+// loads its sub-library (libcudnn_graph.so.9, cudnn_graph.cpp) from its own
+// folder, RTLD_LOCAL, and hands each call to the function of the same name
+// that dlsym finds there: a hook that answers the front's own look-ups with
+// itself makes each call come back to it without end.
 #include <cudnn_graph.h>
+#include <dlfcn.h>
 
-#include <cstdlib>
+#include <cstring>
+#include <string>
 
 namespace {
-int handle_storage;
+
+void* sub_library() {
+  static void* const handle = []() -> void* {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&sub_library), &info) == 0 || info.dli_fname == nullptr) return nullptr;
+    std::string path = info.dli_fname;
+    path.resize(path.rfind('/') + 1);
+    path += "libcudnn_graph.so.9";
+    return dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  }();
+  return handle;
 }
+
+template <typename Fn>
+Fn in_sub_library(const char* name) {
+  void* handle = sub_library();
+  return handle != nullptr ? reinterpret_cast<Fn>(dlsym(handle, name)) : nullptr;
+}
+
+}  // namespace
 
 extern "C" {
 
-size_t cudnnGetVersion(void) { return CUDNN_VERSION; }
-
-cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
-  const char* status = std::getenv("SIMCUDA_CUDNN_CREATE_STATUS");
-  if (status != nullptr && std::atoi(status) != 0) return static_cast<cudnnStatus_t>(std::atoi(status));
-  if (handle == nullptr) return CUDNN_STATUS_BAD_PARAM_NULL_POINTER;
-  *handle = reinterpret_cast<cudnnHandle_t>(&handle_storage);
-  return CUDNN_STATUS_SUCCESS;
+size_t cudnnGetVersion(void) {
+  auto fn = in_sub_library<size_t (*)()>("cudnnGetVersion");
+  return fn != nullptr ? fn() : 0;
 }
 
-cudnnStatus_t cudnnDestroy(cudnnHandle_t) { return CUDNN_STATUS_SUCCESS; }
+cudnnStatus_t cudnnCreate(cudnnHandle_t* handle) {
+  auto fn = in_sub_library<cudnnStatus_t (*)(cudnnHandle_t*)>("cudnnCreate");
+  return fn != nullptr ? fn(handle) : CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED;
+}
+
+cudnnStatus_t cudnnDestroy(cudnnHandle_t handle) {
+  auto fn = in_sub_library<cudnnStatus_t (*)(cudnnHandle_t)>("cudnnDestroy");
+  return fn != nullptr ? fn(handle) : CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED;
+}
 
 const char* cudnnGetErrorString(cudnnStatus_t status) {
-  switch (status) {
-    case CUDNN_STATUS_SUCCESS: return "CUDNN_STATUS_SUCCESS";
-    case CUDNN_STATUS_NOT_INITIALIZED: return "CUDNN_STATUS_NOT_INITIALIZED";
-    case CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH: return "CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH";
-    case CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER: return "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDA_DRIVER";
-    case CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART: return "CUDNN_STATUS_NOT_SUPPORTED_INCOMPATIBLE_CUDART";
-    case CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH: return "CUDNN_STATUS_NOT_SUPPORTED_ARCH_MISMATCH";
-    case CUDNN_STATUS_BAD_PARAM_NULL_POINTER: return "CUDNN_STATUS_BAD_PARAM_NULL_POINTER";
-    default: return "CUDNN_STATUS_UNKNOWN";
-  }
+  auto fn = in_sub_library<const char* (*)(cudnnStatus_t)>("cudnnGetErrorString");
+  return fn != nullptr ? fn(status) : "CUDNN_STATUS_SUBLIBRARY_LOADING_FAILED";
 }
 
 }  // extern "C"
