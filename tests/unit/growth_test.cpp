@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <vector>
 
 #include "growth.h"
@@ -74,6 +75,33 @@ TEST_CASE("growth: plateaus, jumps, level series and tiny growth are not suspect
   Growth g = find_growth({site(1, plateau), site(2, two_jumps), site(3, sawtooth), site(4, linear(20, 10))}, 20,
                          GrowthOptions{});
   CHECK(g.suspects.empty());
+}
+
+TEST_CASE("growth: a staircase of segments is growth until a level outlasts the earlier ones", "[growth]") {
+  // 4 MiB of device memory kept a step in 20 MiB segments (PyTorch's
+  // expandable segments, seen on a GPU): a rise every fifth step, the run
+  // ending on a full level.
+  constexpr int64_t kMiB = 1 << 20;
+  std::vector<int64_t> stairs;
+  for (int k = 0; k < 20; ++k) stairs.push_back(238 * kMiB + (k / 5) * 20 * kMiB);
+  constexpr auto kDevice = static_cast<uint8_t>(memledger::format::Kind::kDevice);
+  Growth g = find_growth({site(1, stairs, kDevice)}, 20, GrowthOptions{});
+  REQUIRE(g.suspects.size() == 1);
+  CHECK(g.suspects[0].bytes_per_step == Approx(4.0 * kMiB).epsilon(0.25));
+  // Host memory comes from malloc block by block: no segments to fill.
+  CHECK(find_growth({site(4, stairs)}, 20, GrowthOptions{}).suspects.empty());
+
+  // The same stairs that stop: the last level is longer than those before.
+  std::vector<int64_t> stopped;
+  for (int k = 0; k < 20; ++k) stopped.push_back(238 * kMiB + (std::min(k, 11) / 3) * 12 * kMiB);
+  CHECK(find_growth({site(2, stopped, kDevice)}, 20, GrowthOptions{}).suspects.empty());
+
+  // Stairs that fall back are not a staircase: a temporary caught live.
+  std::vector<int64_t> falling = stairs;
+  falling[17] -= 20 * kMiB;
+  falling[18] -= 20 * kMiB;
+  falling[19] -= 20 * kMiB;
+  CHECK(find_growth({site(3, falling, kDevice)}, 20, GrowthOptions{}).suspects.empty());
 }
 
 TEST_CASE("growth: a leak that zigzags upwards through a temporary of its site is growth", "[growth]") {
