@@ -64,7 +64,8 @@ class CuptiMatchesHooks(unittest.TestCase):
 
     def test_kernel_steps(self):
         need_module("torch")
-        # Adam's update kernel runs once per step (a run of launches counts once).
+        # The fused Adam's update kernel runs once per step (a run of
+        # launches counts once).
         proc, report = torch_run("leak", "--cupti", "on", "--steps", "kernel:[Aa]dam", "--leak-mode")
         self.assertEqual(proc.returncode, 0, proc.stderr)
         self.assertEqual(report["step_source"], "kernel")

@@ -3,9 +3,12 @@
 Skips itself (exit 77, which meson reports as SKIP) with a visible message when
 no GPU is present. Each client plants a per-step device leak of 4 MiB that the
 report must find, and a forced out-of-memory that must give the cuda_oom verdict.
-Environment: MEMLEDGER (the memledger binary), GPU_BUILD_DIR (scratch folder).
+Environment: MEMLEDGER (the memledger binary); MEMLEDGER_GPU_REPORTS, a folder
+that keeps each run's report.json, named after its test; MEMLEDGER_GPU_TIMEOUT,
+seconds a traced run may take (600).
 """
 import importlib.util
+import inspect
 import json
 import os
 import shutil
@@ -29,10 +32,35 @@ def gpu_present():
     return True, r.stdout.strip()
 
 
+TIMEOUT = float(os.environ.get("MEMLEDGER_GPU_TIMEOUT", "600"))
+
+
+def calling_test():
+    for frame in inspect.stack():
+        if frame.function.startswith("test_"):
+            return f"{type(frame.frame.f_locals['self']).__name__}.{frame.function}"
+    return "run"
+
+
+def keep_report(run_dir):
+    keep = os.environ.get("MEMLEDGER_GPU_REPORTS")
+    if not keep or not os.path.exists(os.path.join(run_dir, "report.json")):
+        return
+    os.makedirs(keep, exist_ok=True)
+    name = calling_test()
+    target = os.path.join(keep, f"{name}.json")
+    n = 2
+    while os.path.exists(target):
+        target = os.path.join(keep, f"{name}.{n}.json")
+        n += 1
+    shutil.copyfile(os.path.join(run_dir, "report.json"), target)
+
+
 def run_traced(args, *extra, env=None):
     run_dir = tempfile.mkdtemp(prefix="memledger-gpu-")
     cmd = [MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, *extra, "--", *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT, env=env)
+    keep_report(run_dir)
     with open(os.path.join(run_dir, "report.json")) as f:
         report = json.load(f)
     shutil.rmtree(run_dir, ignore_errors=True)
