@@ -62,6 +62,12 @@ constexpr CUpti_CallbackId kLaunchCallbacks[] = {
     CUPTI_DRIVER_TRACE_CBID_cuLaunchCooperativeKernel_ptsz,
 };
 
+static_assert(static_cast<uint8_t>(format::CuptiMemoryKind::kDeviceStatic) == CUPTI_ACTIVITY_MEMORY_KIND_DEVICE_STATIC);
+static_assert(static_cast<uint8_t>(format::CuptiMemoryKind::kManagedStatic) == CUPTI_ACTIVITY_MEMORY_KIND_MANAGED_STATIC);
+
+// The trace's kind of a record. The module statics (DEVICE_STATIC,
+// MANAGED_STATIC) count as device and managed memory here; the record keeps
+// CUPTI's own kind beside it, which tells them apart.
 uint8_t memory_kind(CUpti_ActivityMemoryKind kind) {
   switch (kind) {
     case CUPTI_ACTIVITY_MEMORY_KIND_MANAGED:
@@ -293,6 +299,8 @@ void CuptiTracer::buffer_completed(CUcontext context, uint32_t stream, uint8_t* 
       out.async = m->isAsync ? 1 : 0;
       out.pool_type = static_cast<uint8_t>(m->memoryPoolConfig.memoryPoolType);
       out.pool_address = m->memoryPoolConfig.address;
+      out.memory_kind = static_cast<uint8_t>(m->memoryKind);
+      out.name = m->name;
       host_->memory(&out);
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMORY_POOL) {
       const auto* p = reinterpret_cast<const CUpti_ActivityMemoryPool3*>(record);

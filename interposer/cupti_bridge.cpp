@@ -12,13 +12,16 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "cupti_host.h"
+#include "libc_symbols.h"
 #include "recorder.h"
 #include "spin_lock.h"
+#include "trace_format.h"
 
 namespace memledger::interposer {
 
@@ -105,10 +108,17 @@ void host_memory(const MemledgerCuptiMemory* m) {
     e.size = m->bytes;
     e.weight = m->pc;
     e.aux = m->device;
-    e.tid = m->stream;
     e.stack = m->correlation;
     e.kind = m->kind;
     e.flags = static_cast<uint8_t>((m->release & 1) | (m->async & 1) << 1 | (m->pool_type & 3) << 2);
+    e.source = m->memory_kind;
+    // A module static is never stream-ordered: its stream slot carries the
+    // variable's name instead.
+    if (format::is_module_static(m->memory_kind)) {
+      e.tid = m->name != nullptr ? recorder().intern_string(m->name) : 0;
+    } else {
+      e.tid = m->stream;
+    }
     recorder().on_external_event(t, e);
   });
 }
@@ -262,6 +272,43 @@ using SubscribeFn = int (*)(void*, void*, void*);
 using SubscribeV2Fn = int (*)(void*, void*, void*, void*);
 constexpr int kCuptiErrorNotInitialized = 15;
 
+uintptr_t object_base(const void* p) {
+  Dl_info info;
+  return p != nullptr && dladdr(p, &info) != 0 ? reinterpret_cast<uintptr_t>(info.dli_fbase) : 0;
+}
+
+// The libcupti function `name` that the client calling from `caller` would
+// reach without memledger. dlsym(RTLD_NEXT) searches the global scope only,
+// which holds libcupti when the program links it. PyTorch's client (Kineto,
+// in libtorch_cuda.so) comes with an extension module that Python loads
+// RTLD_LOCAL: its libcupti is in the caller's own scope (its object and
+// dependencies) and nowhere else. Last, any other loaded object defining it.
+void* real_cupti(const char* name, const void* caller) {
+  using namespace memledger::interposer;
+  using DlsymFn = void* (*)(void*, const char*);
+  auto libc_dlsym = reinterpret_cast<DlsymFn>(libc_dlsym_address());
+  const uintptr_t self = object_base(reinterpret_cast<const void*>(&object_base));
+  // A failing dlsym allocates its message: not the program's memory.
+  HookGuard guard;
+  void* anywhere = find_in_loaded_objects(name, self != 0 ? self : 1);
+  if (libc_dlsym == nullptr || anywhere == nullptr) return anywhere;
+  auto found = [self](void* p) { return p != nullptr && object_base(p) != self; };
+  // Called from this object, so RTLD_NEXT means "after memledger".
+  void* p = libc_dlsym(RTLD_NEXT, name);
+  if (!found(p)) {
+    Dl_info info;
+    void* handle = nullptr;
+    if (caller != nullptr && dladdr(caller, &info) != 0 && info.dli_fname != nullptr && info.dli_fname[0] != '\0') {
+      handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+    }
+    p = handle != nullptr ? libc_dlsym(handle, name) : nullptr;
+    if (handle != nullptr) dlclose(handle);
+    if (!found(p)) p = anywhere;
+    (void)dlerror();  // the failed look-ups are memledger's, not the program's
+  }
+  return p;
+}
+
 void hand_over_cupti() {
   if (memledger::interposer::g_stop != nullptr) memledger::interposer::g_stop(1);
 }
@@ -269,14 +316,16 @@ void hand_over_cupti() {
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) int cuptiSubscribe(void* subscriber, void* callback, void* userdata) {
+  auto real = reinterpret_cast<SubscribeFn>(real_cupti("cuptiSubscribe", __builtin_return_address(0)));
+  if (real == nullptr) return kCuptiErrorNotInitialized;
   hand_over_cupti();
-  auto real = reinterpret_cast<SubscribeFn>(dlsym(RTLD_NEXT, "cuptiSubscribe"));
-  return real != nullptr ? real(subscriber, callback, userdata) : kCuptiErrorNotInitialized;
+  return real(subscriber, callback, userdata);
 }
 
 extern "C" __attribute__((visibility("default"))) int cuptiSubscribe_v2(void* subscriber, void* callback,
                                                                        void* userdata, void* params) {
+  auto real = reinterpret_cast<SubscribeV2Fn>(real_cupti("cuptiSubscribe_v2", __builtin_return_address(0)));
+  if (real == nullptr) return kCuptiErrorNotInitialized;
   hand_over_cupti();
-  auto real = reinterpret_cast<SubscribeV2Fn>(dlsym(RTLD_NEXT, "cuptiSubscribe_v2"));
-  return real != nullptr ? real(subscriber, callback, userdata, params) : kCuptiErrorNotInitialized;
+  return real(subscriber, callback, userdata, params);
 }

@@ -45,6 +45,11 @@ struct MemledgerCuptiMemory {
   uint8_t async;         // stream-ordered (cu/cudaMallocAsync and pools)
   uint8_t pool_type;     // CUpti_ActivityMemoryPoolType (0 none, 1 local, 2 imported)
   uint64_t pool_address;  // base address of the pool (0 = none)
+  // Version 2. CUpti_ActivityMemoryKind as CUPTI gave it: `kind` folds the
+  // module statics (DEVICE_STATIC, MANAGED_STATIC), which the driver places
+  // when it loads a module and no allocation call makes, into device and managed.
+  uint8_t memory_kind;
+  const char* name;      // a module static's variable name (NULL = none); CUPTI's, valid for the call
 };
 
 // One CUPTI_ACTIVITY_KIND_MEMORY_POOL record.
@@ -65,7 +70,7 @@ enum MemledgerCuptiStepSource {
   MEMLEDGER_STEP_KERNEL = 3,
 };
 
-#define MEMLEDGER_CUPTI_HOST_VERSION 1
+#define MEMLEDGER_CUPTI_HOST_VERSION 2
 
 struct MemledgerCuptiHost {
   uint32_t size;     // sizeof(MemledgerCuptiHost) of the side that filled it

@@ -30,7 +30,8 @@ enum class EventType : uint8_t {
   // Records of the CUPTI module (cupti_host.h), as the writer encodes them:
   kCuptiStatus = 11,  // kind = status, size = API version, aux = text string id, stack = holder string id
   kCuptiMemory = 12,  // addr, size = bytes, weight = pc, aux = device, tid = stream, stack = correlation,
-                      // kind, flags = release | async << 1 | pool type << 2
+                      // kind, flags = release | async << 1 | pool type << 2, source = CUPTI's memory
+                      // kind; a module static's tid is its name's string id (format::is_module_static)
   kCuptiPool = 13,    // addr, size, weight = utilized, aux = device, kind = operation, flags = pool type,
                       // stack / tid = low / high half of the release threshold
   kCuptiDropped = 14, // size = records lost
@@ -51,7 +52,7 @@ struct Event {
   EventType type;
   uint8_t kind;     // format::Kind
   uint8_t flags;    // format::kAlloc* flags
-  uint8_t source;   // kStep: format::StepSource
+  uint8_t source;   // kStep: format::StepSource; kCuptiMemory: CUPTI's memory kind
   uint32_t tid;
 };
 static_assert(std::is_trivially_copyable_v<Event>);

@@ -47,8 +47,10 @@ inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
 // and the header keys fork_seq and inherited_host_live.
 // Version 9 added kHostAlloc and kHostFree (ordinary host records without
 // the fields they do not need).
+// Version 10 added CUPTI's own memory kind and a module static's variable
+// name to kCuptiMemory.
 // Readers accept every version up to their own.
-inline constexpr uint32_t kVersion = 9;
+inline constexpr uint32_t kVersion = 10;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
 inline constexpr uint32_t kFrameCompressed = 1u << 0;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // sanity bound for readers
@@ -227,7 +229,9 @@ enum class Tag : uint8_t {
   // A CUPTI memory activity record (CUPTI_ACTIVITY_KIND_MEMORY2).
   // ts_ns, release (0 allocated, 1 released), kind, device, stream
   // (0xffffffff = not stream-ordered), addr, bytes, pc, correlation,
-  // flags (bit 0: async; bits 1..2: CUPTI memory pool type)
+  // flags (bit 0: async; bits 1..2: CUPTI memory pool type), then (version
+  // 10) cupti_kind (CuptiMemoryKind: CUPTI's kind, of which `kind` is the
+  // trace's reading), name (string id of a module static's variable, 0 = none)
   kCuptiMemory = 25,
   // A CUPTI memory pool record (CUPTI_ACTIVITY_KIND_MEMORY_POOL).
   // ts_ns, operation (1 created, 2 destroyed, 3 trimmed), pool_type, device,
@@ -302,6 +306,40 @@ enum class CuptiStatus : uint8_t {
   kFailed = 5,       // a CUPTI call failed; CUPTI was turned off
   kStopped = 6,      // collection ended (exit flush, or handed to another tool)
 };
+
+// CUPTI's memory kinds (CUpti_ActivityMemoryKind, cupti_activity.h), as
+// kCuptiMemory's cupti_kind holds them (version 10; 0 in older traces).
+enum class CuptiMemoryKind : uint8_t {
+  kUnknown = 0,
+  kPageable = 1,
+  kPinned = 2,
+  kDevice = 3,
+  kArray = 4,
+  kManaged = 5,
+  // A module's __device__ / __constant__ variables (and __managed__ ones):
+  // the driver places them when it loads the module (at cuModuleLoad*, or
+  // at the first launch from it under lazy loading) and frees them when it
+  // unloads it. No allocation call makes them, so no hook can see them.
+  kDeviceStatic = 6,
+  kManagedStatic = 7,
+};
+inline constexpr bool is_module_static(uint8_t cupti_kind) {
+  return cupti_kind == static_cast<uint8_t>(CuptiMemoryKind::kDeviceStatic) ||
+         cupti_kind == static_cast<uint8_t>(CuptiMemoryKind::kManagedStatic);
+}
+inline const char* cupti_kind_name(uint8_t cupti_kind) {
+  switch (static_cast<CuptiMemoryKind>(cupti_kind)) {
+    case CuptiMemoryKind::kUnknown: return "unknown";
+    case CuptiMemoryKind::kPageable: return "pageable";
+    case CuptiMemoryKind::kPinned: return "pinned";
+    case CuptiMemoryKind::kDevice: return "device";
+    case CuptiMemoryKind::kArray: return "array";
+    case CuptiMemoryKind::kManaged: return "managed";
+    case CuptiMemoryKind::kDeviceStatic: return "device_static";
+    case CuptiMemoryKind::kManagedStatic: return "managed_static";
+  }
+  return "unknown";
+}
 
 // Python frames (version 2). A stack word with bit 63 set is not an
 // instruction pointer but a Python frame: bits 32..62 hold the id of a

@@ -1200,19 +1200,23 @@ size_t TraceWriter::cycle(bool final) {
         enc.u(e.aux);
         enc.u(e.stack);
         break;
-      case EventType::kCuptiMemory:
+      case EventType::kCuptiMemory: {
+        const bool is_static = format::is_module_static(e.source);
         enc.tag(format::Tag::kCuptiMemory);
         enc.u(ts);
         enc.u(e.flags & 1u);
         enc.u(e.kind);
         enc.u(e.aux);
-        enc.u(e.tid);
+        enc.u(is_static ? UINT32_MAX : e.tid);
         enc.u(e.addr);
         enc.u(e.size);
         enc.u(e.weight);
         enc.u(e.stack);
         enc.u(static_cast<uint64_t>(e.flags >> 1));
+        enc.u(e.source);
+        enc.u(is_static ? e.tid : 0);
         break;
+      }
       case EventType::kCuptiPool:
         enc.tag(format::Tag::kCuptiPool);
         enc.u(ts);

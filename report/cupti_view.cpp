@@ -69,6 +69,7 @@ void CuptiMatcher::add(bool from_cupti, uint64_t addr, const Pending& p) {
     ++view_.matched;
     view_.matched_bytes += from_cupti ? first.bytes : p.bytes;  // what the program asked for
     if (first.bytes != p.bytes) ++view_.size_differences;
+    if (first.mapping || p.mapping) ++view_.matched_mappings;
     it->second.erase(it->second.begin());
     if (it->second.empty()) other.erase(it);
     return;
@@ -80,7 +81,44 @@ void CuptiMatcher::take_cupti_records() {
   const auto& records = trace_.cupti_memory;
   for (; cupti_consumed_ < records.size(); ++cupti_consumed_) {
     const TraceCuptiMemory& m = records[cupti_consumed_];
-    add(true, m.addr, Pending{m.ts, 0, m.bytes, m.pc, 0, m.device, m.kind});
+    if (fmt::is_module_static(m.cupti_kind)) {
+      ++view_.module_statics;
+      view_.module_statics_bytes += m.bytes;
+      CuptiMismatch s{m.ts, m.addr, m.bytes, m.kind, m.device, m.pc, 0, {}};
+      s.cupti_kind = m.cupti_kind;
+      s.correlation = m.correlation;
+      s.name_id = m.name;
+      keep_largest(view_.module_statics_list, s);
+      continue;
+    }
+    Pending p;
+    p.ts = m.ts;
+    p.bytes = m.bytes;
+    p.pc = m.pc;
+    p.device = m.device;
+    p.kind = m.kind;
+    p.cupti_kind = m.cupti_kind;
+    p.async = (m.flags & 1) != 0;
+    p.correlation = m.correlation;
+    add(true, m.addr, p);
+  }
+}
+
+// The hooks' VMM mappings: CUPTI reports the memory of a cuMemMap at the
+// mapped address (the cuMemCreate before it has none).
+void CuptiMatcher::take_mappings() {
+  const auto& vmm = trace_.vmm;
+  for (; vmm_consumed_ < vmm.size(); ++vmm_consumed_) {
+    const TraceVmmEvent& v = vmm[vmm_consumed_];
+    if (v.type != TraceVmmEvent::Type::kMap || !collecting_) continue;
+    Pending p;
+    p.ts = v.ts;
+    p.seq = v.seq;
+    p.bytes = v.size;
+    p.device = v.device;
+    p.kind = static_cast<uint8_t>(fmt::Kind::kDevice);
+    p.mapping = true;
+    add(false, v.addr, p);
   }
 }
 
@@ -94,12 +132,21 @@ void CuptiMatcher::observe(const TraceEvent& event) {
       if (s.status == static_cast<uint8_t>(fmt::CuptiStatus::kActive)) collecting_ = true;
     }
   }
+  take_mappings();
   if (!collecting_ || !comparable(event)) return;
-  add(false, event.addr, Pending{event.ts, event.seq, event.size, 0, event.stack, event.device, event.kind});
+  Pending p;
+  p.ts = event.ts;
+  p.seq = event.seq;
+  p.bytes = event.size;
+  p.stack = event.stack;
+  p.device = event.device;
+  p.kind = event.kind;
+  add(false, event.addr, p);
 }
 
 CuptiView CuptiMatcher::finish() {
   take_cupti_records();
+  take_mappings();
   CuptiView& v = view_;
   v.cupti_allocations = trace_.cupti_memory.size() + trace_.cupti_records_over_cap;
   v.cupti_releases = trace_.cupti_releases;
@@ -130,6 +177,7 @@ CuptiView CuptiMatcher::finish() {
   if (!was_active) {
     hooks_pending_.clear();
     cupti_pending_.clear();
+    v.module_statics_list.clear();
     return v;
   }
   for (const auto& [addr, list] : hooks_pending_) {
@@ -137,17 +185,24 @@ CuptiView CuptiMatcher::finish() {
       if (!in_window(p.seq)) continue;
       ++v.hooks_only;
       v.hooks_only_bytes += p.bytes;
-      keep_largest(v.hooks_only_list, CuptiMismatch{p.ts, addr, p.bytes, p.kind, p.device, 0, p.stack, {}});
+      CuptiMismatch m{p.ts, addr, p.bytes, p.kind, p.device, 0, p.stack, {}};
+      m.mapping = p.mapping;
+      keep_largest(v.hooks_only_list, m);
     }
   }
   for (const auto& [addr, list] : cupti_pending_) {
     for (const Pending& p : list) {
       ++v.cupti_only;
       v.cupti_only_bytes += p.bytes;
-      keep_largest(v.cupti_only_list, CuptiMismatch{p.ts, addr, p.bytes, p.kind, p.device, p.pc, 0, {}});
+      CuptiMismatch m{p.ts, addr, p.bytes, p.kind, p.device, p.pc, 0, {}};
+      m.cupti_kind = p.cupti_kind;
+      m.async = p.async;
+      m.correlation = p.correlation;
+      keep_largest(v.cupti_only_list, m);
     }
   }
-  for (auto* list : {&v.hooks_only_list, &v.cupti_only_list}) {
+  for (CuptiMismatch& m : v.module_statics_list) m.name = m.name_id != 0 ? text(m.name_id) : std::string();
+  for (auto* list : {&v.hooks_only_list, &v.cupti_only_list, &v.module_statics_list}) {
     std::sort(list->begin(), list->end(), [](const CuptiMismatch& a, const CuptiMismatch& b) {
       return a.bytes != b.bytes ? a.bytes > b.bytes : a.ts_ns < b.ts_ns;
     });

@@ -5,6 +5,14 @@
 // (in order, an address being reused) while CUPTI was collecting, and lists
 // what one side saw and the other missed: an allocation path the hooks do
 // not cover, or one CUPTI does not report. When CUPTI was not used, it says why.
+//
+// A VMM mapping (cuMemMap of a cuMemCreate handle) is memory at an address
+// from the map on: the hooks' kMap records pair with CUPTI's records at the
+// mapped address. The physical allocation (cuMemCreate, counted by handle)
+// is not compared. A module's static variables (CUPTI's DEVICE_STATIC and
+// MANAGED_STATIC records) are placed by the driver when it loads the module,
+// with no allocation call a hook could see: they are counted and listed as
+// what they are, not as CUPTI's disagreements with the hooks.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +34,12 @@ struct CuptiMismatch {
   uint64_t pc = 0;       // CUPTI side: program counter of the call
   uint32_t stack = 0;    // hooks side: interned stack
   std::vector<Frame> frames;  // hooks side: the stack, once symbolized
+  bool mapping = false;  // hooks side: a VMM mapping (cuMemMap), not an allocation call
+  uint8_t cupti_kind = 0;     // CUPTI side: format::CuptiMemoryKind (0 = unknown, an old trace)
+  bool async = false;         // CUPTI side: stream-ordered
+  uint32_t correlation = 0;   // CUPTI side: correlation id of the API call
+  uint32_t name_id = 0;       // CUPTI side: string id of a module static's variable name
+  std::string name;           // ... and the name
 };
 
 struct CuptiView {
@@ -44,6 +58,13 @@ struct CuptiView {
   uint64_t matched = 0;
   uint64_t matched_bytes = 0;
   uint64_t size_differences = 0;  // matched by address, different byte counts
+  uint64_t matched_mappings = 0;  // of `matched`: VMM mappings paired at their mapped address
+  // CUPTI's records of module statics: no allocation call, so no hook, makes
+  // them. Counted apart from cupti_only; CUPTI's allocations are matched +
+  // cupti_only + module_statics (and those over kMaxCuptiRecords).
+  uint64_t module_statics = 0;
+  uint64_t module_statics_bytes = 0;
+  std::vector<CuptiMismatch> module_statics_list;  // largest first, at most kMaxListed
   uint64_t hooks_only = 0;
   uint64_t hooks_only_bytes = 0;
   uint64_t cupti_only = 0;
@@ -64,20 +85,26 @@ class CuptiMatcher {
 
  private:
   struct Pending {
-    uint64_t ts;
-    uint64_t seq;  // hooks side
-    uint64_t bytes;
-    uint64_t pc;
-    uint32_t stack;
-    uint32_t device;
-    uint8_t kind;
+    uint64_t ts = 0;
+    uint64_t seq = 0;  // hooks side
+    uint64_t bytes = 0;
+    uint64_t pc = 0;
+    uint32_t stack = 0;
+    uint32_t device = 0;
+    uint8_t kind = 0;
+    bool mapping = false;     // hooks side: a cuMemMap
+    uint8_t cupti_kind = 0;   // CUPTI side, as in CuptiMismatch
+    bool async = false;
+    uint32_t correlation = 0;
   };
   void take_cupti_records();
+  void take_mappings();
   void add(bool from_cupti, uint64_t addr, const Pending& p);
   bool in_window(uint64_t seq) const;
 
   const Trace& trace_;
   size_t cupti_consumed_ = 0;
+  size_t vmm_consumed_ = 0;
   size_t statuses_seen_ = 0;
   bool collecting_ = false;  // CUPTI was active: hooks' allocations are kept for pairing
   uint64_t events_seen_ = 0;

@@ -214,8 +214,13 @@ json cupti_json(const CuptiView& c) {
       if (hooks) {
         item["site"] = mismatch_site(m);
         item["stack"] = frames_json(m.frames);
+        item["mapping"] = m.mapping;
       } else {
         item["pc"] = hex(m.pc);
+        item["cupti_kind"] = format::cupti_kind_name(m.cupti_kind);
+        item["async"] = m.async;
+        item["correlation"] = m.correlation;
+        if (!m.name.empty()) item["name"] = m.name;
       }
       out.push_back(std::move(item));
     }
@@ -234,6 +239,9 @@ json cupti_json(const CuptiView& c) {
           {"matched", c.matched},
           {"matched_bytes", c.matched_bytes},
           {"size_differences", c.size_differences},
+          {"matched_mappings", c.matched_mappings},
+          {"module_statics",
+           {{"count", c.module_statics}, {"bytes", c.module_statics_bytes}, {"allocations", list(c.module_statics_list, false)}}},
           {"hooks_only", {{"count", c.hooks_only}, {"bytes", c.hooks_only_bytes}, {"allocations", list(c.hooks_only_list, true)}}},
           {"cupti_only", {{"count", c.cupti_only}, {"bytes", c.cupti_only_bytes}, {"allocations", list(c.cupti_only_list, false)}}}};
 }
@@ -967,16 +975,30 @@ void text_cupti(const ProcessReport& p, std::ostringstream& out) {
   if (p.cupti.compared) {
     const CuptiView& c = p.cupti;
     out << "\nCUPTI beside the CUDA hooks: " << c.matched << " allocations seen by both ("
-        << human_bytes(double(c.matched_bytes)) << "), " << c.hooks_only << " only by the hooks, " << c.cupti_only
-        << " only by CUPTI" << (c.cupti_dropped ? ", " + std::to_string(c.cupti_dropped) + " CUPTI records lost" : "")
+        << human_bytes(double(c.matched_bytes))
+        << (c.matched_mappings ? "; " + std::to_string(c.matched_mappings) + " of them VMM mappings" : "") << "), "
+        << c.hooks_only << " only by the hooks, " << c.cupti_only << " only by CUPTI"
+        << (c.cupti_dropped ? ", " + std::to_string(c.cupti_dropped) + " CUPTI records lost" : "")
         << "\n  " << c.message << "\n";
     for (const CuptiMismatch& m : c.hooks_only_list) {
       out << "  only hooks: " << human_bytes(double(m.bytes)) << " " << format::kind_name(format::Kind(m.kind))
-          << " at " << hex(m.addr) << " from " << mismatch_site(m) << "\n";
+          << " at " << hex(m.addr) << (m.mapping ? " (cuMemMap)" : "") << " from " << mismatch_site(m) << "\n";
     }
     for (const CuptiMismatch& m : c.cupti_only_list) {
       out << "  only CUPTI: " << human_bytes(double(m.bytes)) << " " << format::kind_name(format::Kind(m.kind))
-          << " on device " << m.device << " at " << hex(m.addr) << " (pc " << hex(m.pc) << ")\n";
+          << " on device " << m.device << " at " << hex(m.addr) << " (pc " << hex(m.pc)
+          << (m.cupti_kind != 0 ? std::string(", CUPTI kind ") + format::cupti_kind_name(m.cupti_kind) : "")
+          << (m.async ? ", stream-ordered" : "") << ")\n";
+    }
+    if (c.module_statics != 0) {
+      out << "  module statics (not compared: the driver places a module's variables when it loads it, no call a "
+             "hook sees): "
+          << c.module_statics << " (" << human_bytes(double(c.module_statics_bytes)) << ")\n";
+      for (size_t k = 0; k < c.module_statics_list.size() && k < 5; ++k) {
+        const CuptiMismatch& m = c.module_statics_list[k];
+        out << "    " << human_bytes(double(m.bytes)) << " " << format::cupti_kind_name(m.cupti_kind) << " "
+            << (m.name.empty() ? "(unnamed)" : m.name) << " on device " << m.device << " at " << hex(m.addr) << "\n";
+      }
     }
   } else if (p.cupti.status != "none") {
     out << "\nCUPTI: " << p.cupti.status << " (device memory as the CUDA hooks see it, without a cross-check)\n";

@@ -346,6 +346,10 @@ class RecordDecoder {
         m.pc = c.varint();
         m.correlation = static_cast<uint32_t>(c.varint());
         m.flags = static_cast<uint8_t>(c.varint());
+        if (version_ >= 10) {
+          m.cupti_kind = static_cast<uint8_t>(c.varint());
+          m.name = static_cast<uint32_t>(c.varint());
+        }
         if (!c.ok()) return false;
         if (release != 0) {
           ++t_.cupti_releases;
@@ -1122,9 +1126,10 @@ void dump_trace(const std::string& path, std::FILE* out) {
                    s.ts, s.status, s.version, s.text, s.holder);
     }
     for (const TraceCuptiMemory& m : one.cupti_memory) {
-      std::fprintf(out, "cupti_alloc ts=%" PRIu64 " kind=%s device=%u stream=%u addr=0x%" PRIx64 " bytes=%" PRIu64
-                   " pc=0x%" PRIx64 " correlation=%u flags=%u\n", m.ts, fmt::kind_name(static_cast<fmt::Kind>(m.kind)),
-                   m.device, m.stream, m.addr, m.bytes, m.pc, m.correlation, m.flags);
+      std::fprintf(out, "cupti_alloc ts=%" PRIu64 " kind=%s cupti_kind=%s device=%u stream=%u addr=0x%" PRIx64
+                   " bytes=%" PRIu64 " pc=0x%" PRIx64 " correlation=%u flags=%u name=%u\n", m.ts,
+                   fmt::kind_name(static_cast<fmt::Kind>(m.kind)), fmt::cupti_kind_name(m.cupti_kind), m.device,
+                   m.stream, m.addr, m.bytes, m.pc, m.correlation, m.flags, m.name);
     }
     if (one.cupti_releases) std::fprintf(out, "cupti_releases count=%" PRIu64 "\n", one.cupti_releases);
     if (one.cupti_pool_records) std::fprintf(out, "cupti_pool_records count=%" PRIu64 "\n", one.cupti_pool_records);

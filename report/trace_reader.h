@@ -138,6 +138,8 @@ struct TraceCuptiMemory {
   uint32_t correlation = 0;
   uint8_t kind = 0;   // format::Kind
   uint8_t flags = 0;  // bit 0 async, bits 1..2 CUPTI memory pool type
+  uint8_t cupti_kind = 0;  // format::CuptiMemoryKind (version 10; 0 = unknown)
+  uint32_t name = 0;       // string id of a module static's variable name (0 = none)
 };
 
 // The exact host counters (version 3), read by the marking thread at a

@@ -1,9 +1,14 @@
-/* A program with its own CUPTI client, as PyTorch's profiler is: linked
- * against libcupti (here the stand-in, tests/cupti/fake_cupti.cpp), it
- * subscribes to CUPTI half-way through its steps. Device memory comes from
- * the driver (dlopen + dlsym, no CUDA headers needed): each step leaks
- * LEAK bytes with cuMemAlloc_v2.
- * Usage: cupti_handover STEPS LEAK. Prints SUBSCRIBE=<CUptiResult>. */
+/* A program with its own CUPTI client, as PyTorch's profiler is: it
+ * subscribes to CUPTI (here the stand-in, tests/cupti/fake_cupti.cpp)
+ * half-way through its steps. Device memory comes from the driver (dlopen +
+ * dlsym, no CUDA headers needed): each step leaks LEAK bytes with
+ * cuMemAlloc_v2.
+ * cupti_handover is linked against libcupti. Built with CUPTI_CLIENT_LOCAL
+ * (cupti_handover_local) it is not: it loads the client library CLIENT
+ * (cupti_client.c) RTLD_LOCAL before cuInit, as `import torch` loads
+ * libtorch_cuda.so and its libcupti, and subscribes through it.
+ * Usage: cupti_handover STEPS LEAK; cupti_handover_local STEPS LEAK CLIENT.
+ * Prints SUBSCRIBE=<CUptiResult>. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,13 +19,29 @@ typedef int (*RetainCtx)(void**, int);
 typedef int (*SetCtx)(void*);
 typedef int (*MemAlloc)(unsigned long long*, size_t);
 
+typedef int (*Subscribe)(void**);
+typedef int (*Unsubscribe)(void*);
+
+#ifndef CUPTI_CLIENT_LOCAL
 int cuptiSubscribe(void** subscriber, void* callback, void* userdata);
 int cuptiUnsubscribe(void* subscriber);
+static int linked_subscribe(void** subscriber) { return cuptiSubscribe(subscriber, NULL, NULL); }
+#endif
 
 int main(int argc, char** argv) {
   const int steps = argc > 1 ? atoi(argv[1]) : 10;
   const size_t leak = argc > 2 ? strtoull(argv[2], NULL, 10) : (1u << 20);
   void (*step)(const char*) = (void (*)(const char*))dlsym(RTLD_DEFAULT, "memledger_step");
+#ifdef CUPTI_CLIENT_LOCAL
+  void* client = argc > 3 ? dlopen(argv[3], RTLD_NOW | RTLD_LOCAL) : NULL;
+  if (client == NULL) return 5;
+  Subscribe subscribe = (Subscribe)dlsym(client, "cupti_client_subscribe");
+  Unsubscribe unsubscribe = (Unsubscribe)dlsym(client, "cupti_client_unsubscribe");
+  if (subscribe == NULL || unsubscribe == NULL) return 5;
+#else
+  Subscribe subscribe = linked_subscribe;
+  Unsubscribe unsubscribe = cuptiUnsubscribe;
+#endif
   void* cuda = dlopen("libcuda.so.1", RTLD_NOW);
   if (cuda == NULL) return 2;
   Init init = (Init)dlsym(cuda, "cuInit");
@@ -34,13 +55,13 @@ int main(int argc, char** argv) {
   void* subscriber = NULL;
   for (int i = 0; i < steps; ++i) {
     if (i == steps / 2) {
-      printf("SUBSCRIBE=%d\n", cuptiSubscribe(&subscriber, NULL, NULL));
+      printf("SUBSCRIBE=%d\n", subscribe(&subscriber));
     }
     unsigned long long p = 0;
     if (mem_alloc(&p, leak) != 0) return 4;
     if (step) step("train");
   }
-  cuptiUnsubscribe(subscriber);
+  unsubscribe(subscriber);
   printf("DONE steps=%d\n", steps);
   return 0;
 }

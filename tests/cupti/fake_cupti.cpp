@@ -3,13 +3,21 @@
 // does:
 //   version=N    cuptiGetVersion reports API version N (another CUDA major)
 //   held=NAME    another tool holds the subscriber slot; cuptiSubscribe_v2 names it
+//                (as in every mode, one subscriber at a time: a second one gets
+//                CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED until the first
+//                unsubscribes)
 //   fail=CALL    CALL (cuptiActivityEnable, cuptiActivityRegisterCallbacks,
 //                cuptiEnableCallback) fails with CUPTI_ERROR_NOT_SUPPORTED
 //   active       (default) every call succeeds; each forced flush delivers one
 //                device allocation at 0xdead00000 (1 MiB) that no hook saw, its
-//                release, one memory pool record, and reports 3 records lost
+//                release, a module static (DEVICE_STATIC, 2304 bytes at
+//                0xdead80000, named, no program counter: the driver placed it
+//                at module load, as the real CUPTI reports a module's
+//                __device__ variables), one memory pool record, and reports 3
+//                records lost
 #include <cupti.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -20,6 +28,7 @@ CUpti_BuffersCallbackCompleteFunc g_complete = nullptr;
 CUpti_TimestampCallbackFunc g_timestamp = nullptr;
 bool g_memory_enabled = false;
 bool g_subscribed = false;
+char g_subscriber_name[CUPTI_OLD_SUBSCRIBER_NAME_MIN_LEN] = "CUPTI";
 int g_dropped_reports = 0;
 
 const char* setting(const char* key) {
@@ -62,9 +71,13 @@ CUptiResult cuptiGetResultString(CUptiResult result, const char** str) {
   return CUPTI_SUCCESS;
 }
 
-CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc, void*,
-                              CUpti_SubscriberParams* params) {
-  if (const char* holder = setting("held")) {
+// Both entry points, without a call through the PLT from one to the other
+// (which a preloaded library defining cuptiSubscribe_v2 would receive).
+static CUptiResult subscribe(CUpti_SubscriberHandle* subscriber, CUpti_SubscriberParams* params) {
+  if (subscriber == nullptr) return CUPTI_ERROR_INVALID_PARAMETER;
+  const char* holder = setting("held");
+  if (holder == nullptr && g_subscribed) holder = g_subscriber_name;
+  if (holder != nullptr) {
     if (params != nullptr && params->oldSubscriberName != nullptr && params->oldSubscriberSize > 0) {
       strncpy(params->oldSubscriberName, holder, params->oldSubscriberSize - 1);
       params->oldSubscriberName[params->oldSubscriberSize - 1] = '\0';
@@ -72,12 +85,19 @@ CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle* subscriber, CUpti_Callback
     return CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED;
   }
   g_subscribed = true;
+  snprintf(g_subscriber_name, sizeof g_subscriber_name, "CUPTI for %s",
+           params != nullptr && params->subscriberName != nullptr ? params->subscriberName : "an unnamed client");
   *subscriber = reinterpret_cast<CUpti_SubscriberHandle>(&g_subscribed);
   return CUPTI_SUCCESS;
 }
 
-CUptiResult cuptiSubscribe(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc callback, void* userdata) {
-  return cuptiSubscribe_v2(subscriber, callback, userdata, nullptr);
+CUptiResult cuptiSubscribe_v2(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc, void*,
+                              CUpti_SubscriberParams* params) {
+  return subscribe(subscriber, params);
+}
+
+CUptiResult cuptiSubscribe(CUpti_SubscriberHandle* subscriber, CUpti_CallbackFunc, void*) {
+  return subscribe(subscriber, nullptr);
 }
 
 CUptiResult cuptiUnsubscribe(CUpti_SubscriberHandle) {
@@ -154,6 +174,17 @@ CUptiResult cuptiActivityFlushAll(uint32_t) {
     memcpy(buffer + used, &m, sizeof m);
     used += sizeof m;
   }
+  CUpti_ActivityMemory4 global{};
+  global.kind = CUPTI_ACTIVITY_KIND_MEMORY2;
+  global.memoryOperationType = CUPTI_ACTIVITY_MEMORY_OPERATION_TYPE_ALLOCATION;
+  global.memoryKind = CUPTI_ACTIVITY_MEMORY_KIND_DEVICE_STATIC;
+  global.address = 0xdead80000ull;
+  global.bytes = 2304;
+  global.timestamp = now;
+  global.streamId = CUPTI_INVALID_STREAM_ID;
+  global.name = "fake_module_table";
+  memcpy(buffer + used, &global, sizeof global);
+  used += sizeof global;
   CUpti_ActivityMemoryPool3 p{};
   p.kind = CUPTI_ACTIVITY_KIND_MEMORY_POOL;
   p.memoryPoolOperationType = CUPTI_ACTIVITY_MEMORY_POOL_OPERATION_TYPE_CREATED;

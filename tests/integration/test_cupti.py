@@ -21,6 +21,9 @@ PROGRAM = SIM_DIR / "programs" / "cuda_runtime_dynamic"
 MODULE = os.environ.get("MLTEST_CUPTI_MODULE", str(BUILD_DIR / "cupti_tracer" / "libmemledger_cupti.so"))
 FAKE_CUPTI = os.environ.get("MLTEST_LIBRARY_fake_cupti", str(BUILD_DIR / "tests" / "cupti" / "libfake_cupti.so"))
 HANDOVER_PROGRAM = os.environ.get("MLTEST_PROGRAM_cupti_handover", str(BUILD_DIR / "tests" / "cupti" / "cupti_handover"))
+HANDOVER_LOCAL_PROGRAM = os.environ.get("MLTEST_PROGRAM_cupti_handover_local",
+                                        str(BUILD_DIR / "tests" / "cupti" / "cupti_handover_local"))
+CUPTI_CLIENT = os.environ.get("MLTEST_LIBRARY_cupti_client", str(BUILD_DIR / "tests" / "cupti" / "libcupti_client.so"))
 NVTX_PROGRAM = os.environ.get("MLTEST_PROGRAM_nvtx_steps", str(BUILD_DIR / "tests" / "cupti" / "nvtx_steps"))
 STEPS = 10
 LEAK = 3 << 20
@@ -170,10 +173,17 @@ class CuptiWithoutGpu(mltest.TestCase):
         self.assertIn("from " + FAKE_CUPTI, c["message"])
         self.assertEqual(c["end"], "CUPTI collection ended at exit")
         # The stand-in's records, delivered by the forced flush at exit.
-        self.assertEqual((c["allocations"], c["releases"], c["pool_records"], c["dropped"]), (1, 1, 1, 3))
+        self.assertEqual((c["allocations"], c["releases"], c["pool_records"], c["dropped"]), (2, 1, 1, 3))
         self.assertEqual(c["cupti_only"]["count"], 1)
         only = c["cupti_only"]["allocations"][0]
-        self.assertEqual((only["address"], only["bytes"], only["pc"], only["kind"]), ("0xdead00000", 1 << 20, "0x1234", "device"))
+        self.assertEqual((only["address"], only["bytes"], only["pc"], only["kind"], only["cupti_kind"]),
+                         ("0xdead00000", 1 << 20, "0x1234", "device", "device"))
+        # The module static is no disagreement: no allocation call made it.
+        statics = c["module_statics"]
+        self.assertEqual((statics["count"], statics["bytes"]), (1, 2304))
+        static = statics["allocations"][0]
+        self.assertEqual((static["address"], static["cupti_kind"], static["name"], static["pc"]),
+                         ("0xdead80000", "device_static", "fake_module_table", "0x0"))
         duration = report["duration_ns"]
         self.assertTrue(0 < only["ts_ns"] <= duration + 10**9, (only["ts_ns"], duration))
         # The stand-in saw none of the program's allocations: all are the hooks' alone.
@@ -201,11 +211,40 @@ class CuptiWithoutGpu(mltest.TestCase):
         self.assertIn("handed over to another tool", c["end"])
         self.assertIn(c["end"], report["notes"])
         # The flush at the handover delivered the stand-in's records.
-        self.assertEqual((c["allocations"], c["cupti_only"]["count"]), (1, 1))
+        self.assertEqual((c["allocations"], c["cupti_only"]["count"], c["module_statics"]["count"]), (2, 1, 1))
         # Only the allocations made while memledger held CUPTI are compared.
         self.assertEqual(c["hooks_only"]["count"], STEPS // 2)
         self.assertEqual(len(report["steps"]), STEPS)
         self.assertEqual(report["leak_suspects"][0]["bytes_per_step"], 1 << 20)
+
+    def test_profiler_loaded_local_takes_cupti_over(self):
+        """The same, with the client as PyTorch's: a library loaded RTLD_LOCAL
+        (Python's import of libtorch_cuda.so) that needs libcupti, which is
+        then outside the global scope. Its cuptiSubscribe still reaches
+        memledger first, and then the libcupti the client itself links."""
+        run_dir = self.tmpdir()
+        proc = self.traced(run_dir, [HANDOVER_LOCAL_PROGRAM, STEPS, 1 << 20, CUPTI_CLIENT],
+                           ("--host", "off", "--cupti-path", FAKE_CUPTI), env=sim_env(FAKE_CUPTI="active"))
+        self.assertExit(proc, 0)
+        self.assertEqual(parse_kv(proc.stdout)["SUBSCRIBE"], "0")  # CUPTI_SUCCESS for the program's client
+        self.assertEqual(memledger_lines(proc.stderr), [])
+        c = self.load_report(run_dir)["cupti"]
+        self.assertIn("handed over to another tool", c["end"])
+        self.assertEqual((c["allocations"], c["cupti_only"]["count"], c["module_statics"]["count"]), (2, 1, 1))
+        self.assertEqual(c["hooks_only"]["count"], STEPS // 2)
+
+    def test_second_subscriber_is_refused(self):
+        """Without memledger letting go, the stand-in refuses a second
+        subscriber as CUPTI does: the hand-over is what frees the slot."""
+        script = ("import ctypes\n"
+                  f"cupti = ctypes.CDLL({FAKE_CUPTI!r})\n"
+                  "first, second = ctypes.c_void_p(), ctypes.c_void_p()\n"
+                  "print('FIRST=%d' % cupti.cuptiSubscribe(ctypes.byref(first), None, None))\n"
+                  "print('SECOND=%d' % cupti.cuptiSubscribe(ctypes.byref(second), None, None))\n"
+                  "cupti.cuptiUnsubscribe(first)\n"
+                  "print('AFTER=%d' % cupti.cuptiSubscribe(ctypes.byref(second), None, None))\n")
+        proc = self.run_cmd(["python3", "-c", script], env=clean_env(FAKE_CUPTI="active"))
+        self.assertEqual(parse_kv(proc.stdout), {"FIRST": "0", "SECOND": "39", "AFTER": "0"})
 
     def test_dump_names_cupti_records(self):
         run_dir = self.tmpdir()

@@ -34,14 +34,31 @@ struct CuptiTraceBuilder {
     e.stack = 7;
     return e;
   }
-  void cupti(uint64_t addr, uint64_t bytes, uint64_t ts, uint64_t pc = 0x42) {
+  void cupti(uint64_t addr, uint64_t bytes, uint64_t ts, uint64_t pc = 0x42,
+             fmt::CuptiMemoryKind cupti_kind = fmt::CuptiMemoryKind::kDevice, const std::string& name = "") {
     TraceCuptiMemory m;
     m.ts = ts;
     m.addr = addr;
     m.bytes = bytes;
     m.pc = pc;
     m.kind = static_cast<uint8_t>(fmt::Kind::kDevice);
+    m.cupti_kind = static_cast<uint8_t>(cupti_kind);
+    if (!name.empty()) {
+      m.name = static_cast<uint32_t>(trace.strings.size() + 100);
+      trace.strings[m.name] = name;
+    }
     trace.cupti_memory.push_back(m);
+  }
+  // A cuMemMap the hooks saw (the cuMemCreate before it is a kAllocPhysical event).
+  void map(uint64_t addr, uint64_t size, uint64_t ts, uint64_t handle) {
+    TraceVmmEvent v;
+    v.type = TraceVmmEvent::Type::kMap;
+    v.seq = ++seq;
+    v.ts = ts;
+    v.addr = addr;
+    v.size = size;
+    v.handle = handle;
+    trace.vmm.push_back(v);
   }
 };
 
@@ -134,4 +151,73 @@ TEST_CASE("without CUPTI the view says why and compares nothing") {
     CHECK(v.status == "none");
     CHECK_FALSE(v.compared);
   }
+}
+
+TEST_CASE("CUPTI's records of VMM mappings pair with the hooks' cuMemMap at the mapped address") {
+  // PyTorch's expandable segments: one reserved range, 20 MiB handles
+  // created and mapped one after another; CUPTI reports each mapping.
+  constexpr uint64_t kBase = 0x302000000;
+  constexpr uint64_t kChunk = 20 << 20;
+  CuptiTraceBuilder b;
+  b.status(fmt::CuptiStatus::kActive, 5, "CUPTI active");
+  CuptiMatcher matcher(b.trace);
+  for (uint64_t i = 0; i < 3; ++i) {
+    matcher.observe(b.hook(0x7000 + i, kChunk, 10 + i, fmt::kAllocPhysical));  // cuMemCreate: a handle
+    b.map(kBase + i * kChunk, kChunk, 10 + i, 0x7000 + i);
+  }
+  b.map(kBase + 3 * kChunk, kChunk, 20, 0x7003);  // CUPTI never reported this one
+  for (uint64_t i = 0; i < 3; ++i) b.cupti(kBase + i * kChunk, kChunk, 10 + i);
+  b.cupti(0x2a56000000, 2 << 20, 30);  // a mapping the hooks did not see
+  const CuptiView v = matcher.finish();
+  CHECK(v.matched == 3);
+  CHECK(v.matched_mappings == 3);
+  CHECK(v.matched_bytes == 3 * kChunk);
+  CHECK(v.size_differences == 0);
+  CHECK(v.hooks_only == 1);
+  REQUIRE(v.hooks_only_list.size() == 1);
+  CHECK(v.hooks_only_list[0].addr == kBase + 3 * kChunk);
+  CHECK(v.hooks_only_list[0].mapping);
+  CHECK(v.cupti_only == 1);
+  REQUIRE(v.cupti_only_list.size() == 1);
+  CHECK(v.cupti_only_list[0].addr == 0x2a56000000);
+}
+
+TEST_CASE("CUPTI's module statics are counted apart, not as allocations the hooks missed") {
+  CuptiTraceBuilder b;
+  b.status(fmt::CuptiStatus::kActive, 5, "CUPTI active");
+  CuptiMatcher matcher(b.trace);
+  matcher.observe(b.hook(0x1000, 4096, 10));
+  b.cupti(0x1000, 4096, 10);
+  // A module's __device__ and __managed__ variables, placed at module load
+  // (pc 0: no API call); and one ordinary record the hooks did miss.
+  b.cupti(0x7fb8da600000, 102400, 8, 0, fmt::CuptiMemoryKind::kDeviceStatic, "kernel_table");
+  b.cupti(0x7fb8da619000, 2304, 8, 0, fmt::CuptiMemoryKind::kDeviceStatic);
+  b.cupti(0x7fb8da620000, 2016, 8, 0, fmt::CuptiMemoryKind::kManagedStatic, "counters");
+  b.cupti(0x9000, 144, 40, 0x77);
+  const CuptiView v = matcher.finish();
+  CHECK(v.matched == 1);
+  CHECK(v.hooks_only == 0);
+  CHECK(v.module_statics == 3);
+  CHECK(v.module_statics_bytes == 102400 + 2304 + 2016);
+  REQUIRE(v.module_statics_list.size() == 3);
+  CHECK(v.module_statics_list[0].name == "kernel_table");
+  CHECK(v.module_statics_list[0].cupti_kind == static_cast<uint8_t>(fmt::CuptiMemoryKind::kDeviceStatic));
+  CHECK(v.module_statics_list[1].name.empty());
+  CHECK(v.module_statics_list[2].name == "counters");
+  // A genuine disagreement stays one.
+  CHECK(v.cupti_only == 1);
+  CHECK(v.cupti_only_bytes == 144);
+  REQUIRE(v.cupti_only_list.size() == 1);
+  CHECK(v.cupti_only_list[0].cupti_kind == static_cast<uint8_t>(fmt::CuptiMemoryKind::kDevice));
+  CHECK(v.cupti_allocations == v.matched + v.cupti_only + v.module_statics);
+}
+
+TEST_CASE("an old trace's CUPTI records, without CUPTI's kind, are compared as before") {
+  CuptiTraceBuilder b;
+  b.status(fmt::CuptiStatus::kActive, 5, "CUPTI active");
+  CuptiMatcher matcher(b.trace);
+  b.cupti(0x7fb8da600000, 102400, 8, 0, fmt::CuptiMemoryKind::kUnknown);
+  const CuptiView v = matcher.finish();
+  CHECK(v.module_statics == 0);
+  CHECK(v.cupti_only == 1);
 }
