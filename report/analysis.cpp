@@ -455,6 +455,7 @@ void name_sites(ProcessReport& r, const std::vector<Site>& oom_sites, const Stop
   if (stop.has_crash_stack) r.verdict.crash_stack = namer.name(stop.crash_stack, 0).frames;
   if (r.cupti.compared) {
     for (CuptiMismatch& m : r.cupti.hooks_only_list) m.frames = namer.name(m.stack, m.kind).frames;
+    for (CuptiMismatch& m : r.cupti.size_differences_list) m.frames = namer.name(m.stack, m.kind).frames;
   }
 }
 

@@ -61,6 +61,22 @@ bool CuptiMatcher::in_window(uint64_t seq) const {
   return open;
 }
 
+CuptiMismatch CuptiMatcher::mismatch(uint64_t addr, const Pending& p) {
+  CuptiMismatch m;
+  m.ts_ns = p.ts;
+  m.addr = addr;
+  m.bytes = p.bytes;
+  m.kind = p.kind;
+  m.device = p.device;
+  m.pc = p.pc;
+  m.stack = p.stack;
+  m.mapping = p.mapping;
+  m.cupti_kind = p.cupti_kind;
+  m.async = p.async;
+  m.correlation = p.correlation;
+  return m;
+}
+
 void CuptiMatcher::add(bool from_cupti, uint64_t addr, const Pending& p) {
   auto& other = from_cupti ? hooks_pending_ : cupti_pending_;
   auto it = other.find(addr);
@@ -68,7 +84,19 @@ void CuptiMatcher::add(bool from_cupti, uint64_t addr, const Pending& p) {
     const Pending& first = it->second.front();
     ++view_.matched;
     view_.matched_bytes += from_cupti ? first.bytes : p.bytes;  // what the program asked for
-    if (first.bytes != p.bytes) ++view_.size_differences;
+    if (first.bytes != p.bytes) {
+      ++view_.size_differences;
+      if (view_.size_differences_list.size() < CuptiView::kMaxListed) {
+        const Pending& hooks = from_cupti ? first : p;
+        const Pending& cupti = from_cupti ? p : first;
+        CuptiMismatch d = mismatch(addr, hooks);
+        d.cupti_kind = cupti.cupti_kind;
+        d.async = cupti.async;
+        d.correlation = cupti.correlation;
+        d.cupti_bytes = cupti.bytes;
+        view_.size_differences_list.push_back(std::move(d));
+      }
+    }
     if (first.mapping || p.mapping) ++view_.matched_mappings;
     it->second.erase(it->second.begin());
     if (it->second.empty()) other.erase(it);
@@ -81,16 +109,6 @@ void CuptiMatcher::take_cupti_records() {
   const auto& records = trace_.cupti_memory;
   for (; cupti_consumed_ < records.size(); ++cupti_consumed_) {
     const TraceCuptiMemory& m = records[cupti_consumed_];
-    if (fmt::is_module_static(m.cupti_kind)) {
-      ++view_.module_statics;
-      view_.module_statics_bytes += m.bytes;
-      CuptiMismatch s{m.ts, m.addr, m.bytes, m.kind, m.device, m.pc, 0, {}};
-      s.cupti_kind = m.cupti_kind;
-      s.correlation = m.correlation;
-      s.name_id = m.name;
-      keep_largest(view_.module_statics_list, s);
-      continue;
-    }
     Pending p;
     p.ts = m.ts;
     p.bytes = m.bytes;
@@ -100,6 +118,14 @@ void CuptiMatcher::take_cupti_records() {
     p.cupti_kind = m.cupti_kind;
     p.async = (m.flags & 1) != 0;
     p.correlation = m.correlation;
+    if (fmt::is_module_static(m.cupti_kind)) {
+      ++view_.module_statics;
+      view_.module_statics_bytes += m.bytes;
+      CuptiMismatch s = mismatch(m.addr, p);
+      s.name_id = m.name;
+      keep_largest(view_.module_statics_list, s);
+      continue;
+    }
     add(true, m.addr, p);
   }
 }
@@ -185,20 +211,14 @@ CuptiView CuptiMatcher::finish() {
       if (!in_window(p.seq)) continue;
       ++v.hooks_only;
       v.hooks_only_bytes += p.bytes;
-      CuptiMismatch m{p.ts, addr, p.bytes, p.kind, p.device, 0, p.stack, {}};
-      m.mapping = p.mapping;
-      keep_largest(v.hooks_only_list, m);
+      keep_largest(v.hooks_only_list, mismatch(addr, p));
     }
   }
   for (const auto& [addr, list] : cupti_pending_) {
     for (const Pending& p : list) {
       ++v.cupti_only;
       v.cupti_only_bytes += p.bytes;
-      CuptiMismatch m{p.ts, addr, p.bytes, p.kind, p.device, p.pc, 0, {}};
-      m.cupti_kind = p.cupti_kind;
-      m.async = p.async;
-      m.correlation = p.correlation;
-      keep_largest(v.cupti_only_list, m);
+      keep_largest(v.cupti_only_list, mismatch(addr, p));
     }
   }
   for (CuptiMismatch& m : v.module_statics_list) m.name = m.name_id != 0 ? text(m.name_id) : std::string();

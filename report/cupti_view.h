@@ -40,6 +40,7 @@ struct CuptiMismatch {
   uint32_t correlation = 0;   // CUPTI side: correlation id of the API call
   uint32_t name_id = 0;       // CUPTI side: string id of a module static's variable name
   std::string name;           // ... and the name
+  uint64_t cupti_bytes = 0;   // a size difference: what CUPTI recorded (`bytes`: what the hooks saw asked for)
 };
 
 struct CuptiView {
@@ -58,6 +59,7 @@ struct CuptiView {
   uint64_t matched = 0;
   uint64_t matched_bytes = 0;
   uint64_t size_differences = 0;  // matched by address, different byte counts
+  std::vector<CuptiMismatch> size_differences_list;  // the first kMaxListed, the hooks' side with CUPTI's bytes
   uint64_t matched_mappings = 0;  // of `matched`: VMM mappings paired at their mapped address
   // CUPTI's records of module statics: no allocation call, so no hook, makes
   // them. Counted apart from cupti_only; CUPTI's allocations are matched +
@@ -100,6 +102,7 @@ class CuptiMatcher {
   void take_cupti_records();
   void take_mappings();
   void add(bool from_cupti, uint64_t addr, const Pending& p);
+  static CuptiMismatch mismatch(uint64_t addr, const Pending& p);
   bool in_window(uint64_t seq) const;
 
   const Trace& trace_;

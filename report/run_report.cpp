@@ -202,6 +202,26 @@ std::string mismatch_site(const CuptiMismatch& m) {
   return site_name(site);
 }
 
+// The first allocations whose byte counts CUPTI and the hooks disagree on:
+// the hooks' site and size beside CUPTI's.
+json size_differences(const std::vector<CuptiMismatch>& items) {
+  json out = json::array();
+  for (const CuptiMismatch& m : items) {
+    out.push_back({{"ts_ns", m.ts_ns},
+                   {"address", hex(m.addr)},
+                   {"bytes", m.bytes},
+                   {"cupti_bytes", m.cupti_bytes},
+                   {"kind", format::kind_name(static_cast<format::Kind>(m.kind))},
+                   {"device", m.device},
+                   {"site", mismatch_site(m)},
+                   {"mapping", m.mapping},
+                   {"cupti_kind", format::cupti_kind_name(m.cupti_kind)},
+                   {"async", m.async},
+                   {"correlation", m.correlation}});
+  }
+  return out;
+}
+
 json cupti_json(const CuptiView& c) {
   auto list = [](const std::vector<CuptiMismatch>& items, bool hooks) {
     json out = json::array();
@@ -239,6 +259,7 @@ json cupti_json(const CuptiView& c) {
           {"matched", c.matched},
           {"matched_bytes", c.matched_bytes},
           {"size_differences", c.size_differences},
+          {"size_difference_samples", size_differences(c.size_differences_list)},
           {"matched_mappings", c.matched_mappings},
           {"module_statics",
            {{"count", c.module_statics}, {"bytes", c.module_statics_bytes}, {"allocations", list(c.module_statics_list, false)}}},
@@ -983,6 +1004,14 @@ void text_cupti(const ProcessReport& p, std::ostringstream& out) {
     for (const CuptiMismatch& m : c.hooks_only_list) {
       out << "  only hooks: " << human_bytes(double(m.bytes)) << " " << format::kind_name(format::Kind(m.kind))
           << " at " << hex(m.addr) << (m.mapping ? " (cuMemMap)" : "") << " from " << mismatch_site(m) << "\n";
+    }
+    if (c.size_differences != 0) {
+      out << "  sizes differ: " << c.size_differences << " allocations seen by both with other byte counts\n";
+      for (size_t k = 0; k < c.size_differences_list.size() && k < 5; ++k) {
+        const CuptiMismatch& m = c.size_differences_list[k];
+        out << "    hooks " << human_bytes(double(m.bytes)) << ", CUPTI " << human_bytes(double(m.cupti_bytes))
+            << " at " << hex(m.addr) << (m.async ? " (stream-ordered)" : "") << " from " << mismatch_site(m) << "\n";
+      }
     }
     for (const CuptiMismatch& m : c.cupti_only_list) {
       out << "  only CUPTI: " << human_bytes(double(m.bytes)) << " " << format::kind_name(format::Kind(m.kind))

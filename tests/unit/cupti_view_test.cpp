@@ -93,6 +93,12 @@ TEST_CASE("CUPTI and hook allocations pair by address, in order of reuse") {
   CHECK(v.matched == 3);
   CHECK(v.matched_bytes == 4096 + 4096 + 8192);
   CHECK(v.size_differences == 1);
+  // The hooks' side of the difference, with CUPTI's count beside it.
+  REQUIRE(v.size_differences_list.size() == 1);
+  CHECK(v.size_differences_list[0].addr == 0x2000);
+  CHECK(v.size_differences_list[0].bytes == 8192);
+  CHECK(v.size_differences_list[0].cupti_bytes == 8200);
+  CHECK(v.size_differences_list[0].stack == 7);
   CHECK(v.hooks_only == 1);
   CHECK(v.hooks_only_bytes == 1 << 20);
   REQUIRE(v.hooks_only_list.size() == 1);
