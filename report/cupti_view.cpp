@@ -81,7 +81,13 @@ void CuptiMatcher::add(bool from_cupti, uint64_t addr, const Pending& p) {
   auto& other = from_cupti ? hooks_pending_ : cupti_pending_;
   auto it = other.find(addr);
   if (it != other.end() && !it->second.empty()) {
-    const Pending& first = it->second.front();
+    // In order of reuse, but the one of the same size first: CUPTI hands its
+    // records over in buffers, not always in the order the allocations were
+    // made, and a pool gives an address out again at once, to another size.
+    auto same = std::find_if(it->second.begin(), it->second.end(),
+                             [&](const Pending& q) { return q.bytes == p.bytes; });
+    if (same == it->second.end()) same = it->second.begin();
+    const Pending first = *same;
     ++view_.matched;
     view_.matched_bytes += from_cupti ? first.bytes : p.bytes;  // what the program asked for
     if (first.bytes != p.bytes) {
@@ -98,7 +104,7 @@ void CuptiMatcher::add(bool from_cupti, uint64_t addr, const Pending& p) {
       }
     }
     if (first.mapping || p.mapping) ++view_.matched_mappings;
-    it->second.erase(it->second.begin());
+    it->second.erase(same);
     if (it->second.empty()) other.erase(it);
     return;
   }

@@ -114,6 +114,30 @@ TEST_CASE("CUPTI and hook allocations pair by address, in order of reuse") {
   CHECK(v.cupti_dropped == 4);
 }
 
+TEST_CASE("CUPTI's records of one address pair with the hooks' of the same size, whatever their order") {
+  CuptiTraceBuilder b;
+  b.status(fmt::CuptiStatus::kActive, 5, "CUPTI 130001 from /x/libcupti.so.13: memory activity records");
+  CuptiMatcher matcher(b.trace);
+  // A pool gives 0x1000 out three times, to three sizes; CUPTI's buffers
+  // hand the records over in another order.
+  matcher.observe(b.hook(0x1000, 512, 10));
+  matcher.observe(b.hook(0x1000, 4, 20));
+  matcher.observe(b.hook(0x1000, 2048, 30));
+  b.cupti(0x1000, 4, 21);
+  b.cupti(0x1000, 512, 11);
+  b.cupti(0x1000, 2560, 31);  // the driver counted this one otherwise
+  b.status(fmt::CuptiStatus::kStopped, 100, "CUPTI collection ended at exit");
+  const CuptiView v = matcher.finish();
+  CHECK(v.matched == 3);
+  CHECK(v.matched_bytes == 512 + 4 + 2048);
+  CHECK(v.size_differences == 1);
+  REQUIRE(v.size_differences_list.size() == 1);
+  CHECK(v.size_differences_list[0].bytes == 2048);
+  CHECK(v.size_differences_list[0].cupti_bytes == 2560);
+  CHECK(v.hooks_only == 0);
+  CHECK(v.cupti_only == 0);
+}
+
 TEST_CASE("after CUPTI is handed to another tool, the hooks' allocations are not missing from CUPTI") {
   CuptiTraceBuilder b;
   b.status(fmt::CuptiStatus::kActive, 5, "CUPTI active");
