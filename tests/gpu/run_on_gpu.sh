@@ -6,6 +6,10 @@
 #   tests/gpu/run_on_gpu.sh BUNDLE LOG_DIR
 set -uo pipefail
 cd "$(dirname "$0")"
+if ! nvidia-smi -L > /dev/null 2>&1; then
+  echo "run_on_gpu.sh: no NVIDIA GPU here (nvidia-smi lists none)" >&2
+  exit 77
+fi
 bundle=$(cd "$1" && pwd)
 logs=$2
 mkdir -p "$logs/reports"
