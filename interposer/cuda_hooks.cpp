@@ -31,22 +31,10 @@
 
 #include "libc_symbols.h"
 
-namespace {
-
 // libc's own dlsym and dlvsym (see libc_symbols.h for why not by name).
-void* memledger_libc_dlsym(void* handle, const char* name) {
-  using Fn = void* (*)(void*, const char*);
-  auto fn = reinterpret_cast<Fn>(memledger::interposer::libc_dlsym_address());
-  return fn ? fn(handle, name) : nullptr;
-}
-
-void* memledger_libc_dlvsym(void* handle, const char* name, const char* version) {
-  using Fn = void* (*)(void*, const char*, const char*);
-  auto fn = reinterpret_cast<Fn>(memledger::interposer::libc_dlvsym_address());
-  return fn ? fn(handle, name, version) : nullptr;
-}
-
-}  // namespace
+using memledger::interposer::find_in_caller_scope;
+using memledger::interposer::libc_dlsym;
+using memledger::interposer::libc_dlvsym;
 
 extern "C" __attribute__((visibility("hidden"), used)) void* memledger_libc_dlsym_address() {
   return memledger::interposer::libc_dlsym_address();
@@ -328,34 +316,17 @@ void* find_real(std::atomic<void*>& slot, const char* name, bool runtime) {
   if (p != nullptr) return p;
   if (runtime) {
     // The next definition after memledger in the lookup order: libcudart.
-    p = memledger_libc_dlsym(RTLD_NEXT, name);
+    p = libc_dlsym(RTLD_NEXT, name);
   } else {
     void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
     if (handle == nullptr) handle = dlopen("libcuda.so", RTLD_NOW | RTLD_NOLOAD);
     if (handle != nullptr) {
-      p = memledger_libc_dlsym(handle, name);
+      p = libc_dlsym(handle, name);
       dlclose(handle);
     }
   }
   if (p != nullptr && is_wrapper(p)) p = nullptr;
   if (p != nullptr) slot.store(p, std::memory_order_release);
-  return p;
-}
-
-// `name` as the loader binds it for the object holding `caller`: the
-// global scope, then that object and its dependencies. This is what
-// dlsym(RTLD_DEFAULT) means for a library loaded RTLD_LOCAL, whose own
-// dependencies are outside the global scope that a look-up made from
-// libmemledger searches.
-void* find_in_caller_scope(const char* name, const void* caller) {
-  Dl_info info;
-  if (caller == nullptr || dladdr(caller, &info) == 0 || info.dli_fname == nullptr || info.dli_fname[0] == '\0') {
-    return nullptr;
-  }
-  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-  if (handle == nullptr) return nullptr;
-  void* p = memledger_libc_dlsym(handle, name);
-  dlclose(handle);
   return p;
 }
 
@@ -373,7 +344,7 @@ int search_loaded_runtime(dl_phdr_info* info, size_t, void* data) {
   if (base == nullptr || strncmp(base, "libcudart.so", 12) != 0) return 0;
   void* handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
   if (handle == nullptr) return 0;
-  search->result = memledger_libc_dlsym(handle, search->name);
+  search->result = libc_dlsym(handle, search->name);
   dlclose(handle);
   return search->result != nullptr ? 1 : 0;
 }
@@ -1810,19 +1781,12 @@ MEMLEDGER_EXPORT cudaError_t cudaGetDeviceCount(int* count) {
 namespace {
 
 void* default_scope_lookup(const char* name, const char* version, const void* caller) {
-  void* p = version == nullptr ? memledger_libc_dlsym(RTLD_DEFAULT, name)
-                               : memledger_libc_dlvsym(RTLD_DEFAULT, name, version);
+  void* p = version == nullptr ? libc_dlsym(RTLD_DEFAULT, name)
+                               : libc_dlvsym(RTLD_DEFAULT, name, version);
   if (p != nullptr || name == nullptr) return p;
-  Dl_info info;
-  if (caller == nullptr || dladdr(caller, &info) == 0 || info.dli_fname == nullptr || info.dli_fname[0] == '\0') {
-    return nullptr;
-  }
-  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-  if (handle == nullptr) return nullptr;
-  p = version == nullptr ? memledger_libc_dlsym(handle, name) : memledger_libc_dlvsym(handle, name, version);
-  dlclose(handle);
+  p = find_in_caller_scope(name, caller, version);
   // The failed search sets the error dlerror() reports, as libc's would have.
-  if (p == nullptr) (void)memledger_libc_dlsym(RTLD_DEFAULT, name);
+  if (p == nullptr) (void)libc_dlsym(RTLD_DEFAULT, name);
   return p;
 }
 
@@ -1831,7 +1795,7 @@ void* default_scope_lookup(const char* name, const char* version, const void* ca
 extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlsym_impl(void* handle, const char* name) {
   // Reached by a tail jump from dlsym: the return address is the caller's.
   void* p = handle == RTLD_DEFAULT ? default_scope_lookup(name, nullptr, __builtin_return_address(0))
-                                   : memledger_libc_dlsym(handle, name);
+                                   : libc_dlsym(handle, name);
   if (p == nullptr || name == nullptr || name[0] != 'c') return p;
   HookGuard guard;
   return wrap_looked_up(name, memledger::interposer::wrap_library_lookup(name, p));
@@ -1840,7 +1804,7 @@ extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlsym_imp
 extern "C" __attribute__((visibility("hidden"), used)) void* memledger_dlvsym_impl(void* handle, const char* name,
                                                                             const char* version) {
   void* p = handle == RTLD_DEFAULT ? default_scope_lookup(name, version, __builtin_return_address(0))
-                                   : memledger_libc_dlvsym(handle, name, version);
+                                   : libc_dlvsym(handle, name, version);
   if (p == nullptr || name == nullptr || name[0] != 'c') return p;
   HookGuard guard;
   return wrap_looked_up(name, memledger::interposer::wrap_library_lookup(name, p));

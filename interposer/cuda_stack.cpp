@@ -93,11 +93,7 @@ int collect(dl_phdr_info* info, size_t, void* data) {
   return 0;
 }
 
-void* symbol(void* handle, const char* name) {
-  using Fn = void* (*)(void*, const char*);
-  auto fn = reinterpret_cast<Fn>(libc_dlsym_address());
-  return fn != nullptr ? fn(handle, name) : nullptr;
-}
+void* symbol(void* handle, const char* name) { return libc_dlsym(handle, name); }
 
 // "M.m" from the CUDA encoding 1000 * major + 10 * minor (12080: 12.8).
 void cuda_text(int v, char* out, size_t size) { std::snprintf(out, size, "%d.%d", v / 1000, v % 1000 / 10); }

@@ -285,24 +285,15 @@ uintptr_t object_base(const void* p) {
 // dependencies) and nowhere else. Last, any other loaded object defining it.
 void* real_cupti(const char* name, const void* caller) {
   using namespace memledger::interposer;
-  using DlsymFn = void* (*)(void*, const char*);
-  auto libc_dlsym = reinterpret_cast<DlsymFn>(libc_dlsym_address());
   const uintptr_t self = object_base(reinterpret_cast<const void*>(&object_base));
   // A failing dlsym allocates its message: not the program's memory.
   HookGuard guard;
   void* anywhere = find_in_loaded_objects(name, self != 0 ? self : 1);
-  if (libc_dlsym == nullptr || anywhere == nullptr) return anywhere;
+  if (libc_dlsym_address() == nullptr || anywhere == nullptr) return anywhere;
   auto found = [self](void* p) { return p != nullptr && object_base(p) != self; };
-  // Called from this object, so RTLD_NEXT means "after memledger".
   void* p = libc_dlsym(RTLD_NEXT, name);
   if (!found(p)) {
-    Dl_info info;
-    void* handle = nullptr;
-    if (caller != nullptr && dladdr(caller, &info) != 0 && info.dli_fname != nullptr && info.dli_fname[0] != '\0') {
-      handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
-    }
-    p = handle != nullptr ? libc_dlsym(handle, name) : nullptr;
-    if (handle != nullptr) dlclose(handle);
+    p = find_in_caller_scope(name, caller);
     if (!found(p)) p = anywhere;
     (void)dlerror();  // the failed look-ups are memledger's, not the program's
   }

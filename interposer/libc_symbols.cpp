@@ -1,5 +1,6 @@
 #include "libc_symbols.h"
 
+#include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
 
@@ -135,6 +136,30 @@ void* libc_dlvsym_address() {
     p = find("dlvsym");
     g_dlvsym.store(p, std::memory_order_release);
   }
+  return p;
+}
+
+void* libc_dlsym(void* handle, const char* name) {
+  using Fn = void* (*)(void*, const char*);
+  auto fn = reinterpret_cast<Fn>(libc_dlsym_address());
+  return fn != nullptr ? fn(handle, name) : nullptr;
+}
+
+void* libc_dlvsym(void* handle, const char* name, const char* version) {
+  using Fn = void* (*)(void*, const char*, const char*);
+  auto fn = reinterpret_cast<Fn>(libc_dlvsym_address());
+  return fn != nullptr ? fn(handle, name, version) : nullptr;
+}
+
+void* find_in_caller_scope(const char* name, const void* caller, const char* version) {
+  Dl_info info;
+  if (caller == nullptr || dladdr(caller, &info) == 0 || info.dli_fname == nullptr || info.dli_fname[0] == '\0') {
+    return nullptr;
+  }
+  void* handle = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return nullptr;
+  void* p = version == nullptr ? libc_dlsym(handle, name) : libc_dlvsym(handle, name, version);
+  dlclose(handle);
   return p;
 }
 

@@ -15,6 +15,18 @@ namespace memledger::interposer {
 void* libc_dlsym_address();
 void* libc_dlvsym_address();
 
+// Calls of them (nullptr where libc cannot be read). Made from libmemledger,
+// so RTLD_NEXT means the definitions after memledger's.
+void* libc_dlsym(void* handle, const char* name);
+void* libc_dlvsym(void* handle, const char* name, const char* version);
+
+// `name` (at `version`, when given) in the object holding the address
+// `caller` and its dependencies: what that object binds where the global
+// scope, which a look-up made from libmemledger searches, does not hold it
+// (a library loaded RTLD_LOCAL with its own dependencies). nullptr when
+// `caller` is in no object or the object does not reach `name`.
+void* find_in_caller_scope(const char* name, const void* caller, const char* version = nullptr);
+
 // The first definition of the function `name` in the loaded objects, in load
 // order, skipping the object loaded at `skip_base` (memledger itself; 1:
 // none), undefined references (a PLT entry) never counting: finds

@@ -38,11 +38,7 @@ using memledger::interposer::recorder;
 #define MEMLEDGER_LIBRARY_SLOT(name, ...) std::atomic<void*> real_##name{nullptr};
 MEMLEDGER_CUDA_LIBRARY_HOOKS(MEMLEDGER_LIBRARY_SLOT)
 
-void* libc_dlsym(void* handle, const char* name) {
-  using Fn = void* (*)(void*, const char*);
-  auto fn = reinterpret_cast<Fn>(memledger::interposer::libc_dlsym_address());
-  return fn != nullptr ? fn(handle, name) : nullptr;
-}
+using memledger::interposer::libc_dlsym;
 
 // The file named `path` is `library` itself (libcudnn.so.9, libcudnn-1a2b.so),
 // not one of its sub-libraries: cuDNN 9's libcudnn.so.9 is a front that hands
