@@ -10,6 +10,7 @@
 #include <csignal>
 #include <sched.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <ucontext.h>
 #include <unistd.h>
 
@@ -106,6 +107,12 @@ Layout g_layout;  // the one in use, filled once by detect()
 
 // Set while this thread walks Python frames: where a fault in the walk lands.
 __thread sigjmp_buf* tls_walk_fault __attribute__((tls_model("initial-exec")));
+// Whether this thread blocks SIGSEGV or SIGBUS: -1 not known yet (asked at
+// its next walk), else 0 or 1. A thread that blocks them (libzmq's I/O
+// threads block every signal) would not reach the fault guard: the kernel
+// ends the process at the fault. Forgotten at each change of the thread's
+// signal mask (python_frames_mask_changed).
+__thread int8_t tls_faults_blocked __attribute__((tls_model("initial-exec"))) = -1;
 
 template <typename T>
 inline T load(const uint8_t* base, size_t offset) {
@@ -115,6 +122,20 @@ inline T load(const uint8_t* base, size_t offset) {
 }
 inline const uint8_t* load_ptr(const uint8_t* base, size_t offset) {
   return load<const uint8_t*>(base, offset);
+}
+
+// The calling thread's signal mask, by the system call itself.
+void set_thread_mask(int how, const sigset_t* set, sigset_t* old) {
+  syscall(SYS_rt_sigprocmask, how, set, old, _NSIG / 8);
+}
+
+// Copies `n` bytes of interpreter memory in memledger's own code: a fault
+// in it is one python_frames_recover() takes back, where one inside libc's
+// memcpy would end the process (the volatile source keeps the compiler from
+// turning the loop into a memcpy call).
+void copy_foreign(uint8_t* out, const uint8_t* from, size_t n) {
+  const volatile uint8_t* src = from;
+  for (size_t i = 0; i < n; ++i) out[i] = src[i];
 }
 
 // Pointers read from interpreter memory are checked for the shape of a heap
@@ -357,15 +378,34 @@ uint32_t PythonFrames::capture_with(const Layout& layout, uintptr_t* out, uint32
   // The frames are read under a fault guard: python_frames_recover() brings
   // a read of memory freed under the walk back here, with no frames. The
   // signal mask is restored by the handler, so sigsetjmp saves none (no
-  // system call on this path).
+  // system call on this path). A thread that blocks the fault signals has
+  // them unblocked for the walk (two system calls, in those threads only;
+  // made directly, as memledger's own pthread_sigmask would forget what
+  // this thread blocks).
+  if (tls_faults_blocked < 0) {
+    sigset_t current;
+    set_thread_mask(SIG_BLOCK, nullptr, &current);
+    tls_faults_blocked = (sigismember(&current, SIGSEGV) == 1 || sigismember(&current, SIGBUS) == 1) ? 1 : 0;
+  }
+  const bool unblock = tls_faults_blocked == 1;
+  sigset_t saved;
+  if (unblock) {
+    sigset_t faults;
+    sigemptyset(&faults);
+    sigaddset(&faults, SIGSEGV);
+    sigaddset(&faults, SIGBUS);
+    set_thread_mask(SIG_UNBLOCK, &faults, &saved);
+  }
   sigjmp_buf guard;
   if (sigsetjmp(guard, 0) != 0) {
     tls_walk_fault = nullptr;
+    if (unblock) set_thread_mask(SIG_SETMASK, &saved, nullptr);
     return 0;
   }
   tls_walk_fault = &guard;
   const uint32_t n = walk(layout, out, max);
   tls_walk_fault = nullptr;
+  if (unblock) set_thread_mask(SIG_SETMASK, &saved, nullptr);
   return n;
 }
 
@@ -378,13 +418,16 @@ const uint8_t* main_thread_state(const Layout& l) {
   if (l.main_interpreter == nullptr || l.thread_head == nullptr || l.thread_next == nullptr) return nullptr;
   void* interp = l.main_interpreter();
   if (!plausible(static_cast<const uint8_t*>(interp))) return nullptr;
-  void* last = nullptr;
-  void* t = l.thread_head(interp);
-  for (int n = 0; n < 4096 && plausible(static_cast<const uint8_t*>(t)); ++n) {
+  // The list changes under the walk (threads start and end without this
+  // thread knowing): each `next` (PyThreadState's second field, 3.9 to
+  // 3.13) is read here, under the fault guard, not by PyThreadState_Next.
+  const uint8_t* last = nullptr;
+  const auto* t = static_cast<const uint8_t*>(l.thread_head(interp));
+  for (int n = 0; n < 4096 && plausible(t); ++n) {
     last = t;
-    t = l.thread_next(t);
+    t = load_ptr(t, sizeof(void*));
   }
-  return static_cast<const uint8_t*>(last);
+  return last;
 }
 
 }  // namespace
@@ -501,7 +544,7 @@ uint32_t PythonFrames::publish(uint64_t filename, uint64_t name, uint64_t table,
   h.filename_len = static_cast<uint32_t>(copy_unicode(l, filename_str, text, filename_len));
   h.qualname_len = static_cast<uint32_t>(copy_unicode(l, name_str, text + h.filename_len, name_len));
   h.table_len = table_len;
-  if (table_len != 0) memcpy(text + h.filename_len + h.qualname_len, bytes + 32, table_len);
+  if (table_len != 0) copy_foreign(reinterpret_cast<uint8_t*>(text + h.filename_len + h.qualname_len), bytes + 32, table_len);
   memcpy(p, &h, sizeof h);
   offsets_[id].store(off + 1, std::memory_order_release);
   return id;
@@ -527,6 +570,8 @@ bool PythonFrames::code(uint32_t id, PythonCodeView* view) const {
 
 // Trivially destructible: hooks run until the very end of the process.
 constinit PythonFrames g_python_frames;
+
+void python_frames_mask_changed() { tls_faults_blocked = -1; }
 
 bool python_frames_recover(void* ucontext) {
   sigjmp_buf* guard = tls_walk_fault;

@@ -132,4 +132,8 @@ inline PythonFrames& python_frames() { return g_python_frames; }
 // returns false and the signal is handled as a crash.
 bool python_frames_recover(void* ucontext);
 
+// The calling thread's signal mask changed: the walk asks anew whether it
+// blocks the fault signals.
+void python_frames_mask_changed();
+
 }  // namespace memledger::interposer

@@ -9,6 +9,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "libc_symbols.h"
 #include "python_frames.h"
 #include "recorder.h"
 #include "spin_lock.h"
@@ -251,6 +252,30 @@ __attribute__((visibility("default"))) sighandler_t signal(int signo, sighandler
   if (sigaction(signo, &act, &old) != 0) return SIG_ERR;
   if (old.sa_flags & SA_SIGINFO) return reinterpret_cast<sighandler_t>(reinterpret_cast<void*>(old.sa_sigaction));
   return old.sa_handler;
+}
+
+// The thread's signal mask: changed by the program as asked; the Python
+// frame walk learns that it must ask again whether the fault signals are
+// blocked (python_frames.cpp).
+__attribute__((visibility("default"))) int pthread_sigmask(int how, const sigset_t* set, sigset_t* old) {
+  using MaskFn = int (*)(int, const sigset_t*, sigset_t*);
+  static MaskFn real = reinterpret_cast<MaskFn>(memledger::interposer::libc_dlsym(RTLD_NEXT, "pthread_sigmask"));
+  if (real == nullptr) return ENOSYS;
+  const int rc = real(how, set, old);
+  if (set != nullptr) memledger::interposer::python_frames_mask_changed();
+  return rc;
+}
+
+__attribute__((visibility("default"))) int sigprocmask(int how, const sigset_t* set, sigset_t* old) {
+  using MaskFn = int (*)(int, const sigset_t*, sigset_t*);
+  static MaskFn real = reinterpret_cast<MaskFn>(memledger::interposer::libc_dlsym(RTLD_NEXT, "sigprocmask"));
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  const int rc = real(how, set, old);
+  if (set != nullptr) memledger::interposer::python_frames_mask_changed();
+  return rc;
 }
 
 __attribute__((visibility("default"))) int memledger_defer_sigterm(int deadline_ms) {

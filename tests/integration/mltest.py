@@ -150,7 +150,8 @@ class TestCase(unittest.TestCase):
     @classmethod
     def class_tmpdir(cls):
         d = tempfile.mkdtemp(prefix="mltest-%s-" % cls.__name__)
-        cls.addClassCleanup(shutil.rmtree, d, True)
+        if not os.environ.get("MLTEST_KEEP"):
+            cls.addClassCleanup(shutil.rmtree, d, True)
         return d
 
     def tmpdir(self):

@@ -150,6 +150,14 @@ class Jupyter(mltest.TestCase):
             self.assertEqual((rows[label]["python_role"], rows[label]["kernel_id"]), ("Jupyter kernel", kernel["id"]))
         return found
 
+    @staticmethod
+    def deaths(run):
+        """What a failure shows of the processes that died: their verdicts,
+        and the end of the server's output (the kernels' stderr)."""
+        rows = {r["process"]: r for r in run.report["job"]["rows"]}
+        lines = ["%s: %s" % (rows[i]["label"], rows[i]["verdict"]) for i in run.report["job"]["died"]]
+        return "\n".join(lines + ["--- the server's output, last lines:", run.output[-3000:]])
+
     def test_server_serves_and_exits_cleanly(self):
         for run in (self.job, self.control):  # POST /api/shutdown, SIGTERM
             self.assertEqual(run.returncode, 0, run.output[-3000:])
@@ -202,7 +210,7 @@ class Jupyter(mltest.TestCase):
         self.assertIn("cgroup limit 768.0 MiB", rows[dead]["verdict"])
         self.assertEqual(rows[new]["status"], "exit 0", rows[new]["verdict"])
         self.assertIn("Jupyter kernel %s (pid %d) was killed by SIGKILL: killed by the kernel's OOM killer" % (kernel["id"], dead),
-                      self.job.report["job"]["conclusion"])
+                      self.job.report["job"]["conclusion"], self.deaths(self.job))
 
     def test_kernel_restarted_on_request_ends_cleanly(self):
         kernel = self.job.kernels["clean"]
@@ -211,7 +219,8 @@ class Jupyter(mltest.TestCase):
         labels = {r["process"]: r["label"] for r in self.job.report["job"]["rows"]}
         dead = sorted(labels[i] for i in self.job.report["job"]["died"])
         self.assertEqual(dead, sorted("Jupyter kernel %s (pid %d)" % (self.job.kernels[k]["id"], self.job.kernels[k]["pids"][0])
-                                      for k in ("killed", "crashed", "oom") if k in self.job.kernels))
+                                      for k in ("killed", "crashed", "oom") if k in self.job.kernels),
+                         self.deaths(self.job))
 
     def test_html_names_the_kernels(self):
         with open(os.path.join(self.job.run_dir, "report.html")) as f:

@@ -156,6 +156,82 @@ FAULT = textwrap.dedent('''
     print("survived", len(kept))
 ''')
 
+# The same unreadable frame memory in threads that block SIGSEGV and SIGBUS
+# (as libzmq's I/O threads block every signal): the main thread itself,
+# then threads that never run Python, started with its mask, whose stacks
+# begin with its frames (attributed). The walk must unblock the fault
+# signals while it reads, or the kernel ends the process at the fault.
+BLOCKED_FAULT = textwrap.dedent('''
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.pthread_create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.POINTER(ctypes.c_void_p)]
+    MALLOC = ctypes.cast(libc.malloc, ctypes.c_void_p).value
+    poke = libc.memcpy
+    poke.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+    ctypes.pythonapi.PyThreadState_Get.restype = ctypes.c_void_p
+
+    faults = (ctypes.c_uint64 * 16)((1 << 10) | (1 << 6))  # SIGSEGV (11), SIGBUS (7)
+    assert libc.pthread_sigmask(0, faults, None) == 0  # SIG_BLOCK
+    hole = libc.mmap(None, 1 << 20, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+    libc.munmap(hole, 1 << 20)
+    cframe = ctypes.c_void_p.from_address(ctypes.pythonapi.PyThreadState_Get() + 56).value
+    slot = cframe + 8
+    saved = ctypes.c_void_p(ctypes.c_void_p.from_address(slot).value)
+    bogus = ctypes.c_void_p(hole + 4096)
+    kept = []
+    thread = ctypes.c_ulong()
+    result = ctypes.c_void_p()
+    for _ in range(50):
+        poke(slot, ctypes.byref(bogus), 8); kept.append(libc.malloc(345_678)); poke(slot, ctypes.byref(saved), 8)
+    for _ in range(20):
+        poke(slot, ctypes.byref(bogus), 8)
+        created = libc.pthread_create(ctypes.byref(thread), None, MALLOC, 456_789)
+        joined = libc.pthread_join(thread.value, ctypes.byref(result)) if created == 0 else -1
+        poke(slot, ctypes.byref(saved), 8)
+        assert (created, joined) == (0, 0)
+        kept.append(result.value)
+    assert libc.pthread_sigmask(1, faults, None) == 0  # SIG_UNBLOCK
+    print("survived", len(kept))
+''')
+
+# A code object's line table runs into unmapped memory (3.11 layout:
+# PyCodeObject.co_linetable at 136, bytes data at 32) when the walk first
+# meets the code and copies the table: the copy faults, the fault guard
+# must abandon the walk, and the program must go on.
+TABLE_FAULT = textwrap.dedent('''
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+
+    page = libc.mmap(None, 2 << 12, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+    libc.munmap(page + 4096, 4096)
+    fake = page + 4096 - 40  # refcount, type, size, hash, then 8 readable bytes of 4096
+    for offset, value in ((0, 1 << 30), (8, id(bytes)), (16, 4096), (24, -1)):
+        ctypes.c_ssize_t.from_address(fake + offset).value = value
+
+    kept = []
+    namespace = {"libc": libc, "kept": kept}
+    exec("def first_call():\\n    kept.append(libc.malloc(345_678))\\n", namespace)
+    slot = ctypes.c_void_p.from_address(id(namespace["first_call"].__code__) + 136)
+    saved = slot.value
+    slot.value = fake
+    namespace["first_call"]()
+    slot.value = saved
+    print("survived", len(kept))
+''')
+
 # Daemon threads allocate with the GIL released (ctypes) while the main
 # thread finalizes the interpreter.
 SHUTDOWN = textwrap.dedent('''
@@ -247,8 +323,11 @@ class PythonStacks(mltest.TestCase):
         cls.shutdown = os.path.join(cls.tmp, "shutdown.py")
         cls.device = os.path.join(cls.tmp, "device.py")
         cls.fault = os.path.join(cls.tmp, "fault.py")
+        cls.table_fault = os.path.join(cls.tmp, "table_fault.py")
+        cls.blocked_fault = os.path.join(cls.tmp, "blocked_fault.py")
         for path, text in ((cls.leaks, LEAKS), (cls.processes, PROCESSES), (cls.shutdown, SHUTDOWN),
-                           (cls.device, DEVICE), (cls.fault, FAULT)):
+                           (cls.device, DEVICE), (cls.fault, FAULT), (cls.table_fault, TABLE_FAULT),
+                           (cls.blocked_fault, BLOCKED_FAULT)):
             with open(path, "w") as f:
                 f.write(text)
 
@@ -409,6 +488,39 @@ class PythonStacks(mltest.TestCase):
                 # allocations are start-up, also without steps).
                 others = r["exit_leaks"]["sites"] + r["startup_allocations"]["sites"]
                 self.assertTrue(any(python_frames(s["stack"]) for s in others))
+
+    def test_unreadable_frame_memory_with_fault_signals_blocked(self):
+        for python, version in self.interpreters:
+            if version != "3.11":
+                continue
+            for mode in ("full", "sampled"):
+                with self.subTest(python=python, mode=mode):
+                    run_dir = os.path.join(self.tmpdir(), "blocked_fault")
+                    options = ("--host", mode) + (("--sample-interval", "4096") if mode == "sampled" else ())
+                    proc = self.traced(run_dir, [python, self.blocked_fault], options=options)
+                    self.assertExit(proc, 0)
+                    self.assertEqual(proc.stdout, "survived 70\n")
+                    r = self.load_report(run_dir)
+                    sites = {s["bytes"]: s for s in r["exit_leaks"]["sites"]}
+                    for size in (50 * 345_678, 20 * 456_789):
+                        self.assertIn(size, sites, [(s["site"], s["bytes"]) for s in r["exit_leaks"]["sites"]])
+                        self.assertEqual(python_frames(sites[size]["stack"]), [], "the walk was abandoned")
+                        self.assertTrue(sites[size]["stack"])
+
+    def test_unreadable_line_table(self):
+        for python, version in self.interpreters:
+            if version != "3.11":
+                continue
+            with self.subTest(python=python):
+                run_dir = os.path.join(self.tmpdir(), "table_fault")
+                proc = self.traced(run_dir, [python, self.table_fault])
+                self.assertExit(proc, 0)
+                self.assertEqual(proc.stdout, "survived 1\n")
+                r = self.load_report(run_dir)
+                poked = [s for s in r["exit_leaks"]["sites"] if s["bytes"] == 345_678]
+                self.assertEqual(len(poked), 1, [(s["site"], s["bytes"]) for s in r["exit_leaks"]["sites"]])
+                self.assertEqual(python_frames(poked[0]["stack"]), [], "the walk was abandoned")
+                self.assertTrue(poked[0]["stack"])
 
     def test_shutdown_with_busy_daemon_threads(self):
         python = "/usr/bin/python3"
