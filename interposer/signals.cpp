@@ -210,6 +210,21 @@ using memledger::interposer::g_owner;
 
 namespace {
 
+using MaskFn = int (*)(int, const sigset_t*, sigset_t*);
+std::atomic<MaskFn> g_next_pthread_sigmask{nullptr};
+std::atomic<MaskFn> g_next_sigprocmask{nullptr};
+
+// libc's function, looked up at the first call (no lock: async-signal-safe
+// callers; threads that race look up the same address).
+MaskFn next_mask_function(std::atomic<MaskFn>& slot, const char* name) {
+  MaskFn fn = slot.load(std::memory_order_acquire);
+  if (fn == nullptr) {
+    fn = reinterpret_cast<MaskFn>(memledger::interposer::libc_dlsym(RTLD_NEXT, name));
+    slot.store(fn, std::memory_order_release);
+  }
+  return fn;
+}
+
 bool owned_by_us(int signo) {
   if (!g_installed.load(std::memory_order_acquire) || signo <= 0 || signo >= NSIG) return false;
   if (!memledger::interposer::watched(signo)) return false;
@@ -258,8 +273,7 @@ __attribute__((visibility("default"))) sighandler_t signal(int signo, sighandler
 // frame walk learns that it must ask again whether the fault signals are
 // blocked (python_frames.cpp).
 __attribute__((visibility("default"))) int pthread_sigmask(int how, const sigset_t* set, sigset_t* old) {
-  using MaskFn = int (*)(int, const sigset_t*, sigset_t*);
-  static MaskFn real = reinterpret_cast<MaskFn>(memledger::interposer::libc_dlsym(RTLD_NEXT, "pthread_sigmask"));
+  const MaskFn real = next_mask_function(g_next_pthread_sigmask, "pthread_sigmask");
   if (real == nullptr) return ENOSYS;
   const int rc = real(how, set, old);
   if (set != nullptr) memledger::interposer::python_frames_mask_changed();
@@ -267,8 +281,7 @@ __attribute__((visibility("default"))) int pthread_sigmask(int how, const sigset
 }
 
 __attribute__((visibility("default"))) int sigprocmask(int how, const sigset_t* set, sigset_t* old) {
-  using MaskFn = int (*)(int, const sigset_t*, sigset_t*);
-  static MaskFn real = reinterpret_cast<MaskFn>(memledger::interposer::libc_dlsym(RTLD_NEXT, "sigprocmask"));
+  const MaskFn real = next_mask_function(g_next_sigprocmask, "sigprocmask");
   if (real == nullptr) {
     errno = ENOSYS;
     return -1;
