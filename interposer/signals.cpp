@@ -85,7 +85,10 @@ SigactionFn real_sigaction() {
 
 void handler(int signo, siginfo_t* info, void* context) {
   // A fault of the Python frame walk is not the program's: it resumes there.
-  if ((signo == SIGSEGV || signo == SIGBUS) && python_frames_recover(context)) return;
+  // Only a fault (si_code > 0): a SIGSEGV sent with kill() is the program's.
+  if ((signo == SIGSEGV || signo == SIGBUS) && info != nullptr && info->si_code > 0 && python_frames_recover(context)) {
+    return;
+  }
   const int saved_errno = errno;
   Recorder& rec = recorder();
   if (rec.active()) {
