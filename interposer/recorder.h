@@ -196,8 +196,13 @@ class Recorder {
                           std::memory_order_relaxed);
     ring->host_frees.store(ring->host_frees.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
   }
-  // The counting filter's slot of an address (sampled mode).
-  static size_t filter_slot(uintptr_t addr) { return ((addr >> 4) * 0x9e3779b97f4a7c15ull) >> 48; }
+  // The counting filter's slot of an address (sampled mode): its 4 KiB page
+  // within a 256 MiB region, the region's bits folded in. Nearby blocks
+  // share a cache line of the filter (a heap of a few MiB reads a few dozen
+  // lines), where a hash of every address sent each free to a line of its
+  // own; the price is a free that shares its page with a sampled block
+  // taking the slow path (few: samples are one in hundreds of KiB).
+  static size_t filter_slot(uintptr_t addr) { return ((addr >> 12) ^ (addr >> 28)) & 0xffff; }
   // The parts of on_host_alloc and on_host_free kept out of line: a thread
   // without a ring of its own yet (it takes one) or any more (the shared
   // ring's totals), a countdown that reached zero, a free whose filter slot
