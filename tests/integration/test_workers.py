@@ -73,11 +73,15 @@ class Workers(clients.ClientTestCase):
             self.assertAlmostEqual(top["bytes_per_second"] * top["window_seconds"], top["bytes_per_step_exact"])
             # Each worker keeps about half the samples, 64 KiB each, by the
             # end of its work: the fitted growth over the 18 windows after
-            # the warm-up is of that order.
+            # the warm-up is of that order. The fit is a slope over time: a
+            # worker that grows only in part of its windows (descheduled on
+            # a loaded machine, a spawned one still importing torch) reads
+            # above its average (1.13x to 1.15x on an idle machine, 1.50x
+            # once with the whole suite beside it); twice is a wrong figure.
             kept = SAMPLES / 2 * 65536
             grown = top["bytes_per_step_exact"] * 18
             self.assertGreater(grown, 0.5 * kept, top["site"])
-            self.assertLess(grown, 1.5 * kept, top["site"])
+            self.assertLess(grown, 2.0 * kept, top["site"])
 
     def assert_loader_steps(self, report):
         """The main process iterates the DataLoader: a step per batch."""
