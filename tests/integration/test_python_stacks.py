@@ -127,11 +127,9 @@ DEVICE = textwrap.dedent('''
     print("device", len(kept))
 ''')
 
-# The walk meets unreadable memory: the thread's current frame (3.11 layout:
-# PyThreadState.cframe at 56, _PyCFrame.current_frame at 8) is pointed into
-# an unmapped hole around each allocation. The fault guard must abandon the
-# walk (native stack only) and the program must go on.
-FAULT = textwrap.dedent('''
+# libc through ctypes, and a hole in the address space (mapped, then
+# unmapped): what the fault scripts below share.
+UNREADABLE = textwrap.dedent('''
     import ctypes
 
     libc = ctypes.CDLL(None)
@@ -140,54 +138,44 @@ FAULT = textwrap.dedent('''
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    hole = libc.mmap(None, 1 << 20, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
+    libc.munmap(hole + 4096, (1 << 20) - 4096)  # its first page stays
+    kept = []
+''')
+
+# The thread's current frame (3.11 layout: PyThreadState.cframe at 56,
+# _PyCFrame.current_frame at 8), pointed into the hole around each call.
+POKE_FRAME = textwrap.dedent('''
     poke = libc.memcpy
     poke.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
     ctypes.pythonapi.PyThreadState_Get.restype = ctypes.c_void_p
-
-    hole = libc.mmap(None, 1 << 20, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
-    libc.munmap(hole, 1 << 20)
     cframe = ctypes.c_void_p.from_address(ctypes.pythonapi.PyThreadState_Get() + 56).value
     slot = cframe + 8
     saved = ctypes.c_void_p(ctypes.c_void_p.from_address(slot).value)
-    bogus = ctypes.c_void_p(hole + 4096)
-    kept = []
+    bogus = ctypes.c_void_p(hole + 8192)
+''')
+
+# The walk meets unreadable memory around each allocation. The fault guard
+# must abandon the walk (native stack only) and the program must go on.
+FAULT = UNREADABLE + POKE_FRAME + textwrap.dedent('''
     for _ in range(100):
         poke(slot, ctypes.byref(bogus), 8); kept.append(libc.malloc(345_678)); poke(slot, ctypes.byref(saved), 8)
     print("survived", len(kept))
 ''')
 
-# The same unreadable frame memory in threads that block SIGSEGV and SIGBUS
-# (as libzmq's I/O threads block every signal): the main thread itself,
-# then threads that never run Python, started with its mask, whose stacks
-# begin with its frames (attributed). The walk must unblock the fault
-# signals while it reads, or the kernel ends the process at the fault.
-BLOCKED_FAULT = textwrap.dedent('''
-    import ctypes
-
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+# The same in threads that block SIGSEGV and SIGBUS (as libzmq's I/O
+# threads block every signal): the main thread itself, then threads that
+# never run Python, started with its mask, whose stacks begin with its
+# frames (attributed). The walk must unblock the fault signals while it
+# reads, or the kernel ends the process at the fault.
+BLOCKED_FAULT = UNREADABLE + POKE_FRAME + textwrap.dedent('''
     libc.pthread_create.argtypes = [ctypes.POINTER(ctypes.c_ulong), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
     libc.pthread_join.argtypes = [ctypes.c_ulong, ctypes.POINTER(ctypes.c_void_p)]
     MALLOC = ctypes.cast(libc.malloc, ctypes.c_void_p).value
-    poke = libc.memcpy
-    poke.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
-    ctypes.pythonapi.PyThreadState_Get.restype = ctypes.c_void_p
-
-    faults = (ctypes.c_uint64 * 16)((1 << 10) | (1 << 6))  # SIGSEGV (11), SIGBUS (7)
-    assert libc.pthread_sigmask(0, faults, None) == 0  # SIG_BLOCK
-    hole = libc.mmap(None, 1 << 20, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
-    libc.munmap(hole, 1 << 20)
-    cframe = ctypes.c_void_p.from_address(ctypes.pythonapi.PyThreadState_Get() + 56).value
-    slot = cframe + 8
-    saved = ctypes.c_void_p(ctypes.c_void_p.from_address(slot).value)
-    bogus = ctypes.c_void_p(hole + 4096)
-    kept = []
     thread = ctypes.c_ulong()
     result = ctypes.c_void_p()
+    faults = (ctypes.c_uint64 * 16)((1 << 10) | (1 << 6))  # SIGSEGV (11), SIGBUS (7)
+    assert libc.pthread_sigmask(0, faults, None) == 0  # SIG_BLOCK
     for _ in range(50):
         poke(slot, ctypes.byref(bogus), 8); kept.append(libc.malloc(345_678)); poke(slot, ctypes.byref(saved), 8)
     for _ in range(20):
@@ -201,27 +189,14 @@ BLOCKED_FAULT = textwrap.dedent('''
     print("survived", len(kept))
 ''')
 
-# A code object's line table runs into unmapped memory (3.11 layout:
-# PyCodeObject.co_linetable at 136, bytes data at 32) when the walk first
-# meets the code and copies the table: the copy faults, the fault guard
-# must abandon the walk, and the program must go on.
-TABLE_FAULT = textwrap.dedent('''
-    import ctypes
-
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-
-    page = libc.mmap(None, 2 << 12, 3, 0x22, -1, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS
-    libc.munmap(page + 4096, 4096)
-    fake = page + 4096 - 40  # refcount, type, size, hash, then 8 readable bytes of 4096
+# A code object's line table (3.11 layout: PyCodeObject.co_linetable at
+# 136, bytes data at 32) runs into the hole when the walk first meets the
+# code and copies the table: the copy faults, the fault guard must abandon
+# the walk, and the program must go on.
+TABLE_FAULT = UNREADABLE + textwrap.dedent('''
+    fake = hole + 4096 - 40  # refcount, type, size, hash, then 8 readable bytes of 4096
     for offset, value in ((0, 1 << 30), (8, id(bytes)), (16, 4096), (24, -1)):
         ctypes.c_ssize_t.from_address(fake + offset).value = value
-
-    kept = []
     namespace = {"libc": libc, "kept": kept}
     exec("def first_call():\\n    kept.append(libc.malloc(345_678))\\n", namespace)
     slot = ctypes.c_void_p.from_address(id(namespace["first_call"].__code__) + 136)
@@ -470,57 +445,38 @@ class PythonStacks(mltest.TestCase):
                 self.assertEqual([f["function"] for f in python_frames(device[0]["stack"])], ["grow_device", "<module>"])
                 self.assertGreater(len(device[0]["stack"]), 2)
 
+    def check_fault_survived(self, script, expected_output, sizes, options=()):
+        """Runs `script` (one of the fault scripts) under Debian's Python
+        3.11, whose layout the scripts poke: it ends as untraced, and each
+        of `sizes` is one exit-leak site whose walk was abandoned (native
+        frames only). Returns the report."""
+        run_dir = os.path.join(self.tmpdir(), "fault")
+        proc = self.traced(run_dir, ["/usr/bin/python3", script], options=options)
+        self.assertExit(proc, 0)
+        self.assertEqual(proc.stdout, expected_output)
+        r = self.load_report(run_dir)
+        sites = {s["bytes"]: s for s in r["exit_leaks"]["sites"]}
+        for size in sizes:
+            self.assertIn(size, sites, [(s["site"], s["bytes"]) for s in r["exit_leaks"]["sites"]])
+            self.assertEqual(python_frames(sites[size]["stack"]), [], "the walk was abandoned")
+            self.assertTrue(sites[size]["stack"])
+        return r
+
     def test_unreadable_frame_memory(self):
-        for python, version in self.interpreters:
-            if version != "3.11":
-                continue
-            with self.subTest(python=python):
-                run_dir = os.path.join(self.tmpdir(), "fault")
-                proc = self.traced(run_dir, [python, self.fault])
-                self.assertExit(proc, 0)
-                self.assertEqual(proc.stdout, "survived 100\n")
-                r = self.load_report(run_dir)
-                poked = [s for s in r["exit_leaks"]["sites"] if s["bytes"] == 100 * 345_678]
-                self.assertEqual(len(poked), 1, [(s["site"], s["bytes"]) for s in r["exit_leaks"]["sites"]])
-                self.assertEqual(python_frames(poked[0]["stack"]), [], "the walk was abandoned")
-                self.assertTrue(poked[0]["stack"])
-                # Everything else still has its Python frames (the imports'
-                # allocations are start-up, also without steps).
-                others = r["exit_leaks"]["sites"] + r["startup_allocations"]["sites"]
-                self.assertTrue(any(python_frames(s["stack"]) for s in others))
+        r = self.check_fault_survived(self.fault, "survived 100\n", [100 * 345_678])
+        # Everything else still has its Python frames (the imports'
+        # allocations are start-up, also without steps).
+        others = r["exit_leaks"]["sites"] + r["startup_allocations"]["sites"]
+        self.assertTrue(any(python_frames(s["stack"]) for s in others))
 
     def test_unreadable_frame_memory_with_fault_signals_blocked(self):
-        for python, version in self.interpreters:
-            if version != "3.11":
-                continue
-            for mode in ("full", "sampled"):
-                with self.subTest(python=python, mode=mode):
-                    run_dir = os.path.join(self.tmpdir(), "blocked_fault")
-                    options = ("--host", mode) + (("--sample-interval", "4096") if mode == "sampled" else ())
-                    proc = self.traced(run_dir, [python, self.blocked_fault], options=options)
-                    self.assertExit(proc, 0)
-                    self.assertEqual(proc.stdout, "survived 70\n")
-                    r = self.load_report(run_dir)
-                    sites = {s["bytes"]: s for s in r["exit_leaks"]["sites"]}
-                    for size in (50 * 345_678, 20 * 456_789):
-                        self.assertIn(size, sites, [(s["site"], s["bytes"]) for s in r["exit_leaks"]["sites"]])
-                        self.assertEqual(python_frames(sites[size]["stack"]), [], "the walk was abandoned")
-                        self.assertTrue(sites[size]["stack"])
+        for mode in ("full", "sampled"):
+            with self.subTest(mode=mode):
+                options = ("--host", mode) + (("--sample-interval", "4096") if mode == "sampled" else ())
+                self.check_fault_survived(self.blocked_fault, "survived 70\n", [50 * 345_678, 20 * 456_789], options)
 
     def test_unreadable_line_table(self):
-        for python, version in self.interpreters:
-            if version != "3.11":
-                continue
-            with self.subTest(python=python):
-                run_dir = os.path.join(self.tmpdir(), "table_fault")
-                proc = self.traced(run_dir, [python, self.table_fault])
-                self.assertExit(proc, 0)
-                self.assertEqual(proc.stdout, "survived 1\n")
-                r = self.load_report(run_dir)
-                poked = [s for s in r["exit_leaks"]["sites"] if s["bytes"] == 345_678]
-                self.assertEqual(len(poked), 1, [(s["site"], s["bytes"]) for s in r["exit_leaks"]["sites"]])
-                self.assertEqual(python_frames(poked[0]["stack"]), [], "the walk was abandoned")
-                self.assertTrue(poked[0]["stack"])
+        self.check_fault_survived(self.table_fault, "survived 1\n", [345_678])
 
     def test_shutdown_with_busy_daemon_threads(self):
         python = "/usr/bin/python3"
