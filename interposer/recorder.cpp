@@ -68,8 +68,14 @@ size_t shard_of(uintptr_t addr) { return ((addr >> 4) * 0xff51afd7ed558ccdull) >
 
 void shard_insert(SampledShard& shard, uintptr_t addr);
 
+// Full (live entries and tombstones): twice the size where the live entries
+// fill more than a quarter of it, else the same size without its tombstones.
+// Doubling at every fill would grow the table with every sample the run ever
+// took, not with those still live.
 void shard_grow(SampledShard& shard) {
-  size_t new_capacity = shard.capacity ? shard.capacity * 2 : 1024;
+  size_t live = 0;
+  for (size_t i = 0; i < shard.capacity; ++i) live += shard.slots[i] > 1;
+  size_t new_capacity = shard.capacity == 0 ? 1024 : live * 4 > shard.capacity ? shard.capacity * 2 : shard.capacity;
   uintptr_t* old = shard.slots;
   size_t old_capacity = shard.capacity;
   shard.slots = static_cast<uintptr_t*>(__libc_calloc(new_capacity, sizeof(uintptr_t)));
