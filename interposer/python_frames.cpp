@@ -56,7 +56,6 @@ struct PythonFrames::Layout {
   // threads that never ran Python; null where not exported.
   void* (*main_interpreter)();
   void* (*thread_head)(void*);
-  void* (*thread_next)(void*);
   const void* code_type;
   const void* unicode_type;
   const void* bytes_type;
@@ -72,15 +71,15 @@ constexpr uint8_t kFrameOwnedByCStack = 3;  // 3.12+: a C shim frame, not Python
 // x86-64 layouts from each version's headers (see Layout).
 constexpr Layout kLayouts[] = {
     {9, Chain::kFrameObjects, 24, 0, 24, 32, 104, 0, false, 104, 112, 120, 40, 0, 48, 72,
-     format::LineTableFormat::kLnotab, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
+     format::LineTableFormat::kLnotab, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
     {10, Chain::kFrameObjects, 24, 0, 24, 32, 96, 0, true, 104, 112, 120, 40, 0, 48, 72,
-     format::LineTableFormat::kLinetable, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
+     format::LineTableFormat::kLinetable, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
     {11, Chain::kCFrame, 56, 8, 48, 32, 56, 69, false, 112, 128, 136, 72, 184, 48, 72,
-     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
+     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
     {12, Chain::kCFrame, 56, 0, 8, 0, 56, 70, false, 112, 128, 136, 68, 192, 40, 56,
-     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
+     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
     {13, Chain::kCurrentFrame, 72, 0, 8, 0, 56, 70, false, 112, 128, 136, 68, 200, 40, 56,
-     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
+     format::LineTableFormat::kLocations, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr},
 };
 
 // 3.13's _Py_DebugOffsets (Include/internal/pycore_runtime.h), at offset 0
@@ -324,7 +323,6 @@ bool PythonFrames::detect() {
   layout.is_finalizing = reinterpret_cast<int (*)()>(finalizing);
   layout.main_interpreter = reinterpret_cast<void* (*)()>(find_symbol(handle, "PyInterpreterState_Main"));
   layout.thread_head = reinterpret_cast<void* (*)(void*)>(find_symbol(handle, "PyInterpreterState_ThreadHead"));
-  layout.thread_next = reinterpret_cast<void* (*)(void*)>(find_symbol(handle, "PyThreadState_Next"));
   layout.code_type = find_symbol(handle, "PyCode_Type");
   layout.unicode_type = find_symbol(handle, "PyUnicode_Type");
   layout.bytes_type = find_symbol(handle, "PyBytes_Type");
@@ -415,7 +413,7 @@ namespace {
 // interpreter's list (states are added at its head; after fork() the forking
 // thread's is the only one left). Null if the functions are not exported.
 const uint8_t* main_thread_state(const Layout& l) {
-  if (l.main_interpreter == nullptr || l.thread_head == nullptr || l.thread_next == nullptr) return nullptr;
+  if (l.main_interpreter == nullptr || l.thread_head == nullptr) return nullptr;
   void* interp = l.main_interpreter();
   if (!plausible(static_cast<const uint8_t*>(interp))) return nullptr;
   // The list changes under the walk (threads start and end without this
@@ -583,8 +581,10 @@ bool python_frames_recover(void* ucontext) {
   if (pc < recorder().self_begin() || pc >= recorder().self_end()) return false;
   tls_walk_fault = nullptr;
   // Back to the mask of the interrupted code (the kernel blocked the signal
-  // for the handler), then out of the handler into capture().
-  sigprocmask(SIG_SETMASK, &uc->uc_sigmask, nullptr);
+  // for the handler), then out of the handler into capture(). By the
+  // system call: the mask is memledger's to put back, not a change of the
+  // program's that memledger's own sigprocmask would take it for.
+  set_thread_mask(SIG_SETMASK, &uc->uc_sigmask, nullptr);
   siglongjmp(*guard, 1);
 }
 

@@ -146,8 +146,6 @@ class FastSteps(mltest.TestCase):
         self.assertIn(deltas.pop(), range(4096, 4096 + 17))
 
 
-
-
 class SampledSetSize(mltest.TestCase):
     """The set of sampled live addresses holds what is live, not every sample
     the run took: bench/storm (one thread, short-lived blocks) sampled every
@@ -167,6 +165,7 @@ class SampledSetSize(mltest.TestCase):
         short, long = self.peak_rss(20), self.peak_rss(200)
         self.assertLess(long - short, 6 << 20, "peak RSS %.1f MiB after 20 steps, %.1f MiB after 200"
                         % (short / 2**20, long / 2**20))
+
 
 if __name__ == "__main__":
     mltest.main()
