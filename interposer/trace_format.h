@@ -19,8 +19,10 @@
 // little-endian.
 //
 // Deltas: in kAlloc, kFree, kHostAlloc, kHostFree and kStep records, `seq`
-// and `ts_ns` are zz-deltas from the previous such record in the same frame,
-// and `addr` (kAlloc, kFree, kHostAlloc, kHostFree) is a zz-delta from the
+// and `ts_ns` are zz-deltas from the previous such record in the same frame
+// (kHostAllocNext and kHostFreeNext leave them out: the previous seq plus
+// one, the previous ts_ns), and `addr` (kAlloc, kFree, kHostAlloc,
+// kHostFree and the two Next records) is a zz-delta from the
 // previous such address in the same frame; the first record of a frame is a
 // delta from 0. Frames thus decode on their own.
 //
@@ -49,8 +51,10 @@ inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
 // the fields they do not need).
 // Version 10 added CUPTI's own memory kind and a module static's variable
 // name to kCuptiMemory.
+// Version 11 added kHostAllocNext and kHostFreeNext (kHostAlloc and kHostFree
+// numbered one after the previous record, at its time).
 // Readers accept every version up to their own.
-inline constexpr uint32_t kVersion = 10;
+inline constexpr uint32_t kVersion = 11;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
 inline constexpr uint32_t kFrameCompressed = 1u << 0;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // sanity bound for readers
@@ -274,6 +278,15 @@ enum class Tag : uint8_t {
   kHostAlloc = 32,
   // seq (zz-delta), ts_ns (zz-delta), addr (zz-delta)
   kHostFree = 33,
+  // kHostAlloc and kHostFree whose seq is the previous record's plus one and
+  // whose ts_ns is the previous record's (version 11): almost all of them in
+  // full mode, where a thread's events are numbered in turn and the clock
+  // they read ticks every few milliseconds. The two fields, a byte each, were
+  // more than a third of what the writer encoded and compressed.
+  // addr (zz-delta), size, stack
+  kHostAllocNext = 34,
+  // addr (zz-delta)
+  kHostFreeNext = 35,
 };
 
 // kPressure's `present` bits.

@@ -218,6 +218,13 @@ class Encoder {
     return p;
   }
   static uint8_t* put_signed(uint8_t* p, int64_t v) { return put(p, format::zigzag(v)); }
+  // Whether an event numbered `seq` at `ts` follows the previous one in turn
+  // (kHostAllocNext, kHostFreeNext): then it is taken as written.
+  bool follows(uint64_t seq, uint64_t ts) {
+    if (seq != prev_seq_ + 1 || ts != prev_ts_) return false;
+    prev_seq_ = seq;
+    return true;
+  }
   uint8_t* put_seq_ts(uint8_t* p, uint64_t seq, uint64_t ts) {
     p = put_signed(p, static_cast<int64_t>(seq - prev_seq_));
     p = put_signed(p, static_cast<int64_t>(ts - prev_ts_));
@@ -1105,8 +1112,12 @@ size_t TraceWriter::cycle(bool final) {
         uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
         if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == 0 && e.aux == 0 &&
             e.weight == e.size) {
-          *p++ = static_cast<uint8_t>(format::Tag::kHostAlloc);
-          p = enc.put_seq_ts(p, e.seq, ts);
+          if (enc.follows(e.seq, ts)) {
+            *p++ = static_cast<uint8_t>(format::Tag::kHostAllocNext);
+          } else {
+            *p++ = static_cast<uint8_t>(format::Tag::kHostAlloc);
+            p = enc.put_seq_ts(p, e.seq, ts);
+          }
           p = enc.put_addr(p, e.addr);
           p = Encoder::put(p, e.size);
           p = Encoder::put(p, e.stack);
@@ -1129,8 +1140,12 @@ size_t TraceWriter::cycle(bool final) {
       case EventType::kFree: {
         uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
         if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == 0) {
-          *p++ = static_cast<uint8_t>(format::Tag::kHostFree);
-          p = enc.put_seq_ts(p, e.seq, ts);
+          if (enc.follows(e.seq, ts)) {
+            *p++ = static_cast<uint8_t>(format::Tag::kHostFreeNext);
+          } else {
+            *p++ = static_cast<uint8_t>(format::Tag::kHostFree);
+            p = enc.put_seq_ts(p, e.seq, ts);
+          }
           p = enc.put_addr(p, e.addr);
           enc.end(p);
           break;

@@ -137,6 +137,8 @@ class RecordDecoder {
         case fmt::Tag::kFree:
         case fmt::Tag::kHostAlloc:
         case fmt::Tag::kHostFree:
+        case fmt::Tag::kHostAllocNext:
+        case fmt::Tag::kHostFreeNext:
         case fmt::Tag::kStep:
           ok = event(tag, c, d);
           break;
@@ -186,7 +188,12 @@ class RecordDecoder {
   // Allocations, frees and step markers: the records of the hot path.
   bool event(fmt::Tag tag, fmt::Cursor& c, Deltas& d) {
     TraceEvent e;
-    d.seq_ts(c, e);
+    if (tag == fmt::Tag::kHostAllocNext || tag == fmt::Tag::kHostFreeNext) {
+      e.seq = ++d.seq;
+      e.ts = d.ts;
+    } else {
+      d.seq_ts(c, e);
+    }
     switch (tag) {
       case fmt::Tag::kAlloc: {
         e.type = EvType::kAlloc;
@@ -204,6 +211,7 @@ class RecordDecoder {
         break;
       }
       case fmt::Tag::kHostAlloc:
+      case fmt::Tag::kHostAllocNext:
         e.type = EvType::kAlloc;
         e.kind = static_cast<uint8_t>(fmt::Kind::kHost);
         e.addr = d.addr_of(c);
@@ -218,6 +226,7 @@ class RecordDecoder {
         e.flags = static_cast<uint8_t>(c.varint());
         break;
       case fmt::Tag::kHostFree:
+      case fmt::Tag::kHostFreeNext:
         e.type = EvType::kFree;
         e.kind = static_cast<uint8_t>(fmt::Kind::kHost);
         e.addr = d.addr_of(c);

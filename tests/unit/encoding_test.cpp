@@ -2,9 +2,14 @@
 
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "trace_encoding.h"
+#include "trace_file.h"
+#include "trace_format.h"
+#include "trace_reader.h"
 
 namespace fmt = memledger::format;
 
@@ -45,4 +50,60 @@ TEST_CASE("a cursor never reads past the end of malformed input", "[encoding]") 
   CHECK(c.string().empty());
   CHECK_FALSE(c.ok());
   CHECK(c.byte() == 0);  // stays failed, stays in bounds
+}
+
+TEST_CASE("host records numbered in turn leave out their number and time", "[encoding]") {
+  // As the writer lays out a thread's run of events: the Next records take
+  // the previous record's number plus one and its time; the others carry
+  // both, as deltas from the previous record, whichever kind it was.
+  memledger::testing::Payload p;
+  p.tag(fmt::Tag::kHostAlloc);  // seq 10, ts 4000000, addr 0x1000, 64 B, stack 3
+  p.s(10);
+  p.s(4000000);
+  p.s(0x1000);
+  p.u(64);
+  p.u(3);
+  p.tag(fmt::Tag::kHostAllocNext);  // seq 11, addr 0x1100
+  p.s(0x100);
+  p.u(32);
+  p.u(4);
+  p.tag(fmt::Tag::kHostFreeNext);  // seq 12, addr 0x1000
+  p.s(-0x100);
+  p.tag(fmt::Tag::kHostFree);  // seq 20 (another thread's in between), 4 ms later
+  p.s(8);
+  p.s(4000000);
+  p.s(0x100);
+  p.tag(fmt::Tag::kHostAllocNext);  // seq 21 at that time
+  p.s(0x40);
+  p.u(16);
+  p.u(3);
+  const std::string path = memledger::testing::write_trace(p);
+  const memledger::report::Trace trace = memledger::report::read_trace(path);
+  unlink(path.c_str());
+
+  using memledger::report::EvType;
+  struct Expected {
+    EvType type;
+    uint64_t seq, ts, addr, size;
+    uint32_t stack;
+  };
+  const std::vector<Expected> expected = {
+      {EvType::kAlloc, 10, 4000000, 0x1000, 64, 3}, {EvType::kAlloc, 11, 4000000, 0x1100, 32, 4},
+      {EvType::kFree, 12, 4000000, 0x1000, 0, 0},   {EvType::kFree, 20, 8000000, 0x1100, 0, 0},
+      {EvType::kAlloc, 21, 8000000, 0x1140, 16, 3},
+  };
+  REQUIRE(trace.events.size() == expected.size());
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const auto& e = trace.events[i];
+    INFO("record " << i);
+    CHECK(e.type == expected[i].type);
+    CHECK(e.kind == static_cast<uint8_t>(fmt::Kind::kHost));
+    CHECK(e.seq == expected[i].seq);
+    CHECK(e.ts == expected[i].ts);
+    CHECK(e.addr == expected[i].addr);
+    if (e.type == EvType::kAlloc) {
+      CHECK(e.size == expected[i].size);
+      CHECK(e.stack == expected[i].stack);
+    }
+  }
 }

@@ -5,15 +5,17 @@
 #include <string>
 #include <unistd.h>
 #include <vector>
-#include <zlib.h>
 
 #include "analysis.h"
 #include "symbolizer.h"
 #include "trace_encoding.h"
+#include "trace_file.h"
 #include "trace_format.h"
 #include "trace_reader.h"
 
 using namespace memledger::report;
+using memledger::testing::Payload;
+using memledger::testing::write_trace;
 namespace fmt = memledger::format;
 
 namespace {
@@ -88,46 +90,6 @@ TEST_CASE("Python frame words keep code id and offset apart from native addresse
   CHECK_FALSE(fmt::is_python_frame(0x7fffffffffffull));  // the highest user-space address
 }
 
-namespace {
-
-// A frame payload built as the writer encodes it.
-class Payload {
- public:
-  void tag(fmt::Tag t) { bytes.push_back(static_cast<uint8_t>(t)); }
-  void u(uint64_t v) {
-    uint8_t buf[10];
-    bytes.insert(bytes.end(), buf, buf + fmt::put_varint(buf, v));
-  }
-  void s(int64_t v) { u(fmt::zigzag(v)); }
-  void str(const std::string& text) {
-    u(text.size());
-    bytes.insert(bytes.end(), text.begin(), text.end());
-  }
-  std::vector<uint8_t> bytes;
-};
-
-std::string write_trace(const Payload& payload) {
-  char path[] = "/tmp/memledger-python-test-XXXXXX";
-  int fd = mkstemp(path);
-  REQUIRE(fd >= 0);
-  const std::string header = "pid=42\nhost_mode=full\n";
-  fmt::FileHeader fh{};
-  std::memcpy(fh.magic, fmt::kFileMagic, sizeof fh.magic);
-  fh.version = fmt::kVersion;
-  fh.header_len = static_cast<uint32_t>(header.size());
-  fmt::FrameHeader frame{};
-  frame.magic = fmt::kFrameMagic;
-  frame.stored_len = frame.raw_len = static_cast<uint32_t>(payload.bytes.size());
-  frame.crc32 = static_cast<uint32_t>(crc32(0L, payload.bytes.data(), static_cast<uInt>(payload.bytes.size())));
-  REQUIRE(write(fd, &fh, sizeof fh) == sizeof fh);
-  REQUIRE(write(fd, header.data(), header.size()) == static_cast<ssize_t>(header.size()));
-  REQUIRE(write(fd, &frame, sizeof frame) == sizeof frame);
-  REQUIRE(write(fd, payload.bytes.data(), payload.bytes.size()) == static_cast<ssize_t>(payload.bytes.size()));
-  close(fd);
-  return path;
-}
-
-}  // namespace
 
 TEST_CASE("Python records round-trip through a trace file into report frames", "[python]") {
   const LineCase& c311 = kLineCases[2];
