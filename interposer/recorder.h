@@ -78,7 +78,7 @@ class Recorder {
     }
     record_host_alloc(t, reinterpret_cast<uintptr_t>(ptr), size, false, __builtin_frame_address(0));
   }
-  void on_host_free(ThreadState& t, void* ptr, size_t usable) {
+  __attribute__((always_inline)) void on_host_free(ThreadState& t, void* ptr, size_t usable) {
     if (__builtin_expect(t.ring != nullptr, 1)) {
       count_own_free(t.ring, usable);
     } else {
