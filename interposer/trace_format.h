@@ -52,7 +52,8 @@ inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
 // Version 10 added CUPTI's own memory kind and a module static's variable
 // name to kCuptiMemory.
 // Version 11 added kHostAllocNext and kHostFreeNext (kHostAlloc and kHostFree
-// numbered one after the previous record, at its time).
+// numbered one after the previous record, at its time), kSampledHostAlloc and
+// kHostTotalsDelta (sampled mode's records without the fields it repeats).
 // Readers accept every version up to their own.
 inline constexpr uint32_t kVersion = 11;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
@@ -287,6 +288,17 @@ enum class Tag : uint8_t {
   kHostAllocNext = 34,
   // addr (zz-delta)
   kHostFreeNext = 35,
+  // A sampled host allocation (version 11): kAlloc of kind host, device 0 and
+  // flags kAllocSampled, less those fields and the thread id.
+  // seq (zz-delta), ts_ns (zz-delta), addr (zz-delta), size, stack, weight
+  kSampledHostAlloc = 36,
+  // kHostTotals as differences from the previous kHostTotals or
+  // kHostTotalsDelta record of the same frame (version 11; never a frame's
+  // first): what sampled mode writes after each sampled allocation, where the
+  // counters themselves took most of the record.
+  // seq (zz-delta), ts_ns (zz-delta), host_live (zz-delta),
+  // host_allocs and host_frees (the differences, mod 2^32)
+  kHostTotalsDelta = 37,
 };
 
 // kPressure's `present` bits.

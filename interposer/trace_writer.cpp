@@ -185,6 +185,26 @@ class Encoder {
     u(e.weight >> 32);
     u(e.weight & 0xffffffffu);
   }
+  // A kHostTotals event: as kHostTotalsDelta after another one in the frame.
+  void host_totals_record(const Event& e, uint64_t seq, uint64_t ts) {
+    const uint32_t allocs = static_cast<uint32_t>(e.weight >> 32);
+    const uint32_t frees = static_cast<uint32_t>(e.weight);
+    if (have_totals_) {
+      tag(format::Tag::kHostTotalsDelta);
+      seq_ts(seq, ts);
+      s(static_cast<int64_t>(e.addr - prev_live_));
+      u(static_cast<uint32_t>(allocs - prev_allocs_));
+      u(static_cast<uint32_t>(frees - prev_frees_));
+    } else {
+      tag(format::Tag::kHostTotals);
+      seq_ts(seq, ts);
+      host_totals(e);
+    }
+    have_totals_ = true;
+    prev_live_ = e.addr;
+    prev_allocs_ = allocs;
+    prev_frees_ = frees;
+  }
   void str(const char* data, size_t size) {
     u(size);
     memcpy(out_.reserve(size), data, size);
@@ -201,7 +221,10 @@ class Encoder {
     s(static_cast<int64_t>(a - prev_addr_));
     prev_addr_ = a;
   }
-  void new_frame() { prev_seq_ = prev_ts_ = prev_addr_ = 0; }
+  void new_frame() {
+    prev_seq_ = prev_ts_ = prev_addr_ = 0;
+    have_totals_ = false;
+  }
 
   // The hot records (kAlloc, kFree), written through one pointer into room
   // reserved once per record: the writer spent more time in per-field
@@ -243,6 +266,11 @@ class Encoder {
   uint64_t prev_seq_ = 0;
   uint64_t prev_ts_ = 0;
   uint64_t prev_addr_ = 0;
+  // The last kHostTotals or kHostTotalsDelta record of the frame.
+  bool have_totals_ = false;
+  uint64_t prev_live_ = 0;
+  uint32_t prev_allocs_ = 0;
+  uint32_t prev_frees_ = 0;
 };
 
 // The lowest descriptor the tracer's files may take: above the 3..1023 that
@@ -1124,6 +1152,16 @@ size_t TraceWriter::cycle(bool final) {
           enc.end(p);
           break;
         }
+        if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == format::kAllocSampled && e.aux == 0) {
+          *p++ = static_cast<uint8_t>(format::Tag::kSampledHostAlloc);
+          p = enc.put_seq_ts(p, e.seq, ts);
+          p = enc.put_addr(p, e.addr);
+          p = Encoder::put(p, e.size);
+          p = Encoder::put(p, e.stack);
+          p = Encoder::put(p, e.weight);
+          enc.end(p);
+          break;
+        }
         *p++ = static_cast<uint8_t>(format::Tag::kAlloc);
         p = enc.put_seq_ts(p, e.seq, ts);
         p = Encoder::put(p, e.tid);
@@ -1187,9 +1225,7 @@ size_t TraceWriter::cycle(bool final) {
         enc.u(e.weight);
         break;
       case EventType::kHostTotals:
-        enc.tag(format::Tag::kHostTotals);
-        enc.seq_ts(e.seq, ts);
-        enc.host_totals(e);
+        enc.host_totals_record(e, e.seq, ts);
         break;
       case EventType::kDeviceSample:
         enc.tag(format::Tag::kDeviceSample);

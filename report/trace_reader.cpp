@@ -139,6 +139,7 @@ class RecordDecoder {
         case fmt::Tag::kHostFree:
         case fmt::Tag::kHostAllocNext:
         case fmt::Tag::kHostFreeNext:
+        case fmt::Tag::kSampledHostAlloc:
         case fmt::Tag::kStep:
           ok = event(tag, c, d);
           break;
@@ -149,6 +150,7 @@ class RecordDecoder {
         case fmt::Tag::kDeviceSample:
         case fmt::Tag::kPoolSample:
         case fmt::Tag::kHostTotals:
+        case fmt::Tag::kHostTotalsDelta:
           ok = device_record(tag, c, d);
           break;
         case fmt::Tag::kCuptiStatus:
@@ -178,6 +180,9 @@ class RecordDecoder {
   // device records, addresses of events.
   struct Deltas {
     uint64_t seq = 0, ts = 0, addr = 0;
+    // The last kHostTotals or kHostTotalsDelta record's counters.
+    bool have_totals = false;
+    TraceHostTotals totals;
     void seq_ts(fmt::Cursor& c, TraceEvent& e) {
       e.seq = seq += static_cast<uint64_t>(c.svarint());
       e.ts = ts += static_cast<uint64_t>(c.svarint());
@@ -218,6 +223,17 @@ class RecordDecoder {
         e.size = c.varint();
         e.stack = static_cast<uint32_t>(c.varint());
         break;
+      case fmt::Tag::kSampledHostAlloc: {
+        e.type = EvType::kAlloc;
+        e.kind = static_cast<uint8_t>(fmt::Kind::kHost);
+        e.addr = d.addr_of(c);
+        const uint64_t size = c.varint();
+        e.stack = static_cast<uint32_t>(c.varint());
+        e.size = c.varint();  // the weight: the bytes this sample stands for
+        e.flags = fmt::kAllocSampled;
+        if (e.size != size) e.flags |= kAllocByChance;
+        break;
+      }
       case fmt::Tag::kFree:
         e.type = EvType::kFree;
         c.varint();  // tid
@@ -258,6 +274,26 @@ class RecordDecoder {
     totals.host_frees = static_cast<uint32_t>(c.varint());
     if (!c.ok()) return false;
     t_.host_totals.push_back(totals);
+    return true;
+  }
+  // A kHostTotals record (`delta`: kHostTotalsDelta, from the frame's last one).
+  bool host_totals_record(fmt::Cursor& c, uint64_t seq, bool delta, Deltas& d) {
+    if (!delta) {
+      if (!host_totals(c, seq)) return false;
+      d.totals = t_.host_totals.back();
+      d.have_totals = true;
+      return true;
+    }
+    if (!d.have_totals) return false;
+    TraceHostTotals totals;
+    totals.seq = seq;
+    totals.host_live = static_cast<int64_t>(static_cast<uint64_t>(d.totals.host_live) +
+                                            static_cast<uint64_t>(c.svarint()));
+    totals.host_allocs = d.totals.host_allocs + static_cast<uint32_t>(c.varint());
+    totals.host_frees = d.totals.host_frees + static_cast<uint32_t>(c.varint());
+    if (!c.ok()) return false;
+    t_.host_totals.push_back(totals);
+    d.totals = totals;
     return true;
   }
 
@@ -302,10 +338,11 @@ class RecordDecoder {
         t_.device_samples.push_back(d);
         break;
       }
-      case fmt::Tag::kHostTotals: {
+      case fmt::Tag::kHostTotals:
+      case fmt::Tag::kHostTotalsDelta: {
         TraceEvent tmp;
         d.seq_ts(c, tmp);
-        if (!host_totals(c, tmp.seq)) return false;
+        if (!host_totals_record(c, tmp.seq, tag == fmt::Tag::kHostTotalsDelta, d)) return false;
         break;
       }
       case fmt::Tag::kPoolSample: {

@@ -107,3 +107,72 @@ TEST_CASE("host records numbered in turn leave out their number and time", "[enc
     }
   }
 }
+
+TEST_CASE("sampled records leave out what sampled mode repeats", "[encoding]") {
+  memledger::testing::Payload p;
+  p.tag(fmt::Tag::kSampledHostAlloc);  // seq 1, ts 0, addr 0x5000, 100 B standing for 131072 B, stack 2
+  p.s(1);
+  p.s(0);
+  p.s(0x5000);
+  p.u(100);
+  p.u(2);
+  p.u(131072);
+  p.tag(fmt::Tag::kHostTotals);  // seq 2: 1,000,000 B live, 50 allocations, 10 frees
+  p.s(1);
+  p.s(0);
+  p.s(1000000);
+  p.u(50);
+  p.u(10);
+  p.tag(fmt::Tag::kSampledHostAlloc);  // seq 3: 200000 B, its own weight
+  p.s(1);
+  p.s(0);
+  p.s(0x1000);
+  p.u(200000);
+  p.u(2);
+  p.u(200000);
+  p.tag(fmt::Tag::kHostTotalsDelta);  // seq 4: 300,000 B fewer, 4 allocations and 2^32 - 1 frees later
+  p.s(1);
+  p.s(0);
+  p.s(-300000);
+  p.u(4);
+  p.u(0xffffffffu);
+  const std::string path = memledger::testing::write_trace(p);
+  const memledger::report::Trace trace = memledger::report::read_trace(path);
+  unlink(path.c_str());
+
+  REQUIRE(trace.events.size() == 2);
+  CHECK(trace.events[0].seq == 1);
+  CHECK(trace.events[0].addr == 0x5000);
+  CHECK(trace.events[0].size == 131072);
+  CHECK(trace.events[0].stack == 2);
+  CHECK(trace.events[0].flags == (fmt::kAllocSampled | memledger::report::kAllocByChance));
+  CHECK(trace.events[1].seq == 3);
+  CHECK(trace.events[1].addr == 0x6000);
+  CHECK(trace.events[1].size == 200000);
+  CHECK(trace.events[1].flags == fmt::kAllocSampled);
+  REQUIRE(trace.host_totals.size() == 2);
+  CHECK(trace.host_totals[0].seq == 2);
+  CHECK(trace.host_totals[0].host_live == 1000000);
+  CHECK(trace.host_totals[0].host_allocs == 50);
+  CHECK(trace.host_totals[0].host_frees == 10);
+  CHECK(trace.host_totals[1].seq == 4);
+  CHECK(trace.host_totals[1].host_live == 700000);
+  CHECK(trace.host_totals[1].host_allocs == 54);
+  CHECK(trace.host_totals[1].host_frees == 9);  // 10 + 2^32 - 1, mod 2^32
+  CHECK(trace.frames_damaged == 0);
+}
+
+TEST_CASE("totals given as differences with nothing before them in the frame are damage", "[encoding]") {
+  memledger::testing::Payload p;
+  p.tag(fmt::Tag::kHostTotalsDelta);
+  p.s(1);
+  p.s(0);
+  p.s(5);
+  p.u(1);
+  p.u(1);
+  const std::string path = memledger::testing::write_trace(p);
+  const memledger::report::Trace trace = memledger::report::read_trace(path);
+  unlink(path.c_str());
+  CHECK(trace.host_totals.empty());
+  CHECK(trace.frames_damaged == 1);
+}
