@@ -45,6 +45,7 @@ TARGET_REPORT = 1.0
 # Benchmark defaults: about 20 M allocations, 1-2 s untraced on a small VM.
 DEFAULT_STEPS = 200
 QUICK_STEPS = 10
+INSTRUCTION_STEPS = 4  # under callgrind, about 50 times slower
 DEFAULT_ALLOCS_PER_STEP = 100000
 DEEP_DEPTH = 20
 
@@ -321,6 +322,8 @@ class Bench:
             return 2
         self.tmp = Path(tempfile.mkdtemp(prefix="memledger-bench-"))
         try:
+            if self.args.instructions:
+                return self.instructions()
             return self.benchmark()
         finally:
             if self.args.keep:
@@ -379,6 +382,73 @@ class Bench:
         if a.json:
             self.write_json(Path(a.json), [untraced, full, sampled, heaptrack,
                                            ml_report, ht_print, *memory, *device])
+        return 0
+
+    # -- instructions: the same storm under callgrind --------------------------
+
+    def instructions(self) -> int:
+        """Instructions the storm's threads and the tracer's own run, untraced
+        and with the preload library in full and sampled mode: callgrind counts
+        them exactly, where a shared machine moves times by a third."""
+        valgrind = shutil.which("valgrind")
+        library = self.build / "interposer" / "libmemledger.so"
+        print("memledger host-heap benchmark: instructions (callgrind)")
+        print(f"  program : {' '.join([self.storm.name, *self.storm_args])}")
+        print("  memledger: the preload library in LD_PRELOAD, MEMLEDGER_HOST=full or sampled")
+        if valgrind is None:
+            print("skipped: valgrind not installed (Debian's valgrind package)")
+            return 0
+        if not library.is_file():
+            print(f"skipped: {library} not built")
+            return 0
+        allocations = self.args.steps * self.args.allocs_per_step
+        rows = []
+        for mode in (None, "full", "sampled"):
+            d = self.fresh("callgrind-" + (mode or "untraced"))
+            (d / "run").mkdir(parents=True)
+            env = dict(RUN_ENV or os.environ)
+            if mode is not None:
+                preload = env.get("LD_PRELOAD", "")
+                env.update(LD_PRELOAD=f"{library} {preload}".strip(), MEMLEDGER_HOST=mode,
+                           MEMLEDGER_DIR=str(d / "run"), MEMLEDGER_QUIET="1")
+            argv = [valgrind, "--tool=callgrind", "--separate-threads=yes",
+                    f"--callgrind-out-file={d / 'callgrind.out'}", str(self.storm), *self.storm_args]
+            with open(d / "stdout.txt", "wb") as out, open(d / "stderr.txt", "wb") as err:
+                rc = subprocess.run(argv, stdout=out, stderr=err, env=env).returncode
+            program = tracer = 0
+            for f in sorted(d.glob("callgrind.out-*")):
+                text = f.read_text(errors="replace")
+                m = re.search(r"^summary: (\d+)", text, re.M)
+                count = int(m.group(1)) if m else 0
+                # The storm's threads run its steps; the tracer's are its writer and module threads.
+                if "run_step" in text:
+                    program += count
+                else:
+                    tracer += count
+            rows.append((mode, rc, program, tracer))
+            if rc != 0:
+                print(f"  {mode or 'untraced'}: exit {rc}: {tail(d / 'stderr.txt')}")
+            if not self.args.keep:
+                shutil.rmtree(d, ignore_errors=True)
+        base = rows[0][2]
+        head = (f"{'configuration':<26} {'program thr.':>13} {'ratio':>7} {'tracer thr.':>12} "
+                f"{'all':>13} {'ratio':>7} {'added/alloc':>12}")
+        print()
+        print(head)
+        print("-" * len(head))
+        for mode, rc, program, tracer in rows:
+            name = "untraced" if mode is None else f"memledger --host {mode}"
+            if rc != 0 or program == 0:
+                print(f"{name:<26} failed")
+                continue
+            added = (program - base) / allocations if mode is not None else None
+            print(f"{name:<26} {program / 1e6:>12.1f}M {fmt_ratio(ratio(program, base)):>7} "
+                  f"{tracer / 1e6:>11.1f}M {(program + tracer) / 1e6:>12.1f}M "
+                  f"{fmt_ratio(ratio(program + tracer, base)):>7} "
+                  f"{'' if added is None else f'{added:.0f}':>12}")
+        print(f"\nprogram thr.: the storm's threads; tracer thr.: memledger's writer and module threads;\n"
+              f"added/alloc: the program threads' instructions added per allocation call and its free\n"
+              f"({allocations} allocation calls).")
         return 0
 
     # -- tracer memory against live allocations -------------------------------
@@ -709,6 +779,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="host runs on a replacement allocator: LIB (libjemalloc.so.2, "
                         "libtcmalloc_minimal.so.4, libmimalloc.so.2) in LD_PRELOAD of every "
                         "run; heaptrack, the tracer memory and device benchmarks are skipped")
+    p.add_argument("--instructions", action="store_true",
+                   help="count instructions instead (callgrind): untraced, full and sampled "
+                        "mode, the program's threads and the tracer's apart (default --steps 4)")
     p.add_argument("-v", "--verbose", action="store_true", help="print every run")
     a = p.parse_args(argv)
     if a.preload:
@@ -716,7 +789,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         RUN_ENV = dict(os.environ, LD_PRELOAD=a.preload)
         a.no_device = True
     if a.steps is None:
-        a.steps = QUICK_STEPS if a.quick else DEFAULT_STEPS
+        a.steps = INSTRUCTION_STEPS if a.instructions else QUICK_STEPS if a.quick else DEFAULT_STEPS
     if a.repeat is None:
         a.repeat = 1 if a.quick else 3
     if a.repeat < 1 or a.steps < 1 or a.allocs_per_step < 1 or a.threads < 1:
