@@ -110,26 +110,23 @@ TEST_CASE("host records numbered in turn leave out their number and time", "[enc
 
 TEST_CASE("sampled records leave out what sampled mode repeats", "[encoding]") {
   memledger::testing::Payload p;
-  p.tag(fmt::Tag::kSampledHostAlloc);  // seq 1, ts 0, addr 0x5000, 100 B standing for 131072 B, stack 2
-  p.s(1);
-  p.s(0);
-  p.s(0x5000);
-  p.u(100);
-  p.u(2);
-  p.u(131072);
+  auto sampled_alloc = [&p](int64_t addr_delta, uint64_t size, uint64_t weight) {
+    p.tag(fmt::Tag::kSampledHostAlloc);  // the next seq, at time 0, stack 2
+    p.s(1);
+    p.s(0);
+    p.s(addr_delta);
+    p.u(size);
+    p.u(2);
+    p.u(weight);
+  };
+  sampled_alloc(0x5000, 100, 131072);  // seq 1: 100 B standing for 131072 B
   p.tag(fmt::Tag::kHostTotals);  // seq 2: 1,000,000 B live, 50 allocations, 10 frees
   p.s(1);
   p.s(0);
   p.s(1000000);
   p.u(50);
   p.u(10);
-  p.tag(fmt::Tag::kSampledHostAlloc);  // seq 3: 200000 B, its own weight
-  p.s(1);
-  p.s(0);
-  p.s(0x1000);
-  p.u(200000);
-  p.u(2);
-  p.u(200000);
+  sampled_alloc(0x1000, 200000, 200000);  // seq 3: 200000 B, its own weight
   p.tag(fmt::Tag::kHostTotalsDelta);  // seq 4: 300,000 B fewer, 4 allocations and 2^32 - 1 frees later
   p.s(1);
   p.s(0);
