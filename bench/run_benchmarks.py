@@ -441,7 +441,7 @@ class Bench:
             if rc != 0 or program == 0:
                 print(f"{name:<26} failed")
                 continue
-            added = (program - base) / allocations if mode is not None else None
+            added = (program - base) / allocations if mode is not None and base > 0 else None
             print(f"{name:<26} {program / 1e6:>12.1f}M {fmt_ratio(ratio(program, base)):>7} "
                   f"{tracer / 1e6:>11.1f}M {(program + tracer) / 1e6:>12.1f}M "
                   f"{fmt_ratio(ratio(program + tracer, base)):>7} "

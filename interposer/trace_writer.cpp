@@ -186,18 +186,18 @@ class Encoder {
     u(e.weight & 0xffffffffu);
   }
   // A kHostTotals event: as kHostTotalsDelta after another one in the frame.
-  void host_totals_record(const Event& e, uint64_t seq, uint64_t ts) {
+  void host_totals_record(const Event& e, uint64_t ts) {
     const uint32_t allocs = static_cast<uint32_t>(e.weight >> 32);
     const uint32_t frees = static_cast<uint32_t>(e.weight);
     if (have_totals_) {
       tag(format::Tag::kHostTotalsDelta);
-      seq_ts(seq, ts);
+      seq_ts(e.seq, ts);
       s(static_cast<int64_t>(e.addr - prev_live_));
       u(static_cast<uint32_t>(allocs - prev_allocs_));
       u(static_cast<uint32_t>(frees - prev_frees_));
     } else {
       tag(format::Tag::kHostTotals);
-      seq_ts(seq, ts);
+      seq_ts(e.seq, ts);
       host_totals(e);
     }
     have_totals_ = true;
@@ -1138,27 +1138,21 @@ size_t TraceWriter::cycle(bool final) {
       case EventType::kAlloc: {
         write_stack(e.stack);
         uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
-        if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == 0 && e.aux == 0 &&
-            e.weight == e.size) {
-          if (enc.follows(e.seq, ts)) {
+        // An ordinary host allocation (its size its own weight), or a
+        // sampled one (its weight written after the fields they share).
+        const bool sampled = e.flags == format::kAllocSampled;
+        if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.aux == 0 &&
+            (sampled || (e.flags == 0 && e.weight == e.size))) {
+          if (!sampled && enc.follows(e.seq, ts)) {
             *p++ = static_cast<uint8_t>(format::Tag::kHostAllocNext);
           } else {
-            *p++ = static_cast<uint8_t>(format::Tag::kHostAlloc);
+            *p++ = static_cast<uint8_t>(sampled ? format::Tag::kSampledHostAlloc : format::Tag::kHostAlloc);
             p = enc.put_seq_ts(p, e.seq, ts);
           }
           p = enc.put_addr(p, e.addr);
           p = Encoder::put(p, e.size);
           p = Encoder::put(p, e.stack);
-          enc.end(p);
-          break;
-        }
-        if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == format::kAllocSampled && e.aux == 0) {
-          *p++ = static_cast<uint8_t>(format::Tag::kSampledHostAlloc);
-          p = enc.put_seq_ts(p, e.seq, ts);
-          p = enc.put_addr(p, e.addr);
-          p = Encoder::put(p, e.size);
-          p = Encoder::put(p, e.stack);
-          p = Encoder::put(p, e.weight);
+          if (sampled) p = Encoder::put(p, e.weight);
           enc.end(p);
           break;
         }
@@ -1225,7 +1219,7 @@ size_t TraceWriter::cycle(bool final) {
         enc.u(e.weight);
         break;
       case EventType::kHostTotals:
-        enc.host_totals_record(e, e.seq, ts);
+        enc.host_totals_record(e, ts);
         break;
       case EventType::kDeviceSample:
         enc.tag(format::Tag::kDeviceSample);

@@ -217,23 +217,19 @@ class RecordDecoder {
       }
       case fmt::Tag::kHostAlloc:
       case fmt::Tag::kHostAllocNext:
+      case fmt::Tag::kSampledHostAlloc:
         e.type = EvType::kAlloc;
         e.kind = static_cast<uint8_t>(fmt::Kind::kHost);
         e.addr = d.addr_of(c);
         e.size = c.varint();
         e.stack = static_cast<uint32_t>(c.varint());
+        if (tag == fmt::Tag::kSampledHostAlloc) {
+          const uint64_t size = e.size;
+          e.size = c.varint();  // the weight: the bytes this sample stands for
+          e.flags = fmt::kAllocSampled;
+          if (e.size != size) e.flags |= kAllocByChance;
+        }
         break;
-      case fmt::Tag::kSampledHostAlloc: {
-        e.type = EvType::kAlloc;
-        e.kind = static_cast<uint8_t>(fmt::Kind::kHost);
-        e.addr = d.addr_of(c);
-        const uint64_t size = c.varint();
-        e.stack = static_cast<uint32_t>(c.varint());
-        e.size = c.varint();  // the weight: the bytes this sample stands for
-        e.flags = fmt::kAllocSampled;
-        if (e.size != size) e.flags |= kAllocByChance;
-        break;
-      }
       case fmt::Tag::kFree:
         e.type = EvType::kFree;
         c.varint();  // tid
