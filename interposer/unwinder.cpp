@@ -683,7 +683,7 @@ inline int walk_again(const UnwindMemo::State* last, uint32_t last_count, uint64
   return 0;
 }
 
-// A state as a walk records it (rbp_at is prepare_whole's).
+// A state as a walk records it (check_at and check_want are prepare_whole's).
 inline void set_state(UnwindMemo::State& s, uint64_t rip, uint64_t rsp, uint64_t rbp, uint64_t rule) {
   s.rip = rip;
   s.rsp = rsp;
@@ -691,16 +691,18 @@ inline void set_state(UnwindMemo::State& s, uint64_t rip, uint64_t rsp, uint64_t
   s.rule = rule;
 }
 
-// The last walk again from its states' stack words alone (UnwindMemo::
-// whole): each frame's return address where the walk read it, and its rbp
-// where a rule after reads it. What walk_again compares, less what cannot
-// differ when this matches (a rule's CFA from a rbp already compared), in
-// one pattern for every frame. True with `count` frames in `frames`.
+// A prepared walk again from its states' stack words alone (UnwindMemo::
+// whole), from its first state on, which the caller found the stack at:
+// each frame's return address where the walk read it, and its rbp where a
+// rule after reads it. What walk_again compares, less what cannot differ
+// when this matches (a rule's CFA from a rbp already compared), in one
+// pattern for every frame. True with `count` frames in `frames` (the
+// first, the first state's, is the caller's to write).
 inline bool follow_whole(const UnwindMemo::State* last, uint32_t count, void** frames) {
   for (uint32_t i = 1; i < count; ++i) {
     const UnwindMemo::State& s = last[i];
     if (*reinterpret_cast<const uint64_t*>(s.rsp - 8) != s.rip ||
-        *reinterpret_cast<const uint64_t*>(s.rbp_at) != s.rbp) {
+        *reinterpret_cast<const uint64_t*>(s.check_at) != s.check_want) {
       return false;
     }
     frames[i] = reinterpret_cast<void*>(s.rip);
@@ -708,11 +710,31 @@ inline bool follow_whole(const UnwindMemo::State* last, uint32_t count, void** f
   return true;
 }
 
+// Whether a prepared walk's states from `from` on, reached by a walk that
+// compared the first of them (at_state), are the same walk as long as
+// follow_whole's compares hold. The walk was prepared from its own first
+// state, where the compares made sure of more rbp values: up to the first
+// rule that restores rbp from the stack, each rbp a rule reads is the one
+// at `from`, which at_state compared only where it is read.
+inline bool followable_from(const UnwindMemo::State* states, uint32_t from) {
+  if (states[from].rule & kRbpMatters) return true;
+  for (uint32_t k = from; states[k].rule & kFollowable; ++k) {
+    if (states[k].rule & 16) return true;
+    if (states[k + 1].rule & kRbpMatters) return false;
+  }
+  return true;
+}
+
 // Prepares the walk `states[0..count)` (marks set) to be made again by
 // follow_whole: its frame count, or 0 where walk_again would not follow it
 // to its end, or where a rule reads a rbp that no compare made sure of.
-// `cut`: it stopped at the frame limit.
-inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* cut) {
+// `cut`: it stopped at the frame limit. `prepared_from`, when less than
+// `count`: the states from there on are a prepared walk's (copied with
+// their compares) that ended at its outermost frame, and this walk reached
+// them through followable_from; they are prepared once a rule restores rbp
+// from the stack (from then on every compare is that walk's).
+inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* cut,
+                              uint32_t prepared_from = UINT32_MAX) {
   *cut = false;
   if (count == 0 || states[0].rule == 0) return 0;
   // Whether the rbp of the state reached is the one the memo holds, once
@@ -722,10 +744,15 @@ inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* c
   while (states[k].rule & kFollowable) {
     const uint64_t rule = states[k].rule;
     UnwindMemo::State& then = states[k + 1];
-    then.rbp_at = reinterpret_cast<uint64_t>(&then.rbp);
+    then.check_at = then.rsp - 8;
+    then.check_want = then.rip;
     if (rule & 16) {
       known = (then.rule & kRbpMatters) != 0;
-      if (known) then.rbp_at = then.rsp + static_cast<int16_t>(rule >> 16);
+      if (known) {
+        then.check_at = then.rsp + static_cast<int16_t>(rule >> 16);
+        then.check_want = then.rbp;
+      }
+      if (k >= prepared_from) return count;
     } else if ((then.rule & kRbpMatters) && !known) {
       return 0;
     }
@@ -734,7 +761,8 @@ inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* c
   const Kind kind = static_cast<Kind>((states[k].rule >> 1) & 3);
   if (kind == Kind::kOutermost && k + 1 == count) return k + 1;
   if (kind == Kind::kStandard && k + 2 == count && states[k + 1].rule == 0 && (!(states[k].rule & 8) || known)) {
-    states[k + 1].rbp_at = reinterpret_cast<uint64_t>(&states[k + 1].rbp);
+    states[k + 1].check_at = states[k + 1].rsp - 8;
+    states[k + 1].check_want = states[k + 1].rip;
     *cut = true;
     return k + 2;
   }
@@ -750,7 +778,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
   if (max <= 0) return 0;
   frames[depth++] = reinterpret_cast<void*>(rip);
   const UnwindMemo::State* last = nullptr;
-  uint32_t last_count = 0;
+  uint32_t last_count = 0, last_whole = 0;
   UnwindMemo::State* out = nullptr;
   uint32_t generation = 0, next = 0;
   if (memo != nullptr) {
@@ -770,14 +798,6 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
         again = follow_whole(held, whole, frames) ? static_cast<int>(whole) : 0;
       } else {
         again = walk_again(held, memo->count[k], rbp, frames, max);
-        // A walk made again once is prepared for the next times (most walks
-        // of a deep, varied stack are never made again).
-        if (again > 0 && !memo->whole_tried[k]) {
-          memo->whole_tried[k] = true;
-          bool cut = false;
-          memo->whole[k] = prepare_whole(memo->states[k], memo->count[k], &cut);
-          memo->whole_cut[k] = cut;
-        }
       }
       if (again > 0) {
         memo->current = k;
@@ -796,6 +816,9 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
     if (memo->generation[current] == generation) {
       last = memo->states[current];
       last_count = memo->count[current];
+      // Prepared to its outermost frame: a walk that reaches one of its
+      // frames may compare the rest (follow_whole).
+      if (memo->whole[current] == last_count && !memo->whole_cut[current]) last_whole = last_count;
     }
     // The slot of the walk least recently used, never the last walk's.
     next = (current + 1) % UnwindMemo::kWalks;
@@ -809,19 +832,34 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
     memo->count[next] = 0;
     memo->first_rsp[next] = 0;
     memo->whole[next] = 0;
-    memo->whole_tried[next] = false;
   }
   // States recorded from `same_from` on are the last walk's, to its end:
   // their kRbpMatters bits still hold (they depend only on what follows).
   constexpr uint32_t kNone = UINT32_MAX;
   uint32_t seen = 0, written = 0, same_from = kNone;
+  // The state from which on this walk's states are the prepared last walk's, compared by follow_whole.
+  uint32_t compared_from = kNone;
   bool stopped = true;  // by the frame limit
   while (depth < max) {
     uint64_t rule;
     while (seen < last_count && last[seen].rsp < rsp) ++seen;
     if (seen < last_count && at_state(last[seen], rip, rsp, rbp)) {
-      // Follow the last walk while the stack holds what it read.
       if (same_from == kNone) same_from = written;
+      // The rest of the last walk, where the stack holds what it read: its
+      // stack words compared, its states copied (frames[depth - 1] is this
+      // state's return address).
+      const uint32_t rest = last_whole - seen;
+      if (seen < last_whole && static_cast<uint32_t>(depth) - 1 + rest <= static_cast<uint32_t>(max) &&
+          followable_from(last, seen) && follow_whole(last + seen, rest, frames + depth - 1)) {
+        memcpy(out + written, last + seen, rest * sizeof(UnwindMemo::State));
+        out[written].rbp = rbp;
+        compared_from = written;
+        written += rest;
+        depth += static_cast<int>(rest) - 1;
+        stopped = false;
+        break;
+      }
+      // Else follow the last walk while the stack holds what it read.
       const UnwindMemo::State* __restrict at = last + seen;
       UnwindMemo::State* __restrict put = out + written;
       void** __restrict frame = frames + depth;
@@ -902,6 +940,9 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       rule = (rule & ~(kRbpMatters | kFollowable)) | (read ? kRbpMatters : 0) | (followable ? kFollowable : 0);
       read_after = read;
     }
+    bool cut = false;
+    memo->whole[next] = prepare_whole(out, written, &cut, compared_from);
+    memo->whole_cut[next] = cut;
     memo->count[next] = written;
     memo->first_rsp[next] = written > 0 ? out[0].rsp : 0;
     memo->generation[next] = generation;

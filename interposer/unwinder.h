@@ -29,12 +29,11 @@ namespace memledger::interposer {
 // pointer and, where the rest of the walk depends on it, frame pointer) is
 // that walk again as long as the stack holds what that walk read from it:
 // a loop that calls a few sites in turn makes a few walks over and over.
-// Any other walk, once it reaches a frame of the last one, follows the last
-// walk from there the same way. Those loads are made all the same, but
-// their addresses are known in advance, so they no longer wait for one
-// another and the rule table is not consulted. The result is the walk's
-// own, frame for frame. Owned by one thread at a time; mapped memory
-// (ThreadRing).
+// Any other walk, once it reaches a frame of the last one, is the last
+// walk from there on under the same condition: it compares the stack words
+// the last walk read and copies its states, without working out a rule.
+// The result is the walk's own, frame for frame. Owned by one thread at a
+// time; mapped memory (ThreadRing).
 struct UnwindMemo {
   static constexpr int kStates = 256;
   static constexpr uint32_t kWalks = 8;
@@ -43,11 +42,14 @@ struct UnwindMemo {
     uint64_t rsp;
     uint64_t rbp;
     uint64_t rule;  // 0: the walk stopped here (enough frames)
-    // Where the walk made again reads this state's rbp from (`whole`; not
-    // the first state's, which at_state compares): the stack word its
-    // caller's rule restored it from where a rule after reads it, else this
-    // `rbp` itself (nothing to compare).
-    uint64_t rbp_at;
+    // A stack word the walk made again (`whole`) compares, not the first
+    // state's (at_state compares that one), and the value it must hold:
+    // where this state's rbp was saved (its callee's rule restored it from
+    // there) while a rule after reads it, else the return address's word
+    // (rsp - 8) and `rip`, which that compare reads anyway. Stack
+    // addresses both: a state copied to another slot keeps them.
+    uint64_t check_at;
+    uint64_t check_want;
   };
   // Set while a walk uses it: a signal handler that walks on the same
   // thread in the middle of that goes without.
@@ -56,11 +58,10 @@ struct UnwindMemo {
   uint32_t count[kWalks];
   // Each slot's walk made again from the stack words alone: its frame count
   // (0: it cannot be, walk_again follows its rules) and whether it stopped
-  // at the frame limit (then it is made again for that limit only).
-  // Prepared once the walk is made again (walk_again) a first time.
+  // at the frame limit (then it is made again for that limit only). Set
+  // as the walk is made.
   uint32_t whole[kWalks];
   bool whole_cut[kWalks];
-  bool whole_tried[kWalks];
   // Each slot's first stack pointer (0: empty), compared before the rest.
   uint64_t first_rsp[kWalks];
   uint32_t generation[kWalks];

@@ -309,8 +309,10 @@ TEST_CASE("walks made again from their stack words alone give libunwind's stacks
 TEST_CASE("a frame found in the last walk takes its rule from there", "[unwind]") {
   // The same chain walked twice from the same place; between the two, the
   // memo's rule for the fifth frame is made "outermost" (in unwinder.cpp's
-  // packing: 1, a rule is stored, | 1 << 1, the kind). A walk that follows
-  // the memo stops there; one that looked its rules up would not.
+  // packing: 1, a rule is stored, | 1 << 1, the kind), and the walk is no
+  // longer one made again from its stack words alone (those compares never
+  // read a rule). A walk that follows the memo stops there; one that looked
+  // its rules up would not.
   static UnwindMemo memo;
   MemoCapture c[2] = {{&memo, kMax, {}, {}}, {&memo, kMax, {}, {}}};
   for (int i = 0; i < 2; ++i) {
@@ -319,6 +321,7 @@ TEST_CASE("a frame found in the last walk takes its rule from there", "[unwind]"
       REQUIRE(current < UnwindMemo::kWalks);
       REQUIRE(memo.count[current] > 6);
       memo.states[current][4].rule = 1 | 1u << 1;
+      memo.whole[current] = 0;
     }
     chain_nofp("nvfn", memo_leaf, &c[i]);
   }
