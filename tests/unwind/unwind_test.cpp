@@ -333,6 +333,34 @@ TEST_CASE("a frame found in the last walk takes its rule from there", "[unwind]"
   CHECK(std::equal(c[1].memoised.begin(), c[1].memoised.end(), c[0].memoised.begin()));
 }
 
+TEST_CASE("a walk that reaches the last walk's frames compares the rest; where the stack differs it goes by the rules",
+          "[unwind]") {
+  static UnwindMemo memo;
+  MemoCapture a{&memo, kMax, {}, {}, true};
+  MemoCapture b{&memo, kMax, {}, {}, true};
+  MemoCapture c{&memo, kMax, {}, {}, true};
+  // Two call sites at the same depth: the second walk reaches the first's
+  // frames at the chain and is prepared to be made again at once.
+  two_sites(1, "nvfnv", &a);
+  check_memo(a);
+  two_sites(0, "nvfnv", &b);
+  check_memo(b);
+  const uint32_t current = memo.current;
+  REQUIRE(current < UnwindMemo::kWalks);
+  CHECK(memo.whole[current] == memo.count[current]);
+  // The memo now says another return address for a frame further out than
+  // where the next walk reaches it (a stack that changed there): the
+  // compares fail, and the walk goes on from where it parts by the rules.
+  REQUIRE(memo.count[current] > 8);
+  memo.states[current][7].rip ^= 1;
+  two_sites(1, "nvfnv", &c);
+  check_memo(c);
+  // The chain and the return into two_sites are the first walk's (the
+  // returns into this function differ: three calls).
+  REQUIRE(c.memoised.size() == a.memoised.size());
+  CHECK(std::equal(c.memoised.begin(), c.memoised.begin() + 7, a.memoised.begin()));
+}
+
 TEST_CASE("a walk that follows the last one stops where the two call sites part", "[unwind]") {
   static UnwindMemo memo;
   for (int round = 0; round < 4; ++round) {
