@@ -361,6 +361,36 @@ TEST_CASE("a walk that reaches the last walk's frames compares the rest; where t
   CHECK(std::equal(c.memoised.begin(), c.memoised.begin() + 7, a.memoised.begin()));
 }
 
+TEST_CASE("a walk made again compares the saved frame pointers a later rule reads", "[unwind]") {
+  // A walk through frames whose CFA is rbp-based, made again: each such
+  // frame's rbp is compared with the stack word its callee saved it to
+  // (UnwindMemo::State::check_at, where it is not the return address's).
+  // Here the memo's value for one of them no longer matches the stack: the
+  // walk is not the held one again (a new number), and still libunwind's.
+  static UnwindMemo memo;
+  MemoCapture first{&memo, kMax, {}, {}, true};
+  MemoCapture again{&memo, kMax, {}, {}, true};
+  MemoCapture changed{&memo, kMax, {}, {}, true};
+  for (MemoCapture* c : {&first, &again, &changed}) {
+    if (c == &changed) {
+      const uint32_t current = memo.current;
+      REQUIRE(current < UnwindMemo::kWalks);
+      REQUIRE(memo.whole[current] == memo.count[current]);
+      uint32_t checked = 0;
+      for (uint32_t i = 1; i < memo.count[current] && checked == 0; ++i) {
+        const UnwindMemo::State& s = memo.states[current][i];
+        if (s.check_at != s.rsp - 8) checked = i;
+      }
+      REQUIRE(checked > 0);
+      memo.states[current][checked].check_want ^= 0x10;
+    }
+    const uint32_t serial = memo.serial;
+    chain_fp("vfvf", memo_leaf, c);
+    check_memo(*c);
+    CHECK((memo.serial == serial) == (c == &again));
+  }
+}
+
 TEST_CASE("a walk that follows the last one stops where the two call sites part", "[unwind]") {
   static UnwindMemo memo;
   for (int round = 0; round < 4; ++round) {
