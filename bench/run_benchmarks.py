@@ -175,6 +175,8 @@ class Bench:
         # frames above each call site (DEEP_DEPTH to 2 DEEP_DEPTH).
         self.storm = self.build / "bench" / ("storm_nofp" if args.deep else "storm")
         self.memledger = self.build / "tools" / "memledger"
+        # --against: another build's memledger, run in the same rounds on this build's storm.
+        self.against = (self._find_build(args.against) / "tools" / "memledger") if args.against else None
         self.heaptrack = shutil.which("heaptrack")
         self.heaptrack_print = shutil.which("heaptrack_print")
         self.tmp = Path()  # made in main(), once there is something to run
@@ -228,17 +230,19 @@ class Bench:
         d.mkdir()
         return self._finish([str(self.storm), *self.storm_args], d)
 
-    def run_memledger(self, mode: str) -> Sample:
+    def run_memledger(self, mode: str, memledger: Path | None = None) -> Sample:
         d = self.fresh(f"memledger-{mode}")
         d.mkdir()
         run_dir = d / "run"
-        argv = [str(self.memledger), "run", "-o", str(run_dir), "--host", mode,
+        argv = [str(memledger or self.memledger), "run", "-o", str(run_dir), "--host", mode,
                 *self.run_flags, "--", str(self.storm), *self.storm_args]
         s = self._finish(argv, d)
         if not s.ok:
             return s  # its folder stays, for a look at stderr.txt with --keep
         s.trace_bytes = tree_size(run_dir) if run_dir.exists() else 0
-        if mode == "full":
+        if memledger is not None:
+            shutil.rmtree(d, ignore_errors=True)
+        elif mode == "full":
             self._replace("last_full_run", run_dir)
         elif not self.args.keep:
             shutil.rmtree(d, ignore_errors=True)
@@ -344,9 +348,21 @@ class Bench:
         elif a.preload:
             heaptrack.skipped = "--preload: heaptrack reaches glibc's malloc only"
 
+        # --against: the other build's memledger in the same rounds.
+        against: list[Config] = []
+        against_runners = []
+        if self.against is not None:
+            for mode in ("full", "sampled"):
+                c = Config(f"against: --host {mode}")
+                if not os.access(self.against, os.X_OK):
+                    c.skipped = f"{self.against} not built"
+                against.append(c)
+                against_runners.append((c, lambda m=mode: self.run_memledger(m, self.against)))
+
         runners = [(untraced, self.run_untraced),
                    (full, lambda: self.run_memledger("full")),
                    (sampled, lambda: self.run_memledger("sampled")),
+                   *against_runners,
                    (heaptrack, self.run_heaptrack)]
         runners = [(c, f) for c, f in runners if not c.skipped]
 
@@ -376,11 +392,11 @@ class Bench:
                 config.samples.append(fn())
 
         print()
-        print(self.table(untraced, full, sampled, heaptrack, ml_report, ht_print))
+        print(self.table(untraced, full, sampled, heaptrack, ml_report, ht_print, against))
         memory = [] if a.preload else self.memory_benchmark()
         device = [] if a.no_device else self.device_benchmark()
         if a.json:
-            self.write_json(Path(a.json), [untraced, full, sampled, heaptrack,
+            self.write_json(Path(a.json), [untraced, full, sampled, *against, heaptrack,
                                            ml_report, ht_print, *memory, *device])
         return 0
 
@@ -588,11 +604,14 @@ class Bench:
         ]
         if self.run_flags:
             lines.append(f"  memledger run flags: {' '.join(self.run_flags)}")
+        if self.against is not None:
+            lines.append(f"  against : {self.against} (\"against:\" rows, the same flags and program)")
         lines.append(f"  load    : {load_note()}")
         return "\n".join(lines)
 
     def table(self, untraced: Config, full: Config, sampled: Config,
-              heaptrack: Config, ml_report: Config, ht_print: Config) -> str:
+              heaptrack: Config, ml_report: Config, ht_print: Config,
+              against: list[Config] | None = None) -> str:
         base_prog = untraced.median("program_s")
         base_wall = untraced.median("wall_s")
         base_cpu = untraced.median("cpu_s")
@@ -606,7 +625,7 @@ class Bench:
                 f"{'tree RSS MiB':>12} {'trace MiB':>10} {'B/alloc':>8}  target")
         rows = [head, "-" * len(head)]
         targets = {full.name: TARGET_FULL, sampled.name: TARGET_SAMPLED}
-        for c in (untraced, full, sampled, heaptrack):
+        for c in (untraced, full, sampled, *(against or []), heaptrack):
             if c.skipped:
                 rows.append(f"{c.name:<26} skipped: {c.skipped}")
                 continue
@@ -770,6 +789,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--deep", action="store_true",
                    help=f"the second storm: built without frame pointers, {DEEP_DEPTH} to "
                         f"{2 * DEEP_DEPTH} more frames above each call site (build/bench/storm_nofp)")
+    p.add_argument("--against", metavar="BUILD",
+                   help="another build folder (an earlier commit's, say, in a git worktree): its "
+                        "tools/memledger runs in full and sampled mode in the same rounds, on this "
+                        "build's storm, as the \"against:\" rows (a before-and-after on one machine "
+                        "at one time)")
     p.add_argument("--keep", action="store_true",
                    help="keep the traces and logs (their folder is printed)")
     p.add_argument("--json", metavar="FILE", help="also write raw results as JSON")
