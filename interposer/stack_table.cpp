@@ -288,7 +288,44 @@ uint32_t StackTable::intern_parts(const uintptr_t* frames, uint32_t python, uint
   return id;
 }
 
-uint32_t StackTable::get(uint32_t id, uintptr_t* out) const {
+uint32_t StackTable::read_path(uint32_t node, CachedPath& cache, uintptr_t* out, uint32_t room) const {
+  // A child's id is above its parent's (a node is made after the one it
+  // hangs from): the cached path's ids rise from the root, and this path's
+  // fall on the way up, so one pass down the cached path finds the first
+  // node the two share. Were an id ever out of that order, the node would
+  // be missed and its part read from the nodes: slower, never wrong (a node
+  // found in the cached path has that path's frames above it).
+  uint32_t walked[kMaxDepth];
+  uint32_t n = 0;
+  int64_t at_cache = static_cast<int64_t>(cache.depth) - 1;
+  uint32_t at = node;
+  while (at != 0 && n < kMaxDepth) {
+    while (at_cache >= 0 && cache.nodes[at_cache] > at) --at_cache;
+    if (at_cache >= 0 && cache.nodes[at_cache] == at) break;
+    walked[n++] = at;
+    at = nodes_[at].parent();
+  }
+  const bool found = at != 0 && at_cache >= 0 && cache.nodes[at_cache] == at;
+  const uint32_t shared = found ? static_cast<uint32_t>(at_cache) + 1 : 0;
+  if ((at != 0 && !found) || shared + n > kMaxDepth) {
+    // Deeper than a path can be: read it whole, and keep no path.
+    cache.depth = 0;
+    uint32_t count = 0;
+    for (at = node; at != 0 && count < room; at = nodes_[at].parent()) out[count++] = word_of(nodes_[at].key());
+    return count;
+  }
+  uint32_t depth = shared;
+  for (uint32_t i = n; i-- > 0; ++depth) {
+    cache.nodes[depth] = walked[i];
+    cache.word(depth) = word_of(nodes_[walked[i]].key());
+  }
+  cache.depth = depth;
+  const uint32_t count = depth < room ? depth : room;
+  memcpy(out, &cache.words[kMaxDepth - depth], count * sizeof(uintptr_t));
+  return count;
+}
+
+uint32_t StackTable::get(uint32_t id, uintptr_t* out, ReadCache* cache) const {
   if (nodes_ == nullptr || id == 0 || id >= next_id_.load(std::memory_order_acquire) || id >= kMaxNodes) return 0;
   // Python frames innermost first, then native frames innermost first:
   // each part from its node up to the root.
@@ -303,6 +340,11 @@ uint32_t StackTable::get(uint32_t id, uintptr_t* out) const {
     native = id;
   }
   uint32_t depth = 0;
+  if (cache != nullptr) {
+    if (python != 0) depth = read_path(python, cache->python, out, kMaxDepth);
+    if (native != 0) depth += read_path(native, cache->native, out + depth, kMaxDepth - depth);
+    return depth;
+  }
   for (uint32_t at = python; at != 0 && depth < kMaxDepth; at = nodes_[at].parent()) {
     out[depth++] = word_of(nodes_[at].key());
   }

@@ -98,9 +98,19 @@ class StackTable {
   // Number of ids handed out so far: ids are below count() + 1. Not every
   // id below is a stack (a node may only lie on other stacks' paths).
   uint32_t count() const { return next_id_.load(std::memory_order_acquire) - 1; }
+  // The reader's last Python and native paths (one reader at a time, the
+  // writer thread): a stack read after one that shares its outer frames
+  // reads only the nodes of its own, where a whole read follows every
+  // node's parent up to the root, in memory threads wrote to long before.
+  struct ReadCache {
+    CachedPath python;
+    CachedPath native;
+    void clear() { python.depth = native.depth = 0; }
+  };
   // Copies the frames of stack `id` into `out` (room for kMaxDepth), in
-  // intern()'s order; returns the depth, 0 for an unknown id.
-  uint32_t get(uint32_t id, uintptr_t* out) const;
+  // intern()'s order; returns the depth, 0 for an unknown id. `cache`: the
+  // caller's, or nullptr.
+  uint32_t get(uint32_t id, uintptr_t* out, ReadCache* cache = nullptr) const;
   // Whether no thread is between claiming a node and linking it (fork()
   // waits for this, so that the child has no half-made node).
   bool quiet() const { return publishing_.load(std::memory_order_acquire) == 0; }
@@ -165,6 +175,10 @@ class StackTable {
   // `id` on (the first children were looked through), or 0 when it is not
   // there.
   uint32_t find_far_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key);
+  // get()'s part from `node` up to the root, innermost first, at most
+  // `room` words into `out`, by way of `cache` (the same kind of path read
+  // last); returns the count.
+  uint32_t read_path(uint32_t node, CachedPath& cache, uintptr_t* out, uint32_t room) const;
   // The sibling for `key` from `from` up to (not including) `until` or the
   // list's end, or 0; `steps`, when given, counts the siblings passed.
   uint32_t look_through(uint32_t from, uint32_t until, uint64_t key, uint32_t* steps) const;

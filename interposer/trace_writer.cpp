@@ -394,6 +394,8 @@ struct TraceWriter::State {
   uint64_t last_vmstat_ns = 0;
   bool pressure_taken = false;
   ZSTD_CCtx* zstd = nullptr;
+  // The paths of the stack written last: the next one reads only its own nodes.
+  StackTable::ReadCache stack_paths{};
   Encoder enc{buffer};
   uint64_t start_mono_ns = 0;
   uint64_t next_modules_ns = 0;  // when to ask the module thread for a read again
@@ -1104,7 +1106,7 @@ size_t TraceWriter::cycle(bool final) {
     const uint64_t bit = uint64_t{1} << (id % 64);
     if (written & bit) return;
     uintptr_t frames[StackTable::kMaxDepth];
-    const uint32_t depth = stacks.get(id, frames);
+    const uint32_t depth = stacks.get(id, frames, &st.stack_paths);
     if (depth == 0) return;
     uint8_t* p = enc.begin(1 + 2 * 10 + depth * 10);
     *p++ = static_cast<uint8_t>(format::Tag::kStack);

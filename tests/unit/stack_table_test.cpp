@@ -196,6 +196,55 @@ TEST_CASE("a path cache gives the same ids as looking every frame up, Python fra
   }
 }
 
+TEST_CASE("a read cache gives every stack's frames as a whole read does", "[stacks]") {
+  // Stacks read in an order of their own (as the writer reads them: at
+  // their first use), Python paths, native paths and pairs, sharing outer
+  // frames with the stack read before, with none, or being a prefix of it;
+  // among them a path interned whole after one of its outer paths (its ids
+  // then rise along it) and paths that reach the deepest a stack can be.
+  static StackTable table;
+  REQUIRE(table.init());
+  static StackTable::ReadCache cache{};
+  std::vector<uint32_t> ids;
+  std::vector<std::vector<uintptr_t>> frames;
+  uint64_t x = 777;
+  auto next = [&x] { return (x = x * 6364136223846793005ull + 1442695040888963407ull) >> 33; };
+  for (int i = 0; i < 4000; ++i) {
+    const uint32_t python = static_cast<uint32_t>(next() % 7);
+    uint32_t native = static_cast<uint32_t>(next() % 12) + (python == 0);
+    if (i % 500 == 0) native = StackTable::kMaxNativeDepth;
+    std::vector<uintptr_t> s;
+    const uint64_t py_variant = next() % 30;
+    const uint64_t native_variant = next() % 50;
+    const uint32_t py_cut = static_cast<uint32_t>(next() % 3);
+    const uint32_t native_cut = static_cast<uint32_t>(next() % 4);
+    for (uint32_t k = 0; k < python; ++k) s.push_back(kPy | ((k < py_cut ? py_variant * 8 + k : k) << 4));
+    for (uint32_t k = 0; k < native; ++k) s.push_back(0x1000 + 0x10 * (k < native_cut ? native_variant * 8 + k : k));
+    const uint32_t id = table.intern(s.data(), static_cast<uint32_t>(s.size()), python);
+    REQUIRE(id != 0);
+    ids.push_back(id);
+    frames.push_back(s);
+  }
+  std::vector<size_t> order(ids.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  for (size_t i = order.size(); i-- > 1;) std::swap(order[i], order[next() % (i + 1)]);
+  // In the order interned, then shuffled, then the same stack twice in a row.
+  for (int pass = 0; pass < 3; ++pass) {
+    for (size_t k = 0; k < ids.size(); ++k) {
+      const size_t i = pass == 1 ? order[k] : k;
+      for (int twice = 0; twice < (pass == 2 ? 2 : 1); ++twice) {
+        uintptr_t out[StackTable::kMaxDepth];
+        const uint32_t depth = table.get(ids[i], out, &cache);
+        INFO("pass " << pass << " stack " << i);
+        REQUIRE(std::vector<uintptr_t>(out, out + depth) == frames[i]);
+      }
+    }
+  }
+  uintptr_t out[StackTable::kMaxDepth];
+  CHECK(table.get(0, out, &cache) == 0);
+  CHECK(table.get(12345678, out, &cache) == 0);
+}
+
 TEST_CASE("a thread's path cache gives the same ids as looking every frame up", "[stacks]") {
   static StackTable table;
   REQUIRE(table.init());
