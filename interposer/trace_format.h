@@ -55,7 +55,7 @@ inline constexpr char kFileMagic[8] = {'M', 'L', 'E', 'D', 'G', 'E', 'R', '\n'};
 // numbered one after the previous record, at its time), kSampledHostAlloc and
 // kHostTotalsDelta (sampled mode's records without the fields it repeats).
 // Readers accept every version up to their own.
-inline constexpr uint32_t kVersion = 11;
+inline constexpr uint32_t kVersion = 12;
 inline constexpr uint32_t kFrameMagic = 0x4d4c4652;  // "RFLM" on disk
 inline constexpr uint32_t kFrameCompressed = 1u << 0;
 inline constexpr uint32_t kMaxFramePayload = 64u << 20;  // sanity bound for readers
@@ -299,7 +299,23 @@ enum class Tag : uint8_t {
   // seq (zz-delta), ts_ns (zz-delta), host_live (zz-delta),
   // host_allocs and host_frees (the differences, mod 2^32)
   kHostTotalsDelta = 37,
+  // A stack that shares the outermost frames of its Python part and of its
+  // native part with the frame's previous stack record (kStack or
+  // kStackShared; version 12): what a Python program's stacks mostly are
+  // (`import torch` writes 702,000 stacks of 66 frames on average). A
+  // stack's Python part is its leading frames that are Python frames
+  // (is_python_frame), its native part the rest.
+  // id, depth, python (its Python part's frames), python_shared, native_shared
+  // (how many of each part's outermost frames are the previous record's
+  // part's outermost, in order), then the frames of its own, innermost first:
+  // the Python part's, then the native part's, each zz-delta from the one
+  // before (the first from 0), as kStack's. A record shares at most
+  // kStackShareRatio frames for each of its bytes (its tag included): what a
+  // reader makes of it stays in proportion to what it read.
+  kStackShared = 38,
 };
+
+inline constexpr uint64_t kStackShareRatio = 8;
 
 // kPressure's `present` bits.
 inline constexpr uint32_t kPressureMeminfo = 1u << 0;

@@ -224,6 +224,37 @@ class Encoder {
   void new_frame() {
     prev_seq_ = prev_ts_ = prev_addr_ = 0;
     have_totals_ = false;
+    last_stack_depth_ = 0;
+  }
+  // A stack's record: kStackShared where the outermost frames of its
+  // Python part or of its native part are those of the frame's last stack
+  // record's (as many as kStackShareRatio frames for each byte of the
+  // record allows), else kStack.
+  void stack_record(uint32_t id, const uintptr_t* frames, uint32_t depth) {
+    StackParts now{frames, depth}, last{last_stack_, last_stack_depth_};
+    uint32_t python_shared = 0, native_shared = 0;
+    while (python_shared < now.python && python_shared < last.python &&
+           frames[now.python - 1 - python_shared] == last_stack_[last.python - 1 - python_shared]) {
+      ++python_shared;
+    }
+    while (native_shared < depth - now.python && native_shared < last_stack_depth_ - last.python &&
+           frames[depth - 1 - native_shared] == last_stack_[last_stack_depth_ - 1 - native_shared]) {
+      ++native_shared;
+    }
+    uint8_t* const start = begin(1 + 5 * 10 + depth * 10);
+    uint8_t* p = shared_stack(start, id, frames, depth, now.python, python_shared, native_shared);
+    // Too few bytes of its own for what it shares: share as many as those
+    // allow, native frames first (fewer shared frames make the record
+    // longer, never shorter).
+    const uint64_t allowed = format::kStackShareRatio * static_cast<uint64_t>(p - start);
+    if (python_shared + native_shared > allowed) {
+      if (native_shared > allowed) native_shared = static_cast<uint32_t>(allowed);
+      if (python_shared > allowed - native_shared) python_shared = static_cast<uint32_t>(allowed - native_shared);
+      p = shared_stack(start, id, frames, depth, now.python, python_shared, native_shared);
+    }
+    end(p);
+    memcpy(last_stack_, frames, depth * sizeof(uintptr_t));
+    last_stack_depth_ = depth;
   }
 
   // The hot records (kAlloc, kFree), written through one pointer into room
@@ -241,6 +272,41 @@ class Encoder {
     return p;
   }
   static uint8_t* put_signed(uint8_t* p, int64_t v) { return put(p, format::zigzag(v)); }
+  // A stack's Python part: its leading Python frames (trace_format.h, kStackShared).
+  struct StackParts {
+    uint32_t python = 0;
+    StackParts(const uintptr_t* frames, uint32_t depth) {
+      while (python < depth && format::is_python_frame(frames[python])) ++python;
+    }
+  };
+  // A stack record at `p`: kStackShared sharing those frames of each part,
+  // kStack where it shares none.
+  static uint8_t* shared_stack(uint8_t* p, uint32_t id, const uintptr_t* frames, uint32_t depth, uint32_t python,
+                               uint32_t python_shared, uint32_t native_shared) {
+    const bool shares = python_shared + native_shared > 0;
+    *p++ = static_cast<uint8_t>(shares ? format::Tag::kStackShared : format::Tag::kStack);
+    p = put(p, id);
+    p = put(p, depth);
+    if (shares) {
+      p = put(p, python);
+      p = put(p, python_shared);
+      p = put(p, native_shared);
+    }
+    uint64_t prev = 0;
+    auto own = [&](uint32_t from, uint32_t to) {
+      for (uint32_t i = from; i < to; ++i) {
+        p = put_signed(p, static_cast<int64_t>(frames[i] - prev));
+        prev = frames[i];
+      }
+    };
+    if (shares) {
+      own(0, python - python_shared);
+      own(python, depth - native_shared);
+    } else {
+      own(0, depth);
+    }
+    return p;
+  }
   // Whether an event numbered `seq` at `ts` follows the previous one in turn
   // (kHostAllocNext, kHostFreeNext): then it is taken as written.
   bool follows(uint64_t seq, uint64_t ts) {
@@ -271,6 +337,9 @@ class Encoder {
   uint64_t prev_live_ = 0;
   uint32_t prev_allocs_ = 0;
   uint32_t prev_frees_ = 0;
+  // The frames of the frame's last stack record, innermost first.
+  uintptr_t last_stack_[StackTable::kMaxDepth];
+  uint32_t last_stack_depth_ = 0;
 };
 
 // The lowest descriptor the tracer's files may take: above the 3..1023 that
@@ -1108,16 +1177,7 @@ size_t TraceWriter::cycle(bool final) {
     uintptr_t frames[StackTable::kMaxDepth];
     const uint32_t depth = stacks.get(id, frames, &st.stack_paths);
     if (depth == 0) return;
-    uint8_t* p = enc.begin(1 + 2 * 10 + depth * 10);
-    *p++ = static_cast<uint8_t>(format::Tag::kStack);
-    p = Encoder::put(p, id);
-    p = Encoder::put(p, depth);
-    uint64_t prev = 0;
-    for (uint32_t i = 0; i < depth; ++i) {
-      p = Encoder::put_signed(p, static_cast<int64_t>(frames[i] - prev));
-      prev = frames[i];
-    }
-    enc.end(p);
+    enc.stack_record(id, frames, depth);
     written |= bit;
   };
 

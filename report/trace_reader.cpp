@@ -160,6 +160,9 @@ class RecordDecoder {
           ok = cupti_record(tag, c);
           break;
         case fmt::Tag::kStack:
+        case fmt::Tag::kStackShared:
+          ok = stack_record(tag, c, d);
+          break;
         case fmt::Tag::kModule:
         case fmt::Tag::kPythonCode:
         case fmt::Tag::kPython:
@@ -183,6 +186,8 @@ class RecordDecoder {
     // The last kHostTotals or kHostTotalsDelta record's counters.
     bool have_totals = false;
     TraceHostTotals totals;
+    // The frames of the frame's last kStack or kStackShared record, whole.
+    std::vector<uint64_t> last_stack;
     void seq_ts(fmt::Cursor& c, TraceEvent& e) {
       e.seq = seq += static_cast<uint64_t>(c.svarint());
       e.ts = ts += static_cast<uint64_t>(c.svarint());
@@ -419,27 +424,54 @@ class RecordDecoder {
     return true;
   }
 
-  // What names the frames of stacks: stacks, modules, Python code, strings.
+  // kStack and kStackShared (its tag read from `c`).
+  bool stack_record(fmt::Tag tag, fmt::Cursor& c, Deltas& d) {
+    const size_t record_end_from = c.remaining() + 1;  // the tag's byte included
+    const uint32_t id = static_cast<uint32_t>(c.varint());
+    const uint64_t depth = c.varint();
+    uint64_t python = 0, python_shared = 0, native_shared = 0;
+    if (tag == fmt::Tag::kStackShared) {
+      python = c.varint();
+      python_shared = c.varint();
+      native_shared = c.varint();
+    }
+    // The last record's parts: its leading Python frames, then the rest.
+    const std::vector<uint64_t>& last = d.last_stack;
+    size_t last_python = 0;
+    while (last_python < last.size() && fmt::is_python_frame(last[last_python])) ++last_python;
+    const size_t last_native = last.size() - last_python;
+    // Each frame of its own takes at least one byte: a depth beyond what is
+    // left is a damaged record, not a reason to reserve memory.
+    if (!c.ok() || python > depth || python_shared > python || native_shared > depth - python ||
+        python_shared > last_python || native_shared > last_native ||
+        depth - python_shared - native_shared > c.remaining()) {
+      return false;
+    }
+    std::vector<uint64_t> frames;
+    frames.reserve(depth);
+    uint64_t prev = 0;
+    auto own = [&](uint64_t n) {
+      for (uint64_t i = 0; i < n; ++i) {
+        prev += static_cast<uint64_t>(c.svarint());
+        frames.push_back(prev);
+      }
+    };
+    own(python - python_shared);
+    frames.insert(frames.end(), last.begin() + static_cast<ptrdiff_t>(last_python - python_shared),
+                  last.begin() + static_cast<ptrdiff_t>(last_python));
+    own(depth - python - native_shared);
+    frames.insert(frames.end(), last.end() - static_cast<ptrdiff_t>(native_shared), last.end());
+    if (!c.ok()) return false;
+    if (python_shared + native_shared > fmt::kStackShareRatio * (record_end_from - c.remaining())) return false;
+    if (depth > kMaxStackFrames) ++t_.stacks_cut;
+    t_.stacks[id].assign(frames.begin(), frames.begin() + static_cast<ptrdiff_t>(std::min(depth, kMaxStackFrames)));
+    d.last_stack = std::move(frames);
+    return true;
+  }
+
+  // What names the frames of stacks: modules, Python code, strings.
   bool symbol_record(fmt::Tag tag, fmt::Cursor& c) {
     switch (tag) {
-      case fmt::Tag::kStack: {
-        uint32_t id = static_cast<uint32_t>(c.varint());
-        uint64_t depth = c.varint();
-        // Each frame takes at least one byte: a depth beyond what is left
-        // is a damaged record, not a reason to reserve memory.
-        if (!c.ok() || depth > c.remaining()) return false;
-        std::vector<uint64_t> frames;
-        frames.reserve(std::min<uint64_t>(depth, kMaxStackFrames));
-        uint64_t prev = 0;
-        for (uint64_t i = 0; i < depth; ++i) {
-          prev += static_cast<uint64_t>(c.svarint());
-          if (i < kMaxStackFrames) frames.push_back(prev);
-        }
-        if (!c.ok()) return false;
-        if (depth > kMaxStackFrames) ++t_.stacks_cut;
-        t_.stacks[id] = std::move(frames);
-        break;
-      }
       case fmt::Tag::kModule: {
         ModuleInfo m;
         m.base = c.varint();

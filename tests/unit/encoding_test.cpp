@@ -108,6 +108,95 @@ TEST_CASE("host records numbered in turn leave out their number and time", "[enc
   }
 }
 
+namespace {
+
+// A stack record of `frames` (innermost first) as the writer lays it out:
+// kStack when it shares nothing, else kStackShared.
+void stack_record(memledger::testing::Payload& p, uint32_t id, const std::vector<uint64_t>& frames, uint64_t python,
+                  uint64_t python_shared, uint64_t native_shared) {
+  const bool shares = python_shared + native_shared > 0;
+  p.tag(shares ? fmt::Tag::kStackShared : fmt::Tag::kStack);
+  p.u(id);
+  p.u(frames.size());
+  if (shares) {
+    p.u(python);
+    p.u(python_shared);
+    p.u(native_shared);
+  }
+  uint64_t prev = 0;
+  for (size_t i = 0; i < frames.size(); ++i) {
+    if (shares && ((i >= python - python_shared && i < python) || i >= frames.size() - native_shared)) continue;
+    p.s(static_cast<int64_t>(frames[i] - prev));
+    prev = frames[i];
+  }
+}
+
+}  // namespace
+
+TEST_CASE("stack records share the outer frames of each part with the record before", "[encoding]") {
+  const uint64_t a = fmt::python_frame_word(7, 10), b = fmt::python_frame_word(8, 20);
+  const uint64_t c = fmt::python_frame_word(9, 30), e = fmt::python_frame_word(10, 40);
+  const std::vector<uint64_t> first = {a, b, 0x1000, 0x2000, 0x3000};
+  const std::vector<uint64_t> second = {c, b, 0x1500, 0x2000, 0x3000};  // shares b, and 0x2000 0x3000
+  const std::vector<uint64_t> third = {0x1700, 0x2000, 0x3000};         // native alone, shares two
+  const std::vector<uint64_t> fourth = {e, 0x1700, 0x2000, 0x3000};     // shares the whole native part
+  memledger::testing::Payload p;
+  stack_record(p, 5, first, 2, 0, 0);
+  stack_record(p, 6, second, 2, 1, 2);
+  stack_record(p, 7, third, 0, 0, 2);
+  stack_record(p, 8, fourth, 1, 0, 3);
+  const std::string path = memledger::testing::write_trace(p);
+  const memledger::report::Trace trace = memledger::report::read_trace(path);
+  unlink(path.c_str());
+  CHECK(trace.problems.empty());
+  REQUIRE(trace.stacks.size() == 4);
+  CHECK(trace.stacks.at(5) == first);
+  CHECK(trace.stacks.at(6) == second);
+  CHECK(trace.stacks.at(7) == third);
+  CHECK(trace.stacks.at(8) == fourth);
+}
+
+TEST_CASE("a stack record that shares more than it may is damage", "[encoding]") {
+  // 200 native frames, then records of one frame of their own (a delta of
+  // one byte) sharing the rest: 9 bytes, which may share 72 frames; sharing
+  // 56, 7 bytes, which may share 56.
+  std::vector<uint64_t> deep;
+  for (uint64_t i = 0; i < 200; ++i) deep.push_back(0x400000 + 16 * i);
+  for (const char* what : {"more than its bytes allow", "more than the last record has", "none before it"}) {
+    INFO(what);
+    const std::string how = what;
+    memledger::testing::Payload p;
+    if (how != "none before it") stack_record(p, 1, deep, 0, 0, 0);
+    std::vector<uint64_t> leaf = {0x10};
+    const uint64_t shared = how == "more than its bytes allow" ? 199 : 201;
+    leaf.insert(leaf.end(), deep.end() - static_cast<ptrdiff_t>(std::min<uint64_t>(shared, 200)), deep.end());
+    if (shared > 200) leaf.push_back(0x500000);
+    const size_t before = p.bytes.size();
+    stack_record(p, 2, leaf, 0, 0, shared);
+    if (how == "more than its bytes allow") REQUIRE(shared > fmt::kStackShareRatio * (p.bytes.size() - before));
+    const std::string path = memledger::testing::write_trace(p);
+    const memledger::report::Trace trace = memledger::report::read_trace(path);
+    unlink(path.c_str());
+    CHECK(trace.stacks.count(2) == 0);
+    CHECK(trace.stacks.count(1) == (how != "none before it" ? 1u : 0u));
+    CHECK_FALSE(trace.problems.empty());
+  }
+  // At the bound: as many shared frames as the record's bytes allow.
+  memledger::testing::Payload p;
+  stack_record(p, 1, deep, 0, 0, 0);
+  const size_t before = p.bytes.size();
+  std::vector<uint64_t> leaf = {0x10};
+  leaf.insert(leaf.end(), deep.end() - 56, deep.end());
+  stack_record(p, 2, leaf, 0, 0, 56);
+  REQUIRE(56 == fmt::kStackShareRatio * (p.bytes.size() - before));
+  const std::string path = memledger::testing::write_trace(p);
+  const memledger::report::Trace trace = memledger::report::read_trace(path);
+  unlink(path.c_str());
+  CHECK(trace.problems.empty());
+  REQUIRE(trace.stacks.count(2) == 1);
+  CHECK(trace.stacks.at(2) == leaf);
+}
+
 TEST_CASE("sampled records leave out what sampled mode repeats", "[encoding]") {
   memledger::testing::Payload p;
   auto sampled_alloc = [&p](int64_t addr_delta, uint64_t size, uint64_t weight) {
