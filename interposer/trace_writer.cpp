@@ -224,21 +224,28 @@ class Encoder {
   void new_frame() {
     prev_seq_ = prev_ts_ = prev_addr_ = 0;
     have_totals_ = false;
-    last_stack_depth_ = 0;
+    last_depth_ = 0;
   }
-  // A stack's record: kStackShared where the outermost frames of its
-  // Python part or of its native part are those of the frame's last stack
-  // record's (as many as kStackShareRatio frames for each byte of the
-  // record allows), else kStack.
-  void stack_record(uint32_t id, const uintptr_t* frames, uint32_t depth) {
-    StackParts now{frames, depth}, last{last_stack_, last_stack_depth_};
+  // Where the caller puts the frames of the next stack_record() (room for
+  // StackTable::kMaxDepth): the two stacks take turns in two buffers.
+  uintptr_t* next_stack() { return stacks_[1 - last_]; }
+  // A record of the stack of `depth` frames put at next_stack():
+  // kStackShared where the outermost frames of its Python part or of its
+  // native part are those of the frame's last stack record's (as many as
+  // kStackShareRatio frames for each byte of the record allows), else kStack.
+  void stack_record(uint32_t id, uint32_t depth) {
+    const uintptr_t* frames = stacks_[1 - last_];
+    const uintptr_t* last_frames = stacks_[last_];
+    const StackParts now{frames, depth}, last{last_frames, last_depth_};
+    const uint32_t python_most = now.python < last.python ? now.python : last.python;
+    const uint32_t native_most =
+        depth - now.python < last_depth_ - last.python ? depth - now.python : last_depth_ - last.python;
     uint32_t python_shared = 0, native_shared = 0;
-    while (python_shared < now.python && python_shared < last.python &&
-           frames[now.python - 1 - python_shared] == last_stack_[last.python - 1 - python_shared]) {
+    while (python_shared < python_most &&
+           frames[now.python - 1 - python_shared] == last_frames[last.python - 1 - python_shared]) {
       ++python_shared;
     }
-    while (native_shared < depth - now.python && native_shared < last_stack_depth_ - last.python &&
-           frames[depth - 1 - native_shared] == last_stack_[last_stack_depth_ - 1 - native_shared]) {
+    while (native_shared < native_most && frames[depth - 1 - native_shared] == last_frames[last_depth_ - 1 - native_shared]) {
       ++native_shared;
     }
     uint8_t* const start = begin(1 + 5 * 10 + depth * 10);
@@ -253,8 +260,8 @@ class Encoder {
       p = shared_stack(start, id, frames, depth, now.python, python_shared, native_shared);
     }
     end(p);
-    memcpy(last_stack_, frames, depth * sizeof(uintptr_t));
-    last_stack_depth_ = depth;
+    last_ = 1 - last_;
+    last_depth_ = depth;
   }
 
   // The hot records (kAlloc, kFree), written through one pointer into room
@@ -337,9 +344,11 @@ class Encoder {
   uint64_t prev_live_ = 0;
   uint32_t prev_allocs_ = 0;
   uint32_t prev_frees_ = 0;
-  // The frames of the frame's last stack record, innermost first.
-  uintptr_t last_stack_[StackTable::kMaxDepth];
-  uint32_t last_stack_depth_ = 0;
+  // The frames of the frame's last stack record (stacks_[last_], innermost
+  // first, last_depth_ of them; none at a frame's start) and of the next.
+  uintptr_t stacks_[2][StackTable::kMaxDepth];
+  uint32_t last_ = 0;
+  uint32_t last_depth_ = 0;
 };
 
 // The lowest descriptor the tracer's files may take: above the 3..1023 that
@@ -1174,10 +1183,10 @@ size_t TraceWriter::cycle(bool final) {
     uint64_t& written = st.stack_written[id / 64];
     const uint64_t bit = uint64_t{1} << (id % 64);
     if (written & bit) return;
-    uintptr_t frames[StackTable::kMaxDepth];
+    uintptr_t* const frames = enc.next_stack();
     const uint32_t depth = stacks.get(id, frames, &st.stack_paths);
     if (depth == 0) return;
-    enc.stack_record(id, frames, depth);
+    enc.stack_record(id, depth);
     written |= bit;
   };
 
