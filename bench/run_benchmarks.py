@@ -240,9 +240,7 @@ class Bench:
         if not s.ok:
             return s  # its folder stays, for a look at stderr.txt with --keep
         s.trace_bytes = tree_size(run_dir) if run_dir.exists() else 0
-        if memledger is not None:
-            shutil.rmtree(d, ignore_errors=True)
-        elif mode == "full":
+        if mode == "full" and memledger is None:
             self._replace("last_full_run", run_dir)
         elif not self.args.keep:
             shutil.rmtree(d, ignore_errors=True)

@@ -310,9 +310,7 @@ uint32_t StackTable::read_path(uint32_t node, CachedPath& cache, uintptr_t* out,
   if ((at != 0 && !found) || shared + n > kMaxDepth) {
     // Deeper than a path can be: read it whole, and keep no path.
     cache.depth = 0;
-    uint32_t count = 0;
-    for (at = node; at != 0 && count < room; at = nodes_[at].parent()) out[count++] = word_of(nodes_[at].key());
-    return count;
+    return read_path_whole(node, out, room);
   }
   uint32_t depth = shared;
   for (uint32_t i = n; i-- > 0; ++depth) {
@@ -322,6 +320,12 @@ uint32_t StackTable::read_path(uint32_t node, CachedPath& cache, uintptr_t* out,
   cache.depth = depth;
   const uint32_t count = depth < room ? depth : room;
   memcpy(out, &cache.words[kMaxDepth - depth], count * sizeof(uintptr_t));
+  return count;
+}
+
+uint32_t StackTable::read_path_whole(uint32_t node, uintptr_t* out, uint32_t room) const {
+  uint32_t count = 0;
+  for (uint32_t at = node; at != 0 && count < room; at = nodes_[at].parent()) out[count++] = word_of(nodes_[at].key());
   return count;
 }
 
@@ -340,16 +344,12 @@ uint32_t StackTable::get(uint32_t id, uintptr_t* out, ReadCache* cache) const {
     native = id;
   }
   uint32_t depth = 0;
-  if (cache != nullptr) {
-    if (python != 0) depth = read_path(python, cache->python, out, kMaxDepth);
-    if (native != 0) depth += read_path(native, cache->native, out + depth, kMaxDepth - depth);
-    return depth;
+  if (python != 0) {
+    depth = cache != nullptr ? read_path(python, cache->python, out, kMaxDepth) : read_path_whole(python, out, kMaxDepth);
   }
-  for (uint32_t at = python; at != 0 && depth < kMaxDepth; at = nodes_[at].parent()) {
-    out[depth++] = word_of(nodes_[at].key());
-  }
-  for (uint32_t at = native; at != 0 && depth < kMaxDepth; at = nodes_[at].parent()) {
-    out[depth++] = word_of(nodes_[at].key());
+  if (native != 0) {
+    depth += cache != nullptr ? read_path(native, cache->native, out + depth, kMaxDepth - depth)
+                              : read_path_whole(native, out + depth, kMaxDepth - depth);
   }
   return depth;
 }

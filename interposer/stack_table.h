@@ -105,7 +105,6 @@ class StackTable {
   struct ReadCache {
     CachedPath python;
     CachedPath native;
-    void clear() { python.depth = native.depth = 0; }
   };
   // Copies the frames of stack `id` into `out` (room for kMaxDepth), in
   // intern()'s order; returns the depth, 0 for an unknown id. `cache`: the
@@ -179,6 +178,8 @@ class StackTable {
   // `room` words into `out`, by way of `cache` (the same kind of path read
   // last); returns the count.
   uint32_t read_path(uint32_t node, CachedPath& cache, uintptr_t* out, uint32_t room) const;
+  // The same, following every node from `node` up to the root.
+  uint32_t read_path_whole(uint32_t node, uintptr_t* out, uint32_t room) const;
   // The sibling for `key` from `from` up to (not including) `until` or the
   // list's end, or 0; `steps`, when given, counts the siblings passed.
   uint32_t look_through(uint32_t from, uint32_t until, uint64_t key, uint32_t* steps) const;

@@ -224,7 +224,7 @@ class Encoder {
   void new_frame() {
     prev_seq_ = prev_ts_ = prev_addr_ = 0;
     have_totals_ = false;
-    last_depth_ = 0;
+    last_depth_ = last_python_ = 0;
   }
   // Where the caller puts the frames of the next stack_record() (room for
   // StackTable::kMaxDepth): the two stacks take turns in two buffers.
@@ -236,20 +236,20 @@ class Encoder {
   void stack_record(uint32_t id, uint32_t depth) {
     const uintptr_t* frames = stacks_[1 - last_];
     const uintptr_t* last_frames = stacks_[last_];
-    const StackParts now{frames, depth}, last{last_frames, last_depth_};
-    const uint32_t python_most = now.python < last.python ? now.python : last.python;
-    const uint32_t native_most =
-        depth - now.python < last_depth_ - last.python ? depth - now.python : last_depth_ - last.python;
+    uint32_t python = 0;
+    while (python < depth && format::is_python_frame(frames[python])) ++python;
+    const uint32_t python_most = python < last_python_ ? python : last_python_;
+    const uint32_t native_most = depth - python < last_depth_ - last_python_ ? depth - python : last_depth_ - last_python_;
     uint32_t python_shared = 0, native_shared = 0;
     while (python_shared < python_most &&
-           frames[now.python - 1 - python_shared] == last_frames[last.python - 1 - python_shared]) {
+           frames[python - 1 - python_shared] == last_frames[last_python_ - 1 - python_shared]) {
       ++python_shared;
     }
     while (native_shared < native_most && frames[depth - 1 - native_shared] == last_frames[last_depth_ - 1 - native_shared]) {
       ++native_shared;
     }
     uint8_t* const start = begin(1 + 5 * 10 + depth * 10);
-    uint8_t* p = shared_stack(start, id, frames, depth, now.python, python_shared, native_shared);
+    uint8_t* p = shared_stack(start, id, frames, depth, python, python_shared, native_shared);
     // Too few bytes of its own for what it shares: share as many as those
     // allow, native frames first (fewer shared frames make the record
     // longer, never shorter).
@@ -257,11 +257,12 @@ class Encoder {
     if (python_shared + native_shared > allowed) {
       if (native_shared > allowed) native_shared = static_cast<uint32_t>(allowed);
       if (python_shared > allowed - native_shared) python_shared = static_cast<uint32_t>(allowed - native_shared);
-      p = shared_stack(start, id, frames, depth, now.python, python_shared, native_shared);
+      p = shared_stack(start, id, frames, depth, python, python_shared, native_shared);
     }
     end(p);
     last_ = 1 - last_;
     last_depth_ = depth;
+    last_python_ = python;
   }
 
   // The hot records (kAlloc, kFree), written through one pointer into room
@@ -279,13 +280,6 @@ class Encoder {
     return p;
   }
   static uint8_t* put_signed(uint8_t* p, int64_t v) { return put(p, format::zigzag(v)); }
-  // A stack's Python part: its leading Python frames (trace_format.h, kStackShared).
-  struct StackParts {
-    uint32_t python = 0;
-    StackParts(const uintptr_t* frames, uint32_t depth) {
-      while (python < depth && format::is_python_frame(frames[python])) ++python;
-    }
-  };
   // A stack record at `p`: kStackShared sharing those frames of each part,
   // kStack where it shares none.
   static uint8_t* shared_stack(uint8_t* p, uint32_t id, const uintptr_t* frames, uint32_t depth, uint32_t python,
@@ -306,12 +300,8 @@ class Encoder {
         prev = frames[i];
       }
     };
-    if (shares) {
-      own(0, python - python_shared);
-      own(python, depth - native_shared);
-    } else {
-      own(0, depth);
-    }
+    own(0, python - python_shared);
+    own(python, depth - native_shared);
     return p;
   }
   // Whether an event numbered `seq` at `ts` follows the previous one in turn
@@ -345,10 +335,12 @@ class Encoder {
   uint32_t prev_allocs_ = 0;
   uint32_t prev_frees_ = 0;
   // The frames of the frame's last stack record (stacks_[last_], innermost
-  // first, last_depth_ of them; none at a frame's start) and of the next.
+  // first, last_depth_ of them, the first last_python_ its Python part; none
+  // at a frame's start) and of the next.
   uintptr_t stacks_[2][StackTable::kMaxDepth];
   uint32_t last_ = 0;
   uint32_t last_depth_ = 0;
+  uint32_t last_python_ = 0;
 };
 
 // The lowest descriptor the tracer's files may take: above the 3..1023 that

@@ -186,8 +186,10 @@ class RecordDecoder {
     // The last kHostTotals or kHostTotalsDelta record's counters.
     bool have_totals = false;
     TraceHostTotals totals;
-    // The frames of the frame's last kStack or kStackShared record, whole.
+    // The frames of the frame's last kStack or kStackShared record, whole,
+    // and how many of them lead as its Python part.
     std::vector<uint64_t> last_stack;
+    size_t last_python = 0;
     void seq_ts(fmt::Cursor& c, TraceEvent& e) {
       e.seq = seq += static_cast<uint64_t>(c.svarint());
       e.ts = ts += static_cast<uint64_t>(c.svarint());
@@ -435,10 +437,8 @@ class RecordDecoder {
       python_shared = c.varint();
       native_shared = c.varint();
     }
-    // The last record's parts: its leading Python frames, then the rest.
     const std::vector<uint64_t>& last = d.last_stack;
-    size_t last_python = 0;
-    while (last_python < last.size() && fmt::is_python_frame(last[last_python])) ++last_python;
+    const size_t last_python = d.last_python;
     const size_t last_native = last.size() - last_python;
     // Each frame of its own takes at least one byte: a depth beyond what is
     // left is a damaged record, not a reason to reserve memory.
@@ -465,6 +465,8 @@ class RecordDecoder {
     if (python_shared + native_shared > fmt::kStackShareRatio * (record_end_from - c.remaining())) return false;
     if (depth > kMaxStackFrames) ++t_.stacks_cut;
     t_.stacks[id].assign(frames.begin(), frames.begin() + static_cast<ptrdiff_t>(std::min(depth, kMaxStackFrames)));
+    d.last_python = 0;
+    while (d.last_python < frames.size() && fmt::is_python_frame(frames[d.last_python])) ++d.last_python;
     d.last_stack = std::move(frames);
     return true;
   }
