@@ -45,6 +45,7 @@ namespace memledger::interposer {
 // hook nested in it. Set once at the look-up, or at the late look-up that
 // finds a libstdc++ loaded after start-up (decide_cxx_direct).
 std::atomic<bool> g_cxx_direct{false};
+std::atomic<uint8_t> g_host_fast{0};
 }  // namespace memledger::interposer
 
 using memledger::interposer::HookGuard;
@@ -111,8 +112,8 @@ char* duplicate(const char* s, size_t n) {
 // that has none) take their fallback: glibc's would use glibc's heap.
 // The test `test_library_hygiene` checks that every name of every list is exported.
 #define MEMLEDGER_HOST_HOOKS(X)                                                                            \
-  X(malloc, void*, (size_t size), (size), ALLOC, size, nullptr)                                            \
-  X(free, void, (void* ptr), (ptr), FREE, ptr, (void)0)                                                    \
+  X(malloc, void*, (size_t size), (size), ALLOC_FAST, size, nullptr)                                       \
+  X(free, void, (void* ptr), (ptr), FREE_FAST, ptr, (void)0)                                               \
   X(calloc, void*, (size_t count, size_t size), (count, size), ALLOC, mul_or_max(count, size), nullptr)    \
   X(realloc, void*, (void* ptr, size_t size), (ptr, size), REALLOC, ptr, size, nullptr)                    \
   X(reallocarray, void*, (void* ptr, size_t count, size_t size), (ptr, count, size), REALLOC, ptr,         \
@@ -280,6 +281,26 @@ inline void record_free(HookGuard& guard, void* ptr) {
   }
 }
 
+// The short path's recordings (MEMLEDGER_FAST_ALLOC, MEMLEDGER_FAST_FREE):
+// what count_alloc_only or count_free_only left to the recorder.
+__attribute__((noinline)) void* record_glibc_alloc(ip::ThreadState& t, void* block, size_t size) {
+  t.in_hook = 1;
+  recorder().on_host_alloc(t, block, size, glibc_usable_size(block));
+  t.in_hook = 0;
+  return block;
+}
+__attribute__((noinline)) void* record_glibc_failed(size_t size) {
+  HookGuard guard;
+  record_alloc<host_usable>(guard, nullptr, size);
+  return nullptr;
+}
+__attribute__((noinline)) void record_glibc_free(ip::ThreadState& t, void* ptr) {
+  t.in_hook = 1;
+  recorder().on_host_free(t, ptr, glibc_usable_size(ptr));
+  t.in_hook = 0;
+  next_free(ptr);
+}
+
 // realloc and its kin: the old block is recorded as freed first (once the
 // call returns another thread may be given its address), the new one after.
 // A failed call leaves the old block live: it is recorded again.
@@ -368,8 +389,61 @@ bool resolved_late(Fn& next) {
   HookGuard guard;                                                               \
   record_free<usable>(guard, ptr);                                               \
   next_##name args;
+// The short path (kHostFastC, kHostFastCxx): the next malloc and free are
+// glibc's and the host heap is recorded. A call reached again from inside
+// memledger (the recursion flag set) takes the long path.
+#define MEMLEDGER_FAST_ALLOC(bit, request, size)                                                  \
+  if (__builtin_expect(ip::g_host_fast.load(std::memory_order_relaxed) & ip::kHostFast##bit, 1)) { \
+    ip::ThreadState& t = ip::thread_state();                                                      \
+    if (__builtin_expect(t.in_hook == 0, 1)) {                                                    \
+      void* block = next_malloc(request);                                                         \
+      if (__builtin_expect(block != nullptr, 1)) {                                                \
+        if (__builtin_expect(recorder().count_alloc_only(t, size, glibc_usable_size(block)), 1)) { \
+          return block;                                                                           \
+        }                                                                                         \
+        return record_glibc_alloc(t, block, size);                                                \
+      }                                                                                           \
+      MEMLEDGER_FAST_ALLOC_FAILED_##bit(size)                                                     \
+    }                                                                                             \
+  }
+// A failed malloc is recorded and returned; a failed operator new goes the
+// long way (libstdc++'s new-handler loop), which records it.
+#define MEMLEDGER_FAST_ALLOC_FAILED_C(size) return record_glibc_failed(size);
+#define MEMLEDGER_FAST_ALLOC_FAILED_Cxx(size)
+#define MEMLEDGER_FAST_FREE(bit, ptr)                                                              \
+  if (__builtin_expect(ip::g_host_fast.load(std::memory_order_relaxed) & ip::kHostFast##bit, 1) && \
+      ptr != nullptr && !ip::in_arena(ptr)) {                                                      \
+    ip::ThreadState& t = ip::thread_state();                                                       \
+    if (__builtin_expect(t.in_hook == 0, 1)) {                                                     \
+      if (__builtin_expect(                                                                        \
+              recorder().count_free_only(t, reinterpret_cast<uintptr_t>(ptr), glibc_usable_size(ptr)), 1)) { \
+        return next_free(ptr);                                                                     \
+      }                                                                                            \
+      return record_glibc_free(t, ptr);                                                            \
+    }                                                                                              \
+  }
 #define MEMLEDGER_HOOK_ALLOC(usable, late, name, ret, params, ...) \
   MEMLEDGER_EXPORT ret name params { MEMLEDGER_BODY_ALLOC(usable, late, name, ret, params, __VA_ARGS__) }
+#define MEMLEDGER_HOOK_ALLOC_FAST(usable, late, name, ret, params, args, size, fallback)    \
+  namespace {                                                                              \
+  __attribute__((noinline)) ret name##_long params {                                       \
+    MEMLEDGER_BODY_ALLOC(usable, late, name, ret, params, args, size, fallback)            \
+  }                                                                                        \
+  }                                                                                        \
+  MEMLEDGER_EXPORT ret name params {                                                       \
+    MEMLEDGER_FAST_ALLOC(C, size, size)                                                    \
+    return name##_long args;                                                               \
+  }
+#define MEMLEDGER_HOOK_FREE_FAST(usable, late, name, ret, params, args, ptr, fallback)    \
+  namespace {                                                                            \
+  __attribute__((noinline)) ret name##_long params {                                     \
+    MEMLEDGER_BODY_FREE(usable, late, name, ret, params, args, ptr, fallback)            \
+  }                                                                                      \
+  }                                                                                      \
+  MEMLEDGER_EXPORT ret name params {                                                     \
+    MEMLEDGER_FAST_FREE(C, ptr)                                                          \
+    return name##_long args;                                                             \
+  }
 #define MEMLEDGER_HOOK_NEW(usable, late, name, ret, params, ...) \
   MEMLEDGER_EXPORT ret name params { MEMLEDGER_BODY_NEW(usable, late, name, ret, params, __VA_ARGS__) }
 #define MEMLEDGER_HOOK_FREE(usable, late, name, ret, params, ...) \
@@ -380,7 +454,8 @@ bool resolved_late(Fn& next) {
 // free itself. A failed allocation then goes the usual way, through
 // libstdc++ (its new-handler loop, bad_alloc).
 #define MEMLEDGER_HOOK_VIA_MALLOC(shape, usable, late, name, ret, params, args, size, fallback) \
-  MEMLEDGER_EXPORT ret name params {                                                           \
+  namespace {                                                                                  \
+  __attribute__((noinline)) ret name##_long params {                                           \
     if (__builtin_expect(ip::g_cxx_direct.load(std::memory_order_relaxed), 1)) {               \
       HookGuard direct;                                                                        \
       void* block = next_malloc(size != 0 ? size : 1);                                         \
@@ -390,11 +465,17 @@ bool resolved_late(Fn& next) {
       }                                                                                        \
     }                                                                                          \
     MEMLEDGER_BODY_##shape(usable, late, name, ret, params, args, size, fallback)              \
+  }                                                                                            \
+  }                                                                                            \
+  MEMLEDGER_EXPORT ret name params {                                                           \
+    MEMLEDGER_FAST_ALLOC(Cxx, (size != 0 ? size : 1), size)                                    \
+    return name##_long args;                                                                   \
   }
 #define MEMLEDGER_HOOK_NEW_VIA_MALLOC(...) MEMLEDGER_HOOK_VIA_MALLOC(NEW, __VA_ARGS__)
 #define MEMLEDGER_HOOK_ALLOC_VIA_MALLOC(...) MEMLEDGER_HOOK_VIA_MALLOC(ALLOC, __VA_ARGS__)
 #define MEMLEDGER_HOOK_FREE_VIA_FREE(usable, late, name, ret, params, args, ptr, fallback) \
-  MEMLEDGER_EXPORT ret name params {                                                      \
+  namespace {                                                                             \
+  __attribute__((noinline)) ret name##_long params {                                      \
     if (__builtin_expect(ip::g_cxx_direct.load(std::memory_order_relaxed), 1)) {          \
       MEMLEDGER_ARENA_FREE(ptr)                                                           \
       HookGuard direct;                                                                   \
@@ -403,6 +484,11 @@ bool resolved_late(Fn& next) {
       return;                                                                             \
     }                                                                                     \
     MEMLEDGER_BODY_FREE(usable, late, name, ret, params, args, ptr, fallback)             \
+  }                                                                                       \
+  }                                                                                       \
+  MEMLEDGER_EXPORT ret name params {                                                      \
+    MEMLEDGER_FAST_FREE(Cxx, ptr)                                                         \
+    return name##_long args;                                                              \
   }
 #define MEMLEDGER_HOOK_REALLOC(usable, late, name, ret, params, args, ptr, size, fallback)      \
   MEMLEDGER_EXPORT ret name params {                                                            \
@@ -605,6 +691,7 @@ void decide_cxx_direct() {
   MEMLEDGER_CXX_HOOKS(MEMLEDGER_CXX_FROM_LIBSTDCXX)
 #undef MEMLEDGER_CXX_FROM_LIBSTDCXX
   g_cxx_direct.store(true, std::memory_order_relaxed);
+  update_host_fast();
 }
 
 }  // namespace
@@ -655,6 +742,15 @@ bool resolve_next_slow() {
   g_loads_seen.store(objects_loaded(), std::memory_order_relaxed);
   g_next_resolved.store(true, std::memory_order_release);
   return true;
+}
+
+void update_host_fast() {
+  uint8_t bits = 0;
+  if (g_next_resolved.load(std::memory_order_acquire) && g_glibc_heap && recorder().host_enabled()) {
+    bits = kHostFastC;
+    if (g_cxx_direct.load(std::memory_order_relaxed)) bits |= kHostFastCxx;
+  }
+  g_host_fast.store(bits, std::memory_order_release);
 }
 
 void resolve_late() {

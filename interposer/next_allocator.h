@@ -44,10 +44,9 @@ unsigned long long objects_loaded();
 void* arena_alloc(size_t size, size_t alignment = 16);
 inline constexpr size_t kArenaBytes = 256 * 1024;
 extern unsigned char g_arena[kArenaBytes];
-// Asked by every free: inline.
+// Asked by every free: inline, one compare.
 inline bool in_arena(const void* ptr) {
-  auto p = static_cast<const unsigned char*>(ptr);
-  return p >= g_arena && p < g_arena + kArenaBytes;
+  return reinterpret_cast<uintptr_t>(ptr) - reinterpret_cast<uintptr_t>(g_arena) < kArenaBytes;
 }
 size_t arena_size(const void* ptr);
 
@@ -65,6 +64,19 @@ struct AllocatorInfo {
   char reached[160] = {};  // one phrase: how the program reaches it
   char held_source[64] = {};  // which statistic held bytes come from; empty: none can be read
 };
+
+// The hooks' short path (host_hooks.cpp). kHostFastC holds while the
+// recorder records the host heap and the next malloc is glibc's: malloc and
+// free then skip the look-up's checks, read the block's size from its chunk
+// header, and set the recursion flag only around the recording (glibc's
+// malloc and free call no hooked function). kHostFastCxx holds while
+// moreover the C++ functions go straight to that malloc and free
+// (g_cxx_direct). update_host_fast() recomputes both where what they rest on
+// changes: the recorder's start, finish and disable, and the C++ decision.
+inline constexpr uint8_t kHostFastC = 1;
+inline constexpr uint8_t kHostFastCxx = 2;
+extern std::atomic<uint8_t> g_host_fast;
+void update_host_fast();
 
 // Identifies the allocator; call once after the look-up.
 void identify_allocator(AllocatorInfo& info);

@@ -304,6 +304,7 @@ void Recorder::start() {
     return;
   }
   lifecycle_.store(Lifecycle::kActive, std::memory_order_release);
+  update_host_fast();
 }
 
 void Recorder::finish() {
@@ -314,6 +315,7 @@ void Recorder::finish() {
   // last cycle; then hooks pass through.
   trace_writer().stop();
   lifecycle_.store(Lifecycle::kFinished, std::memory_order_release);
+  update_host_fast();
   if (unwinder_checking()) {
     uint64_t checked, handed_over, differed;
     unwinder_check_counts(&checked, &handed_over, &differed);
@@ -327,6 +329,7 @@ void Recorder::finish() {
 
 void Recorder::disable(const char* why) {
   lifecycle_.store(Lifecycle::kDisabled, std::memory_order_release);
+  update_host_fast();
   if (!disable_reported_.exchange(true)) message(why);
 }
 

@@ -92,6 +92,27 @@ class Recorder {
     if (config_.host_mode == HostMode::kSampled) return;  // no filter could be mapped: nothing was sampled
     record_host_free(t, addr);
   }
+  // The hooks' short path (host_hooks.cpp, kHostFastC): an allocation or
+  // free that goes no further than the thread's totals (the thread has a
+  // ring; no sample is due; the block was never sampled) is counted, and
+  // true returned. False: nothing was done, on_host_alloc or on_host_free
+  // does it all. No call is made, and the recursion flag is not needed.
+  bool count_alloc_only(ThreadState& t, size_t size, size_t usable) {
+    ThreadRing* ring = t.ring;
+    if (__builtin_expect(ring == nullptr || size >= sample_below_, 0)) return false;
+    const int64_t left = t.sample_countdown - static_cast<int64_t>(size);
+    if (__builtin_expect(left <= 0, 0)) return false;
+    t.sample_countdown = left;
+    count_own_alloc(ring, usable);
+    return true;
+  }
+  bool count_free_only(ThreadState& t, uintptr_t addr, size_t usable) {
+    ThreadRing* ring = t.ring;
+    if (__builtin_expect(ring == nullptr || sampled_filter_ == nullptr, 0)) return false;
+    if (__builtin_expect(sampled_filter_[filter_slot(addr)].load(std::memory_order_relaxed) != 0, 0)) return false;
+    count_own_free(ring, usable);
+    return true;
+  }
   // A host allocation of `size` bytes failed with `error` (an errno value).
   void on_host_failed(ThreadState& t, size_t size, int error);
 

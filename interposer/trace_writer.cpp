@@ -47,6 +47,11 @@ constexpr uint64_t kSampleEveryNs = 100'000'000;
 // Pressure at step ends: at most one per kPressureMinGapNs (tight loops end
 // steps far more often), /proc/vmstat at most once per kSampleEveryNs.
 constexpr uint64_t kPressureMinGapNs = 50'000'000;
+// The allocator's statistics at most once per kHeapStatsMinGapNs (a sample
+// in between repeats the last reading): glibc's mallinfo2 locks each arena
+// in turn and walks its free lists, tens of microseconds on a fragmented
+// heap, while the program's threads that allocate wait for the lock.
+constexpr uint64_t kHeapStatsMinGapNs = 20'000'000;
 constexpr uint64_t kStatusEveryNs = 250'000'000;
 // Raw bytes in a frame: compressing one takes the writer well under a
 // millisecond, in which one thread allocating without pause fills less than
@@ -450,6 +455,9 @@ struct TraceWriter::State {
   uint32_t frame_index = 0;
   uint64_t last_flush_ns = 0;
   uint64_t last_sample_ns = 0;
+  uint64_t last_heap_stats_ns = 0;
+  bool heap_stats_read = false;
+  uint64_t heap_held = 0, heap_in_use = 0;  // the last reading
   uint64_t last_share_ns = 0;
   uint64_t last_status_ns = 0;
   uint64_t next_interval_step_ns = 0;
@@ -771,12 +779,15 @@ void TraceWriter::note_exec(const char* path) {
 }
 
 namespace {
-// Events per second from which the writer takes short waits: at this rate
-// a ring reaches Recorder::push's wake mark (2 Ki events) within a long
-// wait, and the program would make a system call to wake the writer about
-// every 10 ms or more often. Below it (sampled mode, most programs) the
-// writer wakes 100 times a second.
-constexpr uint64_t kStreamingPerSecond = 200'000;
+// Events per second in one ring from which the writer takes short waits: at
+// this rate the ring reaches Recorder::push's wake mark (2 Ki events) in
+// 2 ms, and the program would make a system call to wake the writer 500
+// times a second or more. Below it (sampled mode, most programs) the writer
+// wakes 100 times a second, and a ring that reaches the mark sooner wakes
+// it: a few hundred system calls a second cost the program less than four
+// thousand cycles of the writer a second cost it where the program's
+// threads keep every core busy.
+constexpr uint64_t kStreamingPerSecond = 1'000'000;
 }  // namespace
 
 void TraceWriter::run() {
@@ -788,7 +799,7 @@ void TraceWriter::run() {
   // events it drained came in over that time.
   uint64_t last_cycle_ns = monotonic_ns();
   uint64_t interval_ns = 1;
-  size_t drained = 0;  // events the last cycle took from the rings
+  size_t drained = 0;  // events the last cycle took from its busiest ring
   while (!stopping_.load(std::memory_order_acquire) && trace_.is_open()) {
     if (flush_requested_.load(std::memory_order_acquire) == flush_done_.load(std::memory_order_acquire)) {
       // While the program allocates without pause, the next cycle comes
@@ -1081,6 +1092,7 @@ size_t TraceWriter::cycle(bool final) {
   st.run_ends.clear();
   uint64_t dropped = 0;
   uint32_t allocating = 0;
+  size_t busiest = 0;
   const uint64_t drained_at = monotonic_ns();
   for (ThreadRing* ring = rec.rings(); ring != nullptr; ring = ring->next) {
     uint64_t tail = ring->tail.load(std::memory_order_relaxed);
@@ -1089,6 +1101,7 @@ size_t TraceWriter::cycle(bool final) {
     // threads on few cores, not every one has run since the last cycle.
     if (head - tail >= Recorder::kBusyRingEvents) ring->busy_until_ns = drained_at + Recorder::kBusyForNs;
     if (ring->busy_until_ns > drained_at && ring != rec.shared_ring()) ++allocating;
+    busiest = std::max<size_t>(busiest, head - tail);
     drain_run(st, *ring, tail, head);
     ring->tail.store(head, std::memory_order_release);
     dropped += ring->dropped.exchange(0, std::memory_order_relaxed);
@@ -1410,13 +1423,16 @@ size_t TraceWriter::cycle(bool final) {
       const char* p = strchr(buf, ' ');
       if (p) rss = parse_u64(p + 1) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     }
-    uint64_t held = 0, in_use = 0;
-    allocator_heap_stats(&held, &in_use);
+    if (final || !st.heap_stats_read || now - st.last_heap_stats_ns >= kHeapStatsMinGapNs) {
+      allocator_heap_stats(&st.heap_held, &st.heap_in_use);
+      st.last_heap_stats_ns = now;
+      st.heap_stats_read = true;
+    }
     enc.tag(format::Tag::kSample);
     enc.u(now - st.start_mono_ns);
     enc.u(rss);
-    enc.u(held);
-    enc.u(in_use);
+    enc.u(st.heap_held);
+    enc.u(st.heap_in_use);
     uint64_t cgroup_limit = 0, cgroup_usage = 0;
     st.pressure.read_cgroup(&cgroup_limit, &cgroup_usage);
     enc.u(cgroup_limit);
@@ -1514,7 +1530,7 @@ size_t TraceWriter::cycle(bool final) {
     if (fd >= 0 && pwrite(fd, padded, sizeof padded, 0) < 0) status_.close();
     st.last_status_ns = now;
   }
-  return st.batch.size();
+  return busiest;
 }
 
 bool TraceWriter::write_frame(const uint8_t* raw, size_t raw_len, int* err) {
