@@ -111,6 +111,10 @@ def run_timed(argv: list[str], stdout_path: Path, stderr_path: Path,
     """
     rss_path = stderr_path.with_name(stderr_path.stem + ".rss")
     use_time = os.access(GNU_TIME, os.X_OK)
+    # What the run before wrote (a full-mode trace, heaptrack's file: tens of
+    # MB) goes to disk now, not while this run is timed: on a small machine
+    # the kernel's writeback threads would take a core from it.
+    os.sync()
     if use_time:
         argv = [GNU_TIME, "-f", "%M", "-o", str(rss_path), "--", *argv]
     with open(stderr_path, "wb") as err:

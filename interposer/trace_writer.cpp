@@ -779,14 +779,12 @@ void TraceWriter::note_exec(const char* path) {
 }
 
 namespace {
-// Events per second in one ring from which the writer takes short waits: at
-// this rate the ring reaches Recorder::push's wake mark (2 Ki events) in
-// 2 ms, and the program would make a system call to wake the writer 500
-// times a second or more. Below it (sampled mode, most programs) the writer
-// wakes 100 times a second, and a ring that reaches the mark sooner wakes
-// it: a few hundred system calls a second cost the program less than four
-// thousand cycles of the writer a second cost it where the program's
-// threads keep every core busy.
+// Events per second from which the writer takes short waits (250 us).
+// Below it (sampled mode, most programs) the writer wakes 100 times a
+// second, and a ring that reaches Recorder::push's wake mark (2 Ki events)
+// sooner wakes it: at this rate all in one ring, 500 system calls a second,
+// which cost the program less than the writer's 4,000 short cycles a second
+// cost it where the program's threads keep every core busy.
 constexpr uint64_t kStreamingPerSecond = 1'000'000;
 }  // namespace
 
@@ -799,7 +797,7 @@ void TraceWriter::run() {
   // events it drained came in over that time.
   uint64_t last_cycle_ns = monotonic_ns();
   uint64_t interval_ns = 1;
-  size_t drained = 0;  // events the last cycle took from its busiest ring
+  size_t drained = 0;  // events the last cycle took from the rings
   while (!stopping_.load(std::memory_order_acquire) && trace_.is_open()) {
     if (flush_requested_.load(std::memory_order_acquire) == flush_done_.load(std::memory_order_acquire)) {
       // While the program allocates without pause, the next cycle comes
@@ -1092,7 +1090,6 @@ size_t TraceWriter::cycle(bool final) {
   st.run_ends.clear();
   uint64_t dropped = 0;
   uint32_t allocating = 0;
-  size_t busiest = 0;
   const uint64_t drained_at = monotonic_ns();
   for (ThreadRing* ring = rec.rings(); ring != nullptr; ring = ring->next) {
     uint64_t tail = ring->tail.load(std::memory_order_relaxed);
@@ -1101,7 +1098,6 @@ size_t TraceWriter::cycle(bool final) {
     // threads on few cores, not every one has run since the last cycle.
     if (head - tail >= Recorder::kBusyRingEvents) ring->busy_until_ns = drained_at + Recorder::kBusyForNs;
     if (ring->busy_until_ns > drained_at && ring != rec.shared_ring()) ++allocating;
-    busiest = std::max<size_t>(busiest, head - tail);
     drain_run(st, *ring, tail, head);
     ring->tail.store(head, std::memory_order_release);
     dropped += ring->dropped.exchange(0, std::memory_order_relaxed);
@@ -1530,7 +1526,7 @@ size_t TraceWriter::cycle(bool final) {
     if (fd >= 0 && pwrite(fd, padded, sizeof padded, 0) < 0) status_.close();
     st.last_status_ns = now;
   }
-  return busiest;
+  return st.batch.size();
 }
 
 bool TraceWriter::write_frame(const uint8_t* raw, size_t raw_len, int* err) {

@@ -119,7 +119,7 @@ class TraceWriter {
  private:
   static void* thread_main(void* self);
   void run();
-  // Returns the most events it took from one ring.
+  // Returns the number of events it took from the rings.
   size_t cycle(bool final);
   static void* modules_main(void* self);
   void run_modules();
