@@ -27,6 +27,7 @@
 #include "memledger.h"
 #include "next_allocator.h"
 #include "python_frames.h"
+#include "sampled_set.h"
 #include "signals.h"
 #include "spin_lock.h"
 #include "trace_writer.h"
@@ -55,86 +56,16 @@ __thread uint8_t tls_loader_shard __attribute__((tls_model("initial-exec")));
 // are recorded. A counting filter answers "certainly not sampled" for almost
 // every free without touching the locked set.
 constexpr size_t kFilterSlots = 1u << 16;  // small enough to stay in cache
-// Behind each slot of the filter (a 4 KiB page: every block that begins in
-// the page of a sampled one passes it), one word says how many sampled live
-// addresses the slot has and, while it has one, which: a free of another
-// block of that page is told apart without the locked set. The count is in
-// the top 16 bits, the address below; kManyInSlot: more than one, or one
-// left of several (which one is not known).
-constexpr uint64_t kManyInSlot = 1;
-constexpr int kSlotCountShift = 48;
-constexpr uint64_t kSlotAddressMask = (uint64_t{1} << kSlotCountShift) - 1;
+// Behind each slot of the filter, its word (sampled_set.h: slot_word).
 std::atomic<uint64_t>* g_slot_words = nullptr;
 constexpr int kSampledShards = 16;
 struct alignas(64) SampledShard {
   SpinLock lock;
-  uintptr_t* slots = nullptr;  // open addressing with linear probes, 0 = empty
-  size_t capacity = 0;
-  size_t used = 0;
+  AddressSet set;
 };
 SampledShard g_sampled[kSampledShards];
 
 size_t shard_of(uintptr_t addr) { return ((addr >> 4) * 0xff51afd7ed558ccdull) >> 60; }
-
-constexpr size_t kShardMinCapacity = 64;
-
-// Sized by the live entries: twice as large where they would fill more than
-// half of it, half as large where they fill less than an eighth. An erased
-// entry leaves no mark (the entries after it move back), so probes stay
-// short and the table does not grow with every sample the run ever took.
-void shard_resize(SampledShard& shard, size_t capacity) {
-  uintptr_t* old = shard.slots;
-  const size_t old_capacity = shard.capacity;
-  auto* slots = static_cast<uintptr_t*>(__libc_calloc(capacity, sizeof(uintptr_t)));
-  if (slots == nullptr) return;  // keeps the old table (an insert then waits for room)
-  const size_t mask = capacity - 1;
-  for (size_t k = 0; k < old_capacity; ++k) {
-    if (old[k] == 0) continue;
-    size_t i = (old[k] >> 4) & mask;
-    while (slots[i] != 0) i = (i + 1) & mask;
-    slots[i] = old[k];
-  }
-  shard.slots = slots;
-  shard.capacity = capacity;
-  __libc_free(old);
-}
-
-void shard_insert(SampledShard& shard, uintptr_t addr) {
-  if ((shard.used + 1) * 2 > shard.capacity) {
-    shard_resize(shard, shard.capacity == 0 ? kShardMinCapacity : shard.capacity * 2);
-    if ((shard.used + 1) * 2 > shard.capacity && shard.used + 1 >= shard.capacity) return;
-  }
-  const size_t mask = shard.capacity - 1;
-  size_t i = (addr >> 4) & mask;
-  while (shard.slots[i] != 0 && shard.slots[i] != addr) i = (i + 1) & mask;
-  if (shard.slots[i] == 0) {
-    shard.slots[i] = addr;
-    ++shard.used;
-  }
-}
-
-bool shard_erase(SampledShard& shard, uintptr_t addr) {
-  if (shard.used == 0) return false;
-  const size_t mask = shard.capacity - 1;
-  size_t i = (addr >> 4) & mask;
-  while (shard.slots[i] != addr) {
-    if (shard.slots[i] == 0) return false;
-    i = (i + 1) & mask;
-  }
-  // Backward shift: each later entry of the run whose home is not between
-  // the hole and itself moves into the hole.
-  for (size_t j = (i + 1) & mask; shard.slots[j] != 0; j = (j + 1) & mask) {
-    const size_t home = (shard.slots[j] >> 4) & mask;
-    if (((j - home) & mask) >= ((j - i) & mask)) {
-      shard.slots[i] = shard.slots[j];
-      i = j;
-    }
-  }
-  shard.slots[i] = 0;
-  --shard.used;
-  if (shard.capacity > kShardMinCapacity && shard.used * 8 < shard.capacity) shard_resize(shard, shard.capacity / 2);
-  return true;
-}
 
 uint64_t next_random(ThreadState& t) {
   if (t.rng == 0) t.rng = 0x853c49e6748fea9bull ^ (static_cast<uint64_t>(syscall(SYS_gettid)) << 17) ^ monotonic_ns();
@@ -573,11 +504,8 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
 }
 
 // The filter's counter goes up before the slot's word and the set, and
-// down after them: it never says "not sampled" of a sampled live address.
-// A free of a sampled block comes after its sampling (the program passed
-// the block from the one call to the other), so the word it reads counts
-// that block: a count of one beside another address, or of none, rules the
-// block out.
+// down after them: it never says "not sampled" of a sampled live address,
+// nor does the word (slot_word::rules_out).
 void Recorder::remember_sampled(uintptr_t addr) {
   if (sampled_filter_ == nullptr) return;
   const size_t slot = filter_slot(addr);
@@ -587,15 +515,12 @@ void Recorder::remember_sampled(uintptr_t addr) {
   }
   std::atomic<uint64_t>& word = g_slot_words[slot];
   uint64_t w = word.load(std::memory_order_relaxed);
-  for (;;) {
-    const uint64_t count = w >> kSlotCountShift;
-    if (count == 0xffff) break;  // stays "many" for good
-    const uint64_t next = (count + 1) << kSlotCountShift | (count == 0 ? addr & kSlotAddressMask : kManyInSlot);
-    if (word.compare_exchange_weak(w, next, std::memory_order_release, std::memory_order_relaxed)) break;
+  while (!word.compare_exchange_weak(w, slot_word::after_insert(w, addr), std::memory_order_release,
+                                     std::memory_order_relaxed)) {
   }
   SampledShard& shard = g_sampled[shard_of(addr)];
   SpinGuard guard(shard.lock);
-  shard_insert(shard, addr);
+  shard.set.insert(addr);
 }
 
 bool Recorder::forget_sampled(uintptr_t addr) {
@@ -604,25 +529,17 @@ bool Recorder::forget_sampled(uintptr_t addr) {
   std::atomic<uint8_t>& counter = sampled_filter_[slot];
   if (counter.load(std::memory_order_relaxed) == 0) return false;
   std::atomic<uint64_t>& word = g_slot_words[slot];
-  uint64_t w = word.load(std::memory_order_acquire);
-  const uint64_t in_slot = w >> kSlotCountShift;
-  if (in_slot == 0) return false;
-  if (in_slot == 1 && (w & kSlotAddressMask) != kManyInSlot && (w & kSlotAddressMask) != (addr & kSlotAddressMask)) {
-    return false;
-  }
+  if (slot_word::rules_out(word.load(std::memory_order_acquire), addr)) return false;
   bool erased;
   {
     SampledShard& shard = g_sampled[shard_of(addr)];
     SpinGuard guard(shard.lock);
-    erased = shard_erase(shard, addr);
+    erased = shard.set.erase(addr);
   }
   if (erased) {
-    w = word.load(std::memory_order_relaxed);
-    for (;;) {
-      const uint64_t count = w >> kSlotCountShift;
-      if (count == 0 || count == 0xffff) break;
-      const uint64_t next = count == 1 ? 0 : (count - 1) << kSlotCountShift | kManyInSlot;
-      if (word.compare_exchange_weak(w, next, std::memory_order_release, std::memory_order_relaxed)) break;
+    uint64_t w = word.load(std::memory_order_relaxed);
+    while (!word.compare_exchange_weak(w, slot_word::after_erase(w), std::memory_order_release,
+                                       std::memory_order_relaxed)) {
     }
     uint8_t v = counter.load(std::memory_order_relaxed);
     while (v != 0 && v != 255 && !counter.compare_exchange_weak(v, static_cast<uint8_t>(v - 1))) {
