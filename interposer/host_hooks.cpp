@@ -283,9 +283,9 @@ inline void record_free(HookGuard& guard, void* ptr) {
 
 // The short path's recordings (MEMLEDGER_FAST_ALLOC, MEMLEDGER_FAST_FREE):
 // what count_alloc_only or count_free_only left to the recorder.
-__attribute__((noinline)) void* record_glibc_alloc(ip::ThreadState& t, void* block, size_t size) {
+__attribute__((noinline)) void* record_glibc_alloc(ip::ThreadState& t, void* block, size_t size, size_t usable) {
   t.in_hook = 1;
-  recorder().on_host_alloc(t, block, size, glibc_usable_size(block));
+  recorder().on_host_alloc(t, block, size, usable);
   t.in_hook = 0;
   return block;
 }
@@ -294,9 +294,9 @@ __attribute__((noinline)) void* record_glibc_failed(size_t size) {
   record_alloc<host_usable>(guard, nullptr, size);
   return nullptr;
 }
-__attribute__((noinline)) void record_glibc_free(ip::ThreadState& t, void* ptr) {
+__attribute__((noinline)) void record_glibc_free(ip::ThreadState& t, void* ptr, size_t usable) {
   t.in_hook = 1;
-  recorder().on_host_free(t, ptr, glibc_usable_size(ptr));
+  recorder().on_host_free(t, ptr, usable);
   t.in_hook = 0;
   next_free(ptr);
 }
@@ -398,10 +398,9 @@ bool resolved_late(Fn& next) {
     if (__builtin_expect(t.in_hook == 0, 1)) {                                                    \
       void* block = next_malloc(request);                                                         \
       if (__builtin_expect(block != nullptr, 1)) {                                                \
-        if (__builtin_expect(recorder().count_alloc_only(t, size, glibc_usable_size(block)), 1)) { \
-          return block;                                                                           \
-        }                                                                                         \
-        return record_glibc_alloc(t, block, size);                                                \
+        const size_t usable = glibc_usable_size(block);                                           \
+        if (__builtin_expect(recorder().count_alloc_only(t, size, usable), 1)) return block;      \
+        return record_glibc_alloc(t, block, size, usable);                                        \
       }                                                                                           \
       MEMLEDGER_FAST_ALLOC_FAILED_##bit(size)                                                     \
     }                                                                                             \
@@ -415,11 +414,11 @@ bool resolved_late(Fn& next) {
       ptr != nullptr && !ip::in_arena(ptr)) {                                                      \
     ip::ThreadState& t = ip::thread_state();                                                       \
     if (__builtin_expect(t.in_hook == 0, 1)) {                                                     \
-      if (__builtin_expect(                                                                        \
-              recorder().count_free_only(t, reinterpret_cast<uintptr_t>(ptr), glibc_usable_size(ptr)), 1)) { \
+      const size_t usable = glibc_usable_size(ptr);                                                \
+      if (__builtin_expect(recorder().count_free_only(t, reinterpret_cast<uintptr_t>(ptr), usable), 1)) { \
         return next_free(ptr);                                                                     \
       }                                                                                            \
-      return record_glibc_free(t, ptr);                                                            \
+      return record_glibc_free(t, ptr, usable);                                                    \
     }                                                                                              \
   }
 #define MEMLEDGER_HOOK_ALLOC(usable, late, name, ret, params, ...) \
