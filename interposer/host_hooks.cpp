@@ -423,26 +423,23 @@ bool resolved_late(Fn& next) {
   }
 #define MEMLEDGER_HOOK_ALLOC(usable, late, name, ret, params, ...) \
   MEMLEDGER_EXPORT ret name params { MEMLEDGER_BODY_ALLOC(usable, late, name, ret, params, __VA_ARGS__) }
-#define MEMLEDGER_HOOK_ALLOC_FAST(usable, late, name, ret, params, args, size, fallback)    \
-  namespace {                                                                              \
-  __attribute__((noinline)) ret name##_long params {                                       \
-    MEMLEDGER_BODY_ALLOC(usable, late, name, ret, params, args, size, fallback)            \
-  }                                                                                        \
-  }                                                                                        \
-  MEMLEDGER_EXPORT ret name params {                                                       \
-    MEMLEDGER_FAST_ALLOC(C, size, size)                                                    \
-    return name##_long args;                                                               \
+// A hook with a short path in front: `short_path` returns from the hook
+// where it serves the call; the rest goes on in name##_long, out of line, so
+// that the short path saves no register.
+#define MEMLEDGER_HOOK_SHORT_LONG(name, ret, params, args, short_path, ...) \
+  namespace {                                                              \
+  __attribute__((noinline)) ret name##_long params { __VA_ARGS__ }         \
+  }                                                                        \
+  MEMLEDGER_EXPORT ret name params {                                       \
+    short_path                                                             \
+    return name##_long args;                                               \
   }
-#define MEMLEDGER_HOOK_FREE_FAST(usable, late, name, ret, params, args, ptr, fallback)    \
-  namespace {                                                                            \
-  __attribute__((noinline)) ret name##_long params {                                     \
-    MEMLEDGER_BODY_FREE(usable, late, name, ret, params, args, ptr, fallback)            \
-  }                                                                                      \
-  }                                                                                      \
-  MEMLEDGER_EXPORT ret name params {                                                     \
-    MEMLEDGER_FAST_FREE(C, ptr)                                                          \
-    return name##_long args;                                                             \
-  }
+#define MEMLEDGER_HOOK_ALLOC_FAST(usable, late, name, ret, params, args, size, fallback) \
+  MEMLEDGER_HOOK_SHORT_LONG(name, ret, params, args, MEMLEDGER_FAST_ALLOC(C, size, size), \
+                            MEMLEDGER_BODY_ALLOC(usable, late, name, ret, params, args, size, fallback))
+#define MEMLEDGER_HOOK_FREE_FAST(usable, late, name, ret, params, args, ptr, fallback) \
+  MEMLEDGER_HOOK_SHORT_LONG(name, ret, params, args, MEMLEDGER_FAST_FREE(C, ptr),       \
+                            MEMLEDGER_BODY_FREE(usable, late, name, ret, params, args, ptr, fallback))
 #define MEMLEDGER_HOOK_NEW(usable, late, name, ret, params, ...) \
   MEMLEDGER_EXPORT ret name params { MEMLEDGER_BODY_NEW(usable, late, name, ret, params, __VA_ARGS__) }
 #define MEMLEDGER_HOOK_FREE(usable, late, name, ret, params, ...) \
@@ -452,43 +449,29 @@ bool resolved_late(Fn& next) {
 // g_cxx_direct holds (decide_cxx_direct), the hook calls the next malloc or
 // free itself. A failed allocation then goes the usual way, through
 // libstdc++ (its new-handler loop, bad_alloc).
-#define MEMLEDGER_HOOK_VIA_MALLOC(shape, usable, late, name, ret, params, args, size, fallback) \
-  namespace {                                                                                  \
-  __attribute__((noinline)) ret name##_long params {                                           \
-    if (__builtin_expect(ip::g_cxx_direct.load(std::memory_order_relaxed), 1)) {               \
-      HookGuard direct;                                                                        \
-      void* block = next_malloc(size != 0 ? size : 1);                                         \
-      if (__builtin_expect(block != nullptr, 1)) {                                             \
-        record_alloc<usable>(direct, block, size);                                             \
-        return block;                                                                          \
-      }                                                                                        \
-    }                                                                                          \
-    MEMLEDGER_BODY_##shape(usable, late, name, ret, params, args, size, fallback)              \
-  }                                                                                            \
-  }                                                                                            \
-  MEMLEDGER_EXPORT ret name params {                                                           \
-    MEMLEDGER_FAST_ALLOC(Cxx, (size != 0 ? size : 1), size)                                    \
-    return name##_long args;                                                                   \
-  }
+#define MEMLEDGER_HOOK_VIA_MALLOC(shape, usable, late, name, ret, params, args, size, fallback)    \
+  MEMLEDGER_HOOK_SHORT_LONG(                                                                      \
+      name, ret, params, args, MEMLEDGER_FAST_ALLOC(Cxx, (size != 0 ? size : 1), size),           \
+      if (__builtin_expect(ip::g_cxx_direct.load(std::memory_order_relaxed), 1)) {                \
+        HookGuard direct;                                                                         \
+        void* block = next_malloc(size != 0 ? size : 1);                                          \
+        if (__builtin_expect(block != nullptr, 1)) {                                              \
+          record_alloc<usable>(direct, block, size);                                              \
+          return block;                                                                           \
+        }                                                                                         \
+      } MEMLEDGER_BODY_##shape(usable, late, name, ret, params, args, size, fallback))
 #define MEMLEDGER_HOOK_NEW_VIA_MALLOC(...) MEMLEDGER_HOOK_VIA_MALLOC(NEW, __VA_ARGS__)
 #define MEMLEDGER_HOOK_ALLOC_VIA_MALLOC(...) MEMLEDGER_HOOK_VIA_MALLOC(ALLOC, __VA_ARGS__)
-#define MEMLEDGER_HOOK_FREE_VIA_FREE(usable, late, name, ret, params, args, ptr, fallback) \
-  namespace {                                                                             \
-  __attribute__((noinline)) ret name##_long params {                                      \
-    if (__builtin_expect(ip::g_cxx_direct.load(std::memory_order_relaxed), 1)) {          \
-      MEMLEDGER_ARENA_FREE(ptr)                                                           \
-      HookGuard direct;                                                                   \
-      record_free<usable>(direct, ptr);                                                   \
-      next_free(ptr);                                                                     \
-      return;                                                                             \
-    }                                                                                     \
-    MEMLEDGER_BODY_FREE(usable, late, name, ret, params, args, ptr, fallback)             \
-  }                                                                                       \
-  }                                                                                       \
-  MEMLEDGER_EXPORT ret name params {                                                      \
-    MEMLEDGER_FAST_FREE(Cxx, ptr)                                                         \
-    return name##_long args;                                                              \
-  }
+#define MEMLEDGER_HOOK_FREE_VIA_FREE(usable, late, name, ret, params, args, ptr, fallback)     \
+  MEMLEDGER_HOOK_SHORT_LONG(                                                                  \
+      name, ret, params, args, MEMLEDGER_FAST_FREE(Cxx, ptr),                                 \
+      if (__builtin_expect(ip::g_cxx_direct.load(std::memory_order_relaxed), 1)) {            \
+        MEMLEDGER_ARENA_FREE(ptr)                                                             \
+        HookGuard direct;                                                                     \
+        record_free<usable>(direct, ptr);                                                     \
+        next_free(ptr);                                                                       \
+        return;                                                                               \
+      } MEMLEDGER_BODY_FREE(usable, late, name, ret, params, args, ptr, fallback))
 #define MEMLEDGER_HOOK_REALLOC(usable, late, name, ret, params, args, ptr, size, fallback)      \
   MEMLEDGER_EXPORT ret name params {                                                            \
     if (ptr != nullptr && ip::in_arena(ptr)) return static_cast<ret>(realloc_out_of_arena(ptr, size)); \

@@ -47,11 +47,6 @@ constexpr uint64_t kSampleEveryNs = 100'000'000;
 // Pressure at step ends: at most one per kPressureMinGapNs (tight loops end
 // steps far more often), /proc/vmstat at most once per kSampleEveryNs.
 constexpr uint64_t kPressureMinGapNs = 50'000'000;
-// The allocator's statistics at most once per kHeapStatsMinGapNs (a sample
-// in between repeats the last reading): glibc's mallinfo2 locks each arena
-// in turn and walks its free lists, tens of microseconds on a fragmented
-// heap, while the program's threads that allocate wait for the lock.
-constexpr uint64_t kHeapStatsMinGapNs = 20'000'000;
 constexpr uint64_t kStatusEveryNs = 250'000'000;
 // Raw bytes in a frame: compressing one takes the writer well under a
 // millisecond, in which one thread allocating without pause fills less than
@@ -455,9 +450,6 @@ struct TraceWriter::State {
   uint32_t frame_index = 0;
   uint64_t last_flush_ns = 0;
   uint64_t last_sample_ns = 0;
-  uint64_t last_heap_stats_ns = 0;
-  bool heap_stats_read = false;
-  uint64_t heap_held = 0, heap_in_use = 0;  // the last reading
   uint64_t last_share_ns = 0;
   uint64_t last_status_ns = 0;
   uint64_t next_interval_step_ns = 0;
@@ -1419,16 +1411,13 @@ size_t TraceWriter::cycle(bool final) {
       const char* p = strchr(buf, ' ');
       if (p) rss = parse_u64(p + 1) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     }
-    if (final || !st.heap_stats_read || now - st.last_heap_stats_ns >= kHeapStatsMinGapNs) {
-      allocator_heap_stats(&st.heap_held, &st.heap_in_use);
-      st.last_heap_stats_ns = now;
-      st.heap_stats_read = true;
-    }
+    uint64_t held = 0, in_use = 0;
+    allocator_heap_stats(&held, &in_use);
     enc.tag(format::Tag::kSample);
     enc.u(now - st.start_mono_ns);
     enc.u(rss);
-    enc.u(st.heap_held);
-    enc.u(st.heap_in_use);
+    enc.u(held);
+    enc.u(in_use);
     uint64_t cgroup_limit = 0, cgroup_usage = 0;
     st.pressure.read_cgroup(&cgroup_limit, &cgroup_usage);
     enc.u(cgroup_limit);
