@@ -8,6 +8,8 @@
 //
 // Every list entry is X(name, return type, parameters, arguments, SHAPE, ...):
 //   ALLOC, size, fallback         returns a block of `size` bytes (nullptr: failed)
+//   ALLOC_FAST, FREE_FAST         malloc and free: ALLOC and FREE behind the short
+//                                 path (MEMLEDGER_FAST_ALLOC, MEMLEDGER_FAST_FREE)
 //   NEW, size, fallback           the same, but failure throws (C++ operator new)
 //   NEW_VIA_MALLOC, ALLOC_VIA_MALLOC, FREE_VIA_FREE
 //                                 the C++ forms libstdc++ serves with malloc and free:
