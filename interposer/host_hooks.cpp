@@ -8,14 +8,14 @@
 //
 // Every list entry is X(name, return type, parameters, arguments, SHAPE, ...):
 //   ALLOC, size, fallback         returns a block of `size` bytes (nullptr: failed)
-//   ALLOC_FAST, FREE_FAST         malloc and free: ALLOC and FREE behind the short
-//                                 path (MEMLEDGER_FAST_ALLOC, MEMLEDGER_FAST_FREE)
 //   NEW, size, fallback           the same, but failure throws (C++ operator new)
 //   NEW_VIA_MALLOC, ALLOC_VIA_MALLOC, FREE_VIA_FREE
 //                                 the C++ forms libstdc++ serves with malloc and free:
 //                                 called directly while g_cxx_direct holds
 //   FREE, ptr, fallback           releases `ptr`
 //   REALLOC, ptr, size, fallback  moves `ptr` to a block of `size` bytes
+//   ALLOC_FAST, FREE_FAST         malloc and free: ALLOC and FREE behind the short
+//                                 path (MEMLEDGER_FAST_ALLOC, MEMLEDGER_FAST_FREE)
 //   SIZED, fallback               no record of its own (queries, or a hook reached again)
 // `fallback` serves the call when the name has no definition after memledger
 // (a C program has no operator new; a mallocx caller without jemalloc): the
