@@ -284,7 +284,10 @@ inline void record_free(HookGuard& guard, void* ptr) {
 }
 
 // The short path's recordings (MEMLEDGER_FAST_ALLOC, MEMLEDGER_FAST_FREE):
-// what count_alloc_only or count_free_only left to the recorder.
+// what count_alloc_only or count_free_only left to the recorder. The caller
+// found the recursion flag clear, so it is set and cleared here without a
+// HookGuard's check (with one, full mode's program thread ran 0.8% more
+// instructions on bench/storm).
 __attribute__((noinline)) void* record_glibc_alloc(ip::ThreadState& t, void* block, size_t size, size_t usable) {
   t.in_hook = 1;
   recorder().on_host_alloc(t, block, size, usable);

@@ -36,7 +36,7 @@ class AddressSet {
 // The word behind a slot of the counting filter: how many sampled live
 // blocks begin in the slot (a 4 KiB page), in the top 16 bits, and while
 // there is exactly one, its address below. A free of another block of
-// that page is then told apart without the locked sets. kManyInSlot stands
+// that page is then told apart without the locked sets. kMany stands
 // for more than one, and for one left of several (which one is not known);
 // a count of 0xffff stays for good.
 namespace slot_word {
