@@ -24,6 +24,7 @@
 #define ZSTD_STATIC_LINKING_ONLY  // ZSTD_createCCtx_advanced: zstd allocates through __libc_malloc
 #include <zstd.h>
 
+#include "held_reading.h"
 #include "internal_alloc.h"
 #include "next_allocator.h"
 #include "pressure_sampler.h"
@@ -48,10 +49,6 @@ constexpr uint64_t kSampleEveryNs = 100'000'000;
 // steps far more often), /proc/vmstat at most once per kSampleEveryNs.
 constexpr uint64_t kPressureMinGapNs = 50'000'000;
 constexpr uint64_t kStatusEveryNs = 250'000'000;
-// The allocator's statistics at step ends (HeldReading).
-constexpr uint64_t kHeldMinGapNs = 20'000'000;
-constexpr uint64_t kHeldDutyFactor = 32;
-constexpr int64_t kHeldMinDrift = 256 << 10;
 // Raw bytes in a frame: compressing one takes the writer well under a
 // millisecond, in which one thread allocating without pause fills less than
 // its hold-back mark (Recorder::push).
@@ -440,43 +437,6 @@ bool read_share(ShareSample& out) {
 
 }  // namespace
 
-
-// The allocator's held and in-use bytes, read for the samples. glibc's
-// mallinfo2 locks each arena in turn and walks its free lists: tens of
-// microseconds on a busy heap, milliseconds on PyTorch's, while the program's
-// threads that allocate wait for their arena. A loop that ends a step every
-// few milliseconds would spend a large share of its time waiting. So a step
-// end repeats the last reading while all of these hold:
-// - it is under kHeldMinGapNs old, and under kHeldDutyFactor times as old as
-//   it took (so slow readings take at most about 1/kHeldDutyFactor of the time);
-// - the host's live bytes (exact in both modes) have moved by less than
-//   kHeldMinDrift or 1/64 of the held bytes read, whichever is larger.
-// Held bytes grow only when live bytes outgrow the arenas' free space, so a
-// leak or a growing peak is read at the step where it shows; the final sample
-// and the periodic ones always read.
-struct HeldReading {
-  bool taken = false;
-  uint64_t held = 0;
-  uint64_t in_use = 0;
-  uint64_t at_ns = 0;
-  uint64_t took_ns = 0;
-  int64_t live = 0;
-
-  void read(bool force, uint64_t now, int64_t live_now) {
-    if (!force && taken) {
-      const uint64_t age = now - at_ns;
-      const int64_t drift = std::max<int64_t>(kHeldMinDrift, static_cast<int64_t>(held / 64));
-      const int64_t moved = live_now > live ? live_now - live : live - live_now;
-      if (age < std::max(kHeldMinGapNs, kHeldDutyFactor * took_ns) && moved < drift) return;
-    }
-    allocator_heap_stats(&held, &in_use);
-    const uint64_t done = monotonic_ns();
-    took_ns = done > now ? done - now : 0;
-    at_ns = now;
-    live = live_now;
-    taken = true;
-  }
-};
 
 struct TraceWriter::State {
   ByteBuffer buffer;
@@ -1457,7 +1417,7 @@ size_t TraceWriter::cycle(bool final) {
     // A step end may repeat the last reading (HeldReading); a periodic
     // sample, which comes at most every kSampleEveryNs, always reads.
     const bool periodic = now - st.last_sample_ns >= kSampleEveryNs;
-    st.held.read(final || periodic, now, live_total);
+    st.held.read(final || periodic, now, live_total, allocator_heap_stats, monotonic_ns);
     enc.tag(format::Tag::kSample);
     enc.u(now - st.start_mono_ns);
     enc.u(rss);
