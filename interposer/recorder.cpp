@@ -619,8 +619,9 @@ __attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintp
   if (sampled) {
     // The exact totals beside recorded allocations: the report corrects its
     // estimate at step ends that no marker carries (automatic steps). Read at
-    // most once per tick of the coarse clock (1 to 4 ms) per thread: reading
-    // them loads every thread's counters, lines their threads keep writing.
+    // most once per tick of the coarse clock (the kernel's timer tick, 1 to
+    // 10 ms) per thread: reading them loads every thread's counters, lines
+    // their threads keep writing.
     const uint64_t now = coarse_ns();
     if (now == t.totals_ns) return;
     t.totals_ns = now;

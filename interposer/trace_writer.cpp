@@ -437,7 +437,6 @@ bool read_share(ShareSample& out) {
 
 }  // namespace
 
-
 struct TraceWriter::State {
   ByteBuffer buffer;
   Bytes compressed;
@@ -1414,8 +1413,8 @@ size_t TraceWriter::cycle(bool final) {
       const char* p = strchr(buf, ' ');
       if (p) rss = parse_u64(p + 1) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     }
-    // A step end may repeat the last reading (HeldReading); a periodic
-    // sample, which comes at most every kSampleEveryNs, always reads.
+    // A step end may go without a new reading of the allocator's statistics
+    // (HeldReading); a periodic sample (kSampleEveryNs) always reads them.
     const bool periodic = now - st.last_sample_ns >= kSampleEveryNs;
     st.held.read(final || periodic, now, live_total, allocator_heap_stats, monotonic_ns);
     enc.tag(format::Tag::kSample);
