@@ -20,6 +20,14 @@ struct FakeAllocator {
   uint64_t now = 0;
   int readings = 0;
 
+  // The allocator's figures, and the first reading of them (always taken).
+  FakeAllocator(HeldReading& r, uint64_t held_bytes, uint64_t in_use_bytes, int64_t live)
+      : held(held_bytes), in_use(in_use_bytes) {
+    REQUIRE(read(r, false, live));
+    REQUIRE(r.held == held_bytes);
+    REQUIRE(r.in_use == in_use_bytes);
+  }
+
   bool read(HeldReading& r, bool force, int64_t live) {
     return r.read(
         force, now, live,
@@ -37,12 +45,7 @@ struct FakeAllocator {
 
 TEST_CASE("held bytes: a fast loop's step ends reuse a young reading", "[held]") {
   HeldReading r;
-  FakeAllocator a;
-  a.held = 64 * kMiB;
-  a.in_use = 40 * kMiB;
-  REQUIRE(a.read(r, false, 40 * kMiB));  // the first always reads
-  CHECK(r.held == 64 * kMiB);
-  CHECK(r.in_use == 40 * kMiB);
+  FakeAllocator a(r, 64 * kMiB, 40 * kMiB, 40 * kMiB);
 
   // Steps of 2 ms with live bytes moving by less than 1/64 of held (1 MiB).
   for (int k = 1; k < 10; ++k) {
@@ -64,10 +67,7 @@ TEST_CASE("held bytes: a fast loop's step ends reuse a young reading", "[held]")
 
 TEST_CASE("held bytes: live bytes that move read again at once", "[held]") {
   HeldReading r;
-  FakeAllocator a;
-  a.held = 8 * kMiB;
-  a.in_use = 6 * kMiB;
-  REQUIRE(a.read(r, false, 6 * kMiB));
+  FakeAllocator a(r, 8 * kMiB, 6 * kMiB, 6 * kMiB);
   // A leak of 1 MiB a step, 1 ms apart: above the 256 KiB floor at every step.
   for (int k = 1; k <= 5; ++k) {
     a.now = static_cast<uint64_t>(k) * kMs;
@@ -89,10 +89,7 @@ TEST_CASE("held bytes: live bytes that move read again at once", "[held]") {
 
 TEST_CASE("held bytes: forced and slow readings", "[held]") {
   HeldReading r;
-  FakeAllocator a;
-  a.held = 4 * kMiB;
-  a.in_use = 3 * kMiB;
-  REQUIRE(a.read(r, false, 3 * kMiB));
+  FakeAllocator a(r, 4 * kMiB, 3 * kMiB, 3 * kMiB);
   a.now = kMs;
   CHECK(a.read(r, true, 3 * kMiB));  // the final sample, a periodic one
   CHECK(a.readings == 2);
@@ -109,10 +106,18 @@ TEST_CASE("held bytes: forced and slow readings", "[held]") {
 
 TEST_CASE("held bytes: an allocator without statistics stays unknown", "[held]") {
   HeldReading r;
-  FakeAllocator a;  // held and in use 0: no statistics (mimalloc has no in-use figure)
-  REQUIRE(a.read(r, false, kMiB));
+  FakeAllocator a(r, 0, 0, kMiB);  // an allocator without statistics
   a.now = kMs;
   CHECK_FALSE(a.read(r, false, kMiB + 4096));
   CHECK(r.held == 0);
+  CHECK(r.in_use == 0);
+}
+
+TEST_CASE("held bytes: an allocator with held bytes only keeps in use unknown", "[held]") {
+  HeldReading r;
+  FakeAllocator a(r, 16 * kMiB, 0, kMiB);  // mimalloc: committed bytes, no in-use figure
+  a.now = kMs;
+  CHECK_FALSE(a.read(r, false, kMiB + 4096));
+  CHECK(r.held == 16 * kMiB + 4096);
   CHECK(r.in_use == 0);
 }
