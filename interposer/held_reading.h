@@ -12,8 +12,8 @@ namespace memledger::interposer {
 // microseconds on a busy heap, milliseconds on PyTorch's, while the program's
 // threads that allocate wait for their arena. A loop that ends a step every
 // few milliseconds would spend a large share of its time waiting. So a step
-// end does not read them again while all of these hold:
-// - the last reading is under kMinGapNs old, and under kDutyFactor times as
+// end does not read them again while both of these hold:
+// - the last reading is under kMinGapNs old, or under kDutyFactor times as
 //   old as it took (so slow readings take at most about 1/kDutyFactor of the
 //   time);
 // - the host's live bytes (exact in both modes) have moved by less than
