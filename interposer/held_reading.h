@@ -18,12 +18,13 @@ namespace memledger::interposer {
 //   time);
 // - the host's live bytes (exact in both modes) have moved by less than
 //   kMinDrift or 1/64 of the held bytes read, whichever is larger.
-// Held bytes grow only when live bytes outgrow the arenas' free space, so a
-// leak or a growing peak is read at the step where it shows. A reading not
-// taken again is the last one plus what live bytes grew since (held and in
-// use can have grown by that much, not more): an upper bound, so a peak is
-// never under-stated and held bytes never read below live. The final sample
-// and the periodic ones always read.
+// A leak or a growing peak of live bytes is so read at the step where it
+// shows. A reading not taken again is the last one plus what live bytes grew
+// since: what that growth can have added to held and in-use bytes at most,
+// so held bytes never read below live for it. Held bytes that grow while live
+// bytes do not (the arenas' free space fragmenting) show at the next reading,
+// within kMinGapNs (or kDutyFactor times a slow reading's duration). The final sample and the
+// periodic ones always read.
 struct HeldReading {
   static constexpr uint64_t kMinGapNs = 20'000'000;
   static constexpr uint64_t kDutyFactor = 32;
