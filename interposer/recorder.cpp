@@ -617,14 +617,8 @@ __attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintp
     fill_host_event(e, EventType::kAlloc, sampled ? format::kAllocSampled : 0, addr, size, weight, stack);
   });
   if (sampled) {
-    // The exact totals beside recorded allocations: the report corrects its
-    // estimate at step ends that no marker carries (automatic steps). Read at
-    // most once per tick of the coarse clock (the kernel's timer tick, 1 to
-    // 10 ms) per thread: reading them loads every thread's counters, lines
-    // their threads keep writing.
-    const uint64_t now = coarse_ns();
-    if (now == t.totals_ns) return;
-    t.totals_ns = now;
+    // The exact totals beside each recorded allocation: the report corrects
+    // its estimate at step ends that no marker carries (automatic steps).
     Event totals{};
     totals.type = EventType::kHostTotals;
     read_host_totals(totals);

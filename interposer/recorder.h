@@ -33,7 +33,6 @@ struct ThreadState {
   ThreadRing* ring;
   int64_t sample_countdown;
   uint64_t rng;
-  uint64_t totals_ns;  // the coarse clock at this thread's last kHostTotals (sampled mode)
   uint8_t in_hook;     // recursion guard: set while inside memledger code
   uint8_t status;      // 0 new, 1 has ring, 2 exited (use the shared ring)
   uint8_t cuda_depth;  // inside a hooked CUDA runtime call: its driver calls are not recorded again
