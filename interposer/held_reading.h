@@ -23,8 +23,8 @@ namespace memledger::interposer {
 // since: what that growth can have added to held and in-use bytes at most,
 // so held bytes never read below live for it. Held bytes that grow while live
 // bytes do not (the arenas' free space fragmenting) show at the next reading,
-// within kMinGapNs (or kDutyFactor times a slow reading's duration). The final sample and the
-// periodic ones always read.
+// within kMinGapNs (or kDutyFactor times a slow reading's duration). The
+// final sample and the periodic ones always read.
 struct HeldReading {
   static constexpr uint64_t kMinGapNs = 20'000'000;
   static constexpr uint64_t kDutyFactor = 32;

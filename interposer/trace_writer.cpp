@@ -1407,7 +1407,8 @@ size_t TraceWriter::cycle(bool final) {
     frees += ring->host_frees.load(std::memory_order_relaxed);
   }
   uint64_t rss = 0;
-  if (final || st.step_seen || now - st.last_sample_ns >= kSampleEveryNs) {
+  const bool periodic = now - st.last_sample_ns >= kSampleEveryNs;
+  if (final || st.step_seen || periodic) {
     char buf[128];
     if (read_small_file("/proc/self/statm", buf, sizeof buf) > 0) {
       const char* p = strchr(buf, ' ');
@@ -1415,7 +1416,6 @@ size_t TraceWriter::cycle(bool final) {
     }
     // A step end may go without a new reading of the allocator's statistics
     // (HeldReading); a periodic sample (kSampleEveryNs) always reads them.
-    const bool periodic = now - st.last_sample_ns >= kSampleEveryNs;
     st.held.read(final || periodic, now, live_total, allocator_heap_stats, monotonic_ns);
     enc.tag(format::Tag::kSample);
     enc.u(now - st.start_mono_ns);
