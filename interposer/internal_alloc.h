@@ -36,29 +36,4 @@ struct InternalAllocator {
   bool operator==(const InternalAllocator<U>&) const { return true; }
 };
 
-// The same, but resize() leaves new elements default-initialised (for
-// trivial types: untouched) instead of zeroing them: the writer's event
-// batches are filled by memcpy right after, and zeroing them first cost as
-// much as the copy.
-template <typename T>
-struct UninitAllocator : InternalAllocator<T> {
-  template <typename U>
-  struct rebind {
-    using other = UninitAllocator<U>;
-  };
-  UninitAllocator() = default;
-  template <typename U>
-  UninitAllocator(const UninitAllocator<U>&) {}
-  template <typename U>
-  void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;
-  }
-  template <typename U, typename... Args>
-  void construct(U* p, Args&&... args) {
-    ::new (static_cast<void*>(p)) U(static_cast<Args&&>(args)...);
-  }
-  template <typename U>
-  bool operator==(const UninitAllocator<U>&) const { return true; }
-};
-
 }  // namespace memledger::interposer

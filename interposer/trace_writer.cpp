@@ -29,6 +29,7 @@
 #include "next_allocator.h"
 #include "pressure_sampler.h"
 #include "python_frames.h"
+#include "ring_merge.h"
 #include "spin_lock.h"
 #include "recorder.h"
 #include "trace_encoding.h"
@@ -440,9 +441,7 @@ bool read_share(ShareSample& out) {
 struct TraceWriter::State {
   ByteBuffer buffer;
   Bytes compressed;
-  std::vector<Event, UninitAllocator<Event>> batch;
-  std::vector<Event, UninitAllocator<Event>> merged;  // merge_runs' other buffer
-  Vector<size_t> run_ends;       // batch: one run per ring, each in sequence order
+  Vector<RingRun> runs;  // what a cycle drains, one run per ring (ring_merge.h)
   Vector<uint64_t> stack_written;  // one bit per stack id
   Vector<uint8_t> code_written;   // Python code objects, by id
   uint32_t code_low = 1;
@@ -863,42 +862,6 @@ void TraceWriter::reset_after_fork() {
 
 namespace {
 
-// Appends a ring's events [tail, head) to the batch as one run.
-void drain_run(TraceWriter::State& st, const ThreadRing& ring, uint64_t tail, uint64_t head) {
-  if (head == tail) return;
-  const size_t n = static_cast<size_t>(head - tail);
-  const size_t at = st.batch.size();
-  st.batch.resize(at + n);
-  const size_t first = static_cast<size_t>(tail & ThreadRing::kMask);
-  const size_t until_wrap = std::min(n, static_cast<size_t>(ThreadRing::kCapacity) - first);
-  memcpy(&st.batch[at], &ring.events[first], until_wrap * sizeof(Event));
-  if (until_wrap < n) memcpy(&st.batch[at + until_wrap], &ring.events[0], (n - until_wrap) * sizeof(Event));
-  st.run_ends.push_back(st.batch.size());
-}
-
-// Puts the batch in sequence order. Each run (one ring's events) already
-// is: merging them pairwise is O(n log runs), where sorting the whole batch
-// took most of the writer's time with a few busy threads.
-void merge_runs(TraceWriter::State& st) {
-  auto by_seq = [](const Event& a, const Event& b) { return a.seq < b.seq; };
-  while (st.run_ends.size() > 1) {
-    st.merged.resize(st.batch.size());
-    size_t out = 0, begin = 0, kept = 0;
-    for (size_t r = 0; r < st.run_ends.size(); r += 2) {
-      const size_t mid = st.run_ends[r];
-      const size_t end = r + 1 < st.run_ends.size() ? st.run_ends[r + 1] : mid;
-      std::merge(st.batch.begin() + static_cast<long>(begin), st.batch.begin() + static_cast<long>(mid),
-                 st.batch.begin() + static_cast<long>(mid), st.batch.begin() + static_cast<long>(end),
-                 st.merged.begin() + static_cast<long>(out), by_seq);
-      out += end - begin;
-      st.run_ends[kept++] = end;
-      begin = end;
-    }
-    st.run_ends.resize(kept);
-    st.batch.swap(st.merged);
-  }
-}
-
 // A kPressure record (trace_format.h).
 void encode_pressure(Encoder& enc, PressureSampler& sampler, uint64_t ts, bool with_vmstat) {
   PressureReading r;
@@ -1079,9 +1042,8 @@ size_t TraceWriter::cycle(bool final) {
   const uint32_t ticket = flush_requested_.load(std::memory_order_acquire);
   Encoder& enc = st.enc;
 
-  // 1. Drain every ring.
-  st.batch.clear();
-  st.run_ends.clear();
+  // 1. Drain every ring: what each holds now is this cycle's run of it.
+  st.runs.clear();
   uint64_t dropped = 0;
   uint32_t allocating = 0;
   const uint64_t drained_at = monotonic_ns();
@@ -1092,14 +1054,10 @@ size_t TraceWriter::cycle(bool final) {
     // threads on few cores, not every one has run since the last cycle.
     if (head - tail >= Recorder::kBusyRingEvents) ring->busy_until_ns = drained_at + Recorder::kBusyForNs;
     if (ring->busy_until_ns > drained_at && ring != rec.shared_ring()) ++allocating;
-    drain_run(st, *ring, tail, head);
-    ring->tail.store(head, std::memory_order_release);
     dropped += ring->dropped.exchange(0, std::memory_order_relaxed);
-    if (ring->state.load(std::memory_order_acquire) == static_cast<int>(RingState::kRetired) &&
-        ring->head.load(std::memory_order_acquire) == head) {
-      int expected = static_cast<int>(RingState::kRetired);
-      ring->state.compare_exchange_strong(expected, static_cast<int>(RingState::kFree));
-    }
+    const bool retire = ring->state.load(std::memory_order_acquire) == static_cast<int>(RingState::kRetired) &&
+                        ring->head.load(std::memory_order_acquire) == head;
+    if (head != tail || retire) st.runs.push_back({ring, tail, head, retire});
   }
   rec.set_allocating_threads(allocating);
   const uint64_t now = monotonic_ns();
@@ -1110,14 +1068,21 @@ size_t TraceWriter::cycle(bool final) {
       rec.on_step(nullptr, format::StepSource::kInterval);
       st.next_interval_step_ns += st.interval_ns;
     }
-    // on_step pushed into the shared ring (this thread has no ring of its own): pick it up now.
+    // on_step pushed into the shared ring (this thread has no ring of its
+    // own): its run goes on to what is there now.
     ThreadRing* shared = rec.shared_ring();
-    uint64_t tail = shared->tail.load(std::memory_order_relaxed);
-    uint64_t head = shared->head.load(std::memory_order_acquire);
-    drain_run(st, *shared, tail, head);
-    shared->tail.store(head, std::memory_order_release);
+    const uint64_t head = shared->head.load(std::memory_order_acquire);
+    RingRun* run = nullptr;
+    for (RingRun& r : st.runs) {
+      if (r.ring == shared) run = &r;
+    }
+    if (run != nullptr) {
+      run->end = head;
+    } else {
+      const uint64_t tail = shared->tail.load(std::memory_order_relaxed);
+      if (head != tail) st.runs.push_back({shared, tail, head, false});
+    }
   }
-  merge_runs(st);
 
   // 3. Modules: the module thread reads their list, at most every 10 ms,
   // and this cycle writes what it found. While a signal's note waits, the
@@ -1197,8 +1162,8 @@ size_t TraceWriter::cycle(bool final) {
     }
   }
 
-  // 6. Events.
-  for (const Event& e : st.batch) {
+  // 6. Events, in sequence order.
+  const size_t drained = merge_runs(st.runs.data(), st.runs.size(), [&](const Event& e) {
     const uint64_t ts = e.ts >= st.start_mono_ns ? e.ts - st.start_mono_ns : 0;
     switch (e.type) {
       case EventType::kAlloc: {
@@ -1366,7 +1331,7 @@ size_t TraceWriter::cycle(bool final) {
         break;
       }
     }
-  }
+  });
   if (dropped != 0) {
     enc.tag(format::Tag::kDropped);
     enc.u(dropped);
@@ -1519,7 +1484,7 @@ size_t TraceWriter::cycle(bool final) {
     if (fd >= 0 && pwrite(fd, padded, sizeof padded, 0) < 0) status_.close();
     st.last_status_ns = now;
   }
-  return st.batch.size();
+  return drained;
 }
 
 bool TraceWriter::write_frame(const uint8_t* raw, size_t raw_len, int* err) {

@@ -1,0 +1,127 @@
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "ring_merge.h"
+
+using memledger::interposer::Event;
+using memledger::interposer::merge_runs;
+using memledger::interposer::RingRun;
+using memledger::interposer::RingState;
+using memledger::interposer::ThreadRing;
+
+namespace {
+
+// Rings as the producers leave them: events numbered `seqs` written from
+// slot `first` on (past the end of the ring, they wrap), the tail at `first`.
+std::unique_ptr<ThreadRing> ring_with(uint64_t first, const std::vector<uint64_t>& seqs) {
+  auto ring = std::make_unique<ThreadRing>();
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    Event& e = ring->events[(first + i) & ThreadRing::kMask];
+    e = Event{};
+    e.seq = seqs[i];
+    e.addr = seqs[i] * 16;
+  }
+  ring->tail.store(first);
+  ring->head.store(first + seqs.size());
+  return ring;
+}
+
+// The numbers 1..n dealt out to `rings` producers in runs of random length,
+// as threads allocating at once number their events.
+std::vector<std::vector<uint64_t>> deal(uint64_t n, size_t rings, size_t longest, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<std::vector<uint64_t>> out(rings);
+  for (uint64_t seq = 1; seq <= n;) {
+    const size_t to = rng() % rings;
+    const uint64_t len = 1 + rng() % longest;
+    for (uint64_t k = 0; k < len && seq <= n; ++k) out[to].push_back(seq++);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("the rings' runs come out in the order of their numbers", "[merge]") {
+  for (size_t longest : {1u, 5u, 300u}) {
+    const auto dealt = deal(20000, 5, longest, static_cast<uint32_t>(longest));
+    std::vector<std::unique_ptr<ThreadRing>> rings;
+    std::vector<RingRun> runs;
+    for (size_t i = 0; i < dealt.size(); ++i) {
+      // Some runs wrap past the end of their ring.
+      const uint64_t first = i % 2 == 0 ? ThreadRing::kCapacity * 3 - 700 * (i + 1) : 100 * i;
+      rings.push_back(ring_with(first, dealt[i]));
+      runs.push_back({rings.back().get(), first, first + dealt[i].size(), false});
+    }
+    std::vector<uint64_t> order;
+    const size_t n = merge_runs(runs.data(), runs.size(), [&](const Event& e) {
+      REQUIRE(e.addr == e.seq * 16);
+      order.push_back(e.seq);
+    });
+    REQUIRE(n == 20000);
+    REQUIRE(order.size() == 20000);
+    for (size_t i = 0; i < order.size(); ++i) REQUIRE(order[i] == i + 1);
+    for (size_t i = 0; i < runs.size(); ++i) {
+      CHECK(runs[i].pos == runs[i].end);
+      CHECK(rings[i]->tail.load() == runs[i].end);
+    }
+  }
+}
+
+TEST_CASE("a ring gets back what was written while the merge goes on, never more", "[merge]") {
+  const auto dealt = deal(5000, 3, 40, 7);
+  std::vector<std::unique_ptr<ThreadRing>> rings;
+  std::vector<RingRun> runs;
+  for (const auto& seqs : dealt) {
+    rings.push_back(ring_with(ThreadRing::kCapacity - 1000, seqs));
+    runs.push_back({rings.back().get(), ThreadRing::kCapacity - 1000, ThreadRing::kCapacity - 1000 + seqs.size(), false});
+  }
+  size_t released_early = 0;
+  merge_runs(
+      runs.data(), runs.size(),
+      [&](const Event&) {
+        // An event is handed back only once written: the one being written
+        // is at its run's position, and no tail has passed that.
+        for (size_t i = 0; i < rings.size(); ++i) {
+          const uint64_t tail = rings[i]->tail.load();
+          REQUIRE(tail <= runs[i].pos);
+          if (tail > ThreadRing::kCapacity - 1000) ++released_early;
+        }
+      },
+      64);
+  CHECK(released_early > 0);
+  for (size_t i = 0; i < rings.size(); ++i) CHECK(rings[i]->tail.load() == runs[i].end);
+}
+
+TEST_CASE("a retired ring is free once its last run is written", "[merge]") {
+  auto busy = ring_with(10, {1, 3, 5});
+  auto retired = ring_with(20, {2, 4});
+  auto retired_empty = ring_with(30, {});
+  busy->state.store(static_cast<int>(RingState::kOwned));
+  retired->state.store(static_cast<int>(RingState::kRetired));
+  retired_empty->state.store(static_cast<int>(RingState::kRetired));
+  std::vector<RingRun> runs = {{busy.get(), 10, 13, false}, {retired.get(), 20, 22, true},
+                               {retired_empty.get(), 30, 30, true}};
+  std::vector<uint64_t> order;
+  bool retired_free_early = false;
+  merge_runs(runs.data(), runs.size(), [&](const Event& e) {
+    order.push_back(e.seq);
+    if (retired->state.load() == static_cast<int>(RingState::kFree) && order.size() < 4) retired_free_early = true;
+  }, 1);
+  CHECK(order == std::vector<uint64_t>{1, 2, 3, 4, 5});
+  CHECK_FALSE(retired_free_early);
+  CHECK(busy->state.load() == static_cast<int>(RingState::kOwned));
+  CHECK(retired->state.load() == static_cast<int>(RingState::kFree));
+  CHECK(retired_empty->state.load() == static_cast<int>(RingState::kFree));
+}
+
+TEST_CASE("no runs, or only empty ones, write nothing", "[merge]") {
+  CHECK(merge_runs(static_cast<RingRun*>(nullptr), 0, [](const Event&) { FAIL("an event"); }) == 0);
+  auto ring = ring_with(5, {});
+  RingRun run{ring.get(), 5, 5, false};
+  CHECK(merge_runs(&run, 1, [](const Event&) { FAIL("an event"); }) == 0);
+  CHECK(ring->tail.load() == 5);
+}
