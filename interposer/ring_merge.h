@@ -3,6 +3,7 @@
 // their numbers (Event::seq) across all runs.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -36,36 +37,45 @@ inline void release_runs(RingRun* runs, size_t count) {
   }
 }
 
+// A run not written to its end, by the number of its next event: merge_runs'
+// heap of them.
+struct MergeHead {
+  uint64_t seq;
+  uint32_t run;
+};
+
 // Calls `write` with every event of the runs in sequence order, and returns
-// how many. The next event is the least of the runs' first ones; a run goes
-// on while its events come before every other run's first, so one busy
-// thread's run is written without a look at the others. Every
-// `release_every` events the rings get back what was written (a producer
-// whose ring fills waits for that), and all of it at the end.
+// how many. The next event is the least of the runs' next ones (a heap of
+// them in `heads`, room for `count`); a run goes on while its events come
+// before every other run's next one, so one busy thread's run is written
+// without a look at the others. Every `release_every` events the rings get
+// back what was written (a producer whose ring fills waits for that), and
+// all of it at the end.
 template <typename Write>
-size_t merge_runs(RingRun* runs, size_t count, Write&& write, size_t release_every = 4096) {
+size_t merge_runs(RingRun* runs, size_t count, MergeHead* heads, Write&& write, size_t release_every = 4096) {
+  auto later = [](const MergeHead& a, const MergeHead& b) { return a.seq > b.seq; };
+  size_t live = 0;
+  for (size_t i = 0; i < count; ++i) {
+    if (runs[i].pos != runs[i].end) heads[live++] = {run_event(runs[i]).seq, static_cast<uint32_t>(i)};
+  }
+  std::make_heap(heads, heads + live, later);
   size_t written = 0, released_at = 0;
-  for (;;) {
-    RingRun* best = nullptr;
-    uint64_t best_seq = UINT64_MAX, next_seq = UINT64_MAX;
-    for (size_t i = 0; i < count; ++i) {
-      RingRun& r = runs[i];
-      if (r.pos == r.end) continue;
-      const uint64_t seq = run_event(r).seq;
-      if (best == nullptr || seq < best_seq) {
-        if (best != nullptr) next_seq = best_seq;
-        best = &r;
-        best_seq = seq;
-      } else if (seq < next_seq) {
-        next_seq = seq;
-      }
-    }
-    if (best == nullptr) break;
+  while (live > 0) {
+    std::pop_heap(heads, heads + live, later);
+    MergeHead& head = heads[live - 1];
+    RingRun& r = runs[head.run];
+    const uint64_t next_seq = live > 1 ? heads[0].seq : UINT64_MAX;
     do {
-      write(run_event(*best));
-      ++best->pos;
+      write(run_event(r));
+      ++r.pos;
       ++written;
-    } while (best->pos != best->end && run_event(*best).seq < next_seq);
+    } while (r.pos != r.end && run_event(r).seq < next_seq);
+    if (r.pos != r.end) {
+      head.seq = run_event(r).seq;
+      std::push_heap(heads, heads + live, later);
+    } else {
+      --live;
+    }
     if (written - released_at >= release_every) {
       release_runs(runs, count);
       released_at = written;

@@ -442,6 +442,7 @@ struct TraceWriter::State {
   ByteBuffer buffer;
   Bytes compressed;
   Vector<RingRun> runs;  // what a cycle drains, one run per ring (ring_merge.h)
+  Vector<MergeHead> heads;  // merge_runs' heap
   Vector<uint64_t> stack_written;  // one bit per stack id
   Vector<uint8_t> code_written;   // Python code objects, by id
   uint32_t code_low = 1;
@@ -1163,7 +1164,8 @@ size_t TraceWriter::cycle(bool final) {
   }
 
   // 6. Events, in sequence order.
-  const size_t drained = merge_runs(st.runs.data(), st.runs.size(), [&](const Event& e) {
+  st.heads.resize(st.runs.size());
+  const size_t drained = merge_runs(st.runs.data(), st.runs.size(), st.heads.data(), [&](const Event& e) {
     const uint64_t ts = e.ts >= st.start_mono_ns ? e.ts - st.start_mono_ns : 0;
     switch (e.type) {
       case EventType::kAlloc: {

@@ -3,11 +3,13 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "ring_merge.h"
 
 using memledger::interposer::Event;
+using memledger::interposer::MergeHead;
 using memledger::interposer::merge_runs;
 using memledger::interposer::RingRun;
 using memledger::interposer::RingState;
@@ -46,8 +48,9 @@ std::vector<std::vector<uint64_t>> deal(uint64_t n, size_t rings, size_t longest
 }  // namespace
 
 TEST_CASE("the rings' runs come out in the order of their numbers", "[merge]") {
-  for (size_t longest : {1u, 5u, 300u}) {
-    const auto dealt = deal(20000, 5, longest, static_cast<uint32_t>(longest));
+  const std::pair<size_t, size_t> shapes[] = {{5, 1}, {5, 5}, {5, 300}, {40, 1}, {40, 7}, {1, 10}};
+  for (const auto& [ring_count, longest] : shapes) {
+    const auto dealt = deal(20000, ring_count, longest, static_cast<uint32_t>(ring_count * 1000 + longest));
     std::vector<std::unique_ptr<ThreadRing>> rings;
     std::vector<RingRun> runs;
     for (size_t i = 0; i < dealt.size(); ++i) {
@@ -57,7 +60,8 @@ TEST_CASE("the rings' runs come out in the order of their numbers", "[merge]") {
       runs.push_back({rings.back().get(), first, first + dealt[i].size(), false});
     }
     std::vector<uint64_t> order;
-    const size_t n = merge_runs(runs.data(), runs.size(), [&](const Event& e) {
+    std::vector<MergeHead> heads(runs.size());
+    const size_t n = merge_runs(runs.data(), runs.size(), heads.data(), [&](const Event& e) {
       REQUIRE(e.addr == e.seq * 16);
       order.push_back(e.seq);
     });
@@ -80,8 +84,9 @@ TEST_CASE("a ring gets back what was written while the merge goes on, never more
     runs.push_back({rings.back().get(), ThreadRing::kCapacity - 1000, ThreadRing::kCapacity - 1000 + seqs.size(), false});
   }
   size_t released_early = 0;
+  std::vector<MergeHead> heads(runs.size());
   merge_runs(
-      runs.data(), runs.size(),
+      runs.data(), runs.size(), heads.data(),
       [&](const Event&) {
         // An event is handed back only once written: the one being written
         // is at its run's position, and no tail has passed that.
@@ -107,7 +112,8 @@ TEST_CASE("a retired ring is free once its last run is written", "[merge]") {
                                {retired_empty.get(), 30, 30, true}};
   std::vector<uint64_t> order;
   bool retired_free_early = false;
-  merge_runs(runs.data(), runs.size(), [&](const Event& e) {
+  MergeHead heads[3];
+  merge_runs(runs.data(), runs.size(), heads, [&](const Event& e) {
     order.push_back(e.seq);
     if (retired->state.load() == static_cast<int>(RingState::kFree) && order.size() < 4) retired_free_early = true;
   }, 1);
@@ -119,9 +125,11 @@ TEST_CASE("a retired ring is free once its last run is written", "[merge]") {
 }
 
 TEST_CASE("no runs, or only empty ones, write nothing", "[merge]") {
-  CHECK(merge_runs(static_cast<RingRun*>(nullptr), 0, [](const Event&) { FAIL("an event"); }) == 0);
+  CHECK(merge_runs(static_cast<RingRun*>(nullptr), 0, static_cast<MergeHead*>(nullptr),
+                   [](const Event&) { FAIL("an event"); }) == 0);
   auto ring = ring_with(5, {});
   RingRun run{ring.get(), 5, 5, false};
-  CHECK(merge_runs(&run, 1, [](const Event&) { FAIL("an event"); }) == 0);
+  MergeHead head;
+  CHECK(merge_runs(&run, 1, &head, [](const Event&) { FAIL("an event"); }) == 0);
   CHECK(ring->tail.load() == 5);
 }
