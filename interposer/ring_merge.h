@@ -44,13 +44,14 @@ struct MergeHead {
   uint32_t run;
 };
 
-// Calls `write` with every event of the runs in sequence order, and returns
-// how many. The next event is the least of the runs' next ones (a heap of
-// them in `heads`, room for `count`); a run goes on while its events come
-// before every other run's next one, so one busy thread's run is written
-// without a look at the others. Every `release_every` events the rings get
-// back what was written (a producer whose ring fills waits for that), and
-// all of it at the end.
+// Calls `write(first, n)` with every event of the runs in sequence order, n
+// events lying one after another in a ring at a time, and returns how many
+// in all. The next event is the least of the runs' next ones (a heap of them
+// in `heads`, room for `count`); a run goes on while its events come before
+// every other run's next one, so one busy thread's run is written in long
+// stretches without a look at the others. Every `release_every` events the
+// rings get back what was written (a producer whose ring fills waits for
+// that), and all of it at the end.
 template <typename Write>
 size_t merge_runs(RingRun* runs, size_t count, MergeHead* heads, Write&& write, size_t release_every = 4096) {
   auto later = [](const MergeHead& a, const MergeHead& b) { return a.seq > b.seq; };
@@ -66,9 +67,14 @@ size_t merge_runs(RingRun* runs, size_t count, MergeHead* heads, Write&& write, 
     RingRun& r = runs[head.run];
     const uint64_t next_seq = live > 1 ? heads[0].seq : UINT64_MAX;
     do {
-      write(run_event(r));
-      ++r.pos;
-      ++written;
+      // The stretch from here that comes first, up to the ring's last slot.
+      const uint64_t slot = r.pos & ThreadRing::kMask;
+      const uint64_t until = std::min<uint64_t>(r.end, r.pos + (ThreadRing::kCapacity - slot));
+      uint64_t stop = r.pos + 1;
+      while (stop != until && r.ring->events[stop & ThreadRing::kMask].seq < next_seq) ++stop;
+      write(&r.ring->events[slot], static_cast<size_t>(stop - r.pos));
+      written += stop - r.pos;
+      r.pos = stop;
     } while (r.pos != r.end && run_event(r).seq < next_seq);
     if (r.pos != r.end) {
       head.seq = run_event(r).seq;

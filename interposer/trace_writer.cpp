@@ -1165,172 +1165,176 @@ size_t TraceWriter::cycle(bool final) {
 
   // 6. Events, in sequence order.
   st.heads.resize(st.runs.size());
-  const size_t drained = merge_runs(st.runs.data(), st.runs.size(), st.heads.data(), [&](const Event& e) {
-    const uint64_t ts = e.ts >= st.start_mono_ns ? e.ts - st.start_mono_ns : 0;
-    switch (e.type) {
-      case EventType::kAlloc: {
-        write_stack(e.stack);
-        uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
-        // An ordinary host allocation (its size its own weight), or a
-        // sampled one (its weight written after the fields they share).
-        const bool sampled = e.flags == format::kAllocSampled;
-        if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.aux == 0 &&
-            (sampled || (e.flags == 0 && e.weight == e.size))) {
-          if (!sampled && enc.follows(e.seq, ts)) {
-            *p++ = static_cast<uint8_t>(format::Tag::kHostAllocNext);
-          } else {
-            *p++ = static_cast<uint8_t>(sampled ? format::Tag::kSampledHostAlloc : format::Tag::kHostAlloc);
-            p = enc.put_seq_ts(p, e.seq, ts);
+  const size_t drained = merge_runs(st.runs.data(), st.runs.size(), st.heads.data(),
+                                    [&](const Event* events, size_t n) {
+    for (const Event* next = events; next != events + n; ++next) {
+      const Event& e = *next;
+      const uint64_t ts = e.ts >= st.start_mono_ns ? e.ts - st.start_mono_ns : 0;
+      switch (e.type) {
+        case EventType::kAlloc: {
+          write_stack(e.stack);
+          uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
+          // An ordinary host allocation (its size its own weight), or a
+          // sampled one (its weight written after the fields they share).
+          const bool sampled = e.flags == format::kAllocSampled;
+          if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.aux == 0 &&
+              (sampled || (e.flags == 0 && e.weight == e.size))) {
+            if (!sampled && enc.follows(e.seq, ts)) {
+              *p++ = static_cast<uint8_t>(format::Tag::kHostAllocNext);
+            } else {
+              *p++ = static_cast<uint8_t>(sampled ? format::Tag::kSampledHostAlloc : format::Tag::kHostAlloc);
+              p = enc.put_seq_ts(p, e.seq, ts);
+            }
+            p = enc.put_addr(p, e.addr);
+            p = Encoder::put(p, e.size);
+            p = Encoder::put(p, e.stack);
+            if (sampled) p = Encoder::put(p, e.weight);
+            enc.end(p);
+            break;
           }
+          *p++ = static_cast<uint8_t>(format::Tag::kAlloc);
+          p = enc.put_seq_ts(p, e.seq, ts);
+          p = Encoder::put(p, e.tid);
+          p = Encoder::put(p, e.kind);
+          p = Encoder::put(p, e.aux);
           p = enc.put_addr(p, e.addr);
           p = Encoder::put(p, e.size);
           p = Encoder::put(p, e.stack);
-          if (sampled) p = Encoder::put(p, e.weight);
+          p = Encoder::put(p, e.flags);
+          p = Encoder::put(p, e.weight);
           enc.end(p);
           break;
         }
-        *p++ = static_cast<uint8_t>(format::Tag::kAlloc);
-        p = enc.put_seq_ts(p, e.seq, ts);
-        p = Encoder::put(p, e.tid);
-        p = Encoder::put(p, e.kind);
-        p = Encoder::put(p, e.aux);
-        p = enc.put_addr(p, e.addr);
-        p = Encoder::put(p, e.size);
-        p = Encoder::put(p, e.stack);
-        p = Encoder::put(p, e.flags);
-        p = Encoder::put(p, e.weight);
-        enc.end(p);
-        break;
-      }
-      case EventType::kFree: {
-        uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
-        if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == 0) {
-          if (enc.follows(e.seq, ts)) {
-            *p++ = static_cast<uint8_t>(format::Tag::kHostFreeNext);
-          } else {
-            *p++ = static_cast<uint8_t>(format::Tag::kHostFree);
-            p = enc.put_seq_ts(p, e.seq, ts);
+        case EventType::kFree: {
+          uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
+          if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == 0) {
+            if (enc.follows(e.seq, ts)) {
+              *p++ = static_cast<uint8_t>(format::Tag::kHostFreeNext);
+            } else {
+              *p++ = static_cast<uint8_t>(format::Tag::kHostFree);
+              p = enc.put_seq_ts(p, e.seq, ts);
+            }
+            p = enc.put_addr(p, e.addr);
+            enc.end(p);
+            break;
           }
+          *p++ = static_cast<uint8_t>(format::Tag::kFree);
+          p = enc.put_seq_ts(p, e.seq, ts);
+          p = Encoder::put(p, e.tid);
+          p = Encoder::put(p, e.kind);
           p = enc.put_addr(p, e.addr);
+          p = Encoder::put(p, e.flags);
           enc.end(p);
           break;
         }
-        *p++ = static_cast<uint8_t>(format::Tag::kFree);
-        p = enc.put_seq_ts(p, e.seq, ts);
-        p = Encoder::put(p, e.tid);
-        p = Encoder::put(p, e.kind);
-        p = enc.put_addr(p, e.addr);
-        p = Encoder::put(p, e.flags);
-        enc.end(p);
-        break;
-      }
-      case EventType::kReserve:
-        write_stack(e.stack);
-        enc.tag(format::Tag::kReserve);
-        enc.seq_ts(e.seq, ts);
-        enc.u(e.tid);
-        enc.u(e.aux);
-        enc.u(e.addr);
-        enc.u(e.size);
-        enc.u(e.stack);
-        break;
-      case EventType::kUnreserve:
-      case EventType::kUnmap:
-        enc.tag(e.type == EventType::kUnmap ? format::Tag::kUnmap : format::Tag::kUnreserve);
-        enc.seq_ts(e.seq, ts);
-        enc.u(e.tid);
-        enc.u(e.addr);
-        enc.u(e.size);
-        break;
-      case EventType::kMap:
-        enc.tag(format::Tag::kMap);
-        enc.seq_ts(e.seq, ts);
-        enc.u(e.tid);
-        enc.u(e.aux);
-        enc.u(e.addr);
-        enc.u(e.size);
-        enc.u(e.weight);
-        break;
-      case EventType::kHostTotals:
-        enc.host_totals_record(e, ts);
-        break;
-      case EventType::kDeviceSample:
-        enc.tag(format::Tag::kDeviceSample);
-        enc.seq_ts(e.seq, ts);
-        enc.u(e.aux);
-        enc.u(e.addr);
-        enc.u(e.size);
-        break;
-      case EventType::kPoolSample:
-        enc.tag(format::Tag::kPoolSample);
-        enc.seq_ts(e.seq, ts);
-        enc.u(e.aux);
-        enc.u(e.addr);
-        enc.u(e.size);
-        enc.u(e.weight);
-        break;
-      case EventType::kCuptiStatus:
-        enc.tag(format::Tag::kCuptiStatus);
-        enc.u(e.seq);
-        enc.u(ts);
-        enc.u(e.kind);
-        enc.u(e.size);
-        enc.u(e.aux);
-        enc.u(e.stack);
-        break;
-      case EventType::kCuptiMemory: {
-        const bool is_static = format::is_module_static(e.source);
-        enc.tag(format::Tag::kCuptiMemory);
-        enc.u(ts);
-        enc.u(e.flags & 1u);
-        enc.u(e.kind);
-        enc.u(e.aux);
-        enc.u(is_static ? UINT32_MAX : e.tid);
-        enc.u(e.addr);
-        enc.u(e.size);
-        enc.u(e.weight);
-        enc.u(e.stack);
-        enc.u(static_cast<uint64_t>(e.flags >> 1));
-        enc.u(e.source);
-        enc.u(is_static ? e.tid : 0);
-        break;
-      }
-      case EventType::kCuptiPool:
-        enc.tag(format::Tag::kCuptiPool);
-        enc.u(ts);
-        enc.u(e.kind);
-        enc.u(e.flags);
-        enc.u(e.aux);
-        enc.u(e.addr);
-        enc.u(e.size);
-        enc.u(e.weight);
-        enc.u(static_cast<uint64_t>(e.tid) << 32 | e.stack);
-        break;
-      case EventType::kCuptiDropped:
-        enc.tag(format::Tag::kCuptiDropped);
-        enc.u(e.size);
-        break;
-      case EventType::kInfo:
-        enc.tag(format::Tag::kInfo);
-        enc.u(ts);
-        enc.u(e.aux);
-        enc.u(e.stack);
-        break;
-      case EventType::kStep: {
-        enc.tag(format::Tag::kStep);
-        enc.seq_ts(e.seq, ts);
-        enc.u(e.tid);
-        enc.u(e.size);
-        enc.u(e.source);
-        enc.u(e.aux);
-        enc.host_totals(e);
-        st.step_seen = true;
-        st.have_step = true;
-        st.last_step = e.size;
-        // Live bytes at this step end, for the live status line.
-        st.step_live_history[st.step_history_count % 16] = static_cast<int64_t>(e.addr);
-        ++st.step_history_count;
-        break;
+        case EventType::kReserve:
+          write_stack(e.stack);
+          enc.tag(format::Tag::kReserve);
+          enc.seq_ts(e.seq, ts);
+          enc.u(e.tid);
+          enc.u(e.aux);
+          enc.u(e.addr);
+          enc.u(e.size);
+          enc.u(e.stack);
+          break;
+        case EventType::kUnreserve:
+        case EventType::kUnmap:
+          enc.tag(e.type == EventType::kUnmap ? format::Tag::kUnmap : format::Tag::kUnreserve);
+          enc.seq_ts(e.seq, ts);
+          enc.u(e.tid);
+          enc.u(e.addr);
+          enc.u(e.size);
+          break;
+        case EventType::kMap:
+          enc.tag(format::Tag::kMap);
+          enc.seq_ts(e.seq, ts);
+          enc.u(e.tid);
+          enc.u(e.aux);
+          enc.u(e.addr);
+          enc.u(e.size);
+          enc.u(e.weight);
+          break;
+        case EventType::kHostTotals:
+          enc.host_totals_record(e, ts);
+          break;
+        case EventType::kDeviceSample:
+          enc.tag(format::Tag::kDeviceSample);
+          enc.seq_ts(e.seq, ts);
+          enc.u(e.aux);
+          enc.u(e.addr);
+          enc.u(e.size);
+          break;
+        case EventType::kPoolSample:
+          enc.tag(format::Tag::kPoolSample);
+          enc.seq_ts(e.seq, ts);
+          enc.u(e.aux);
+          enc.u(e.addr);
+          enc.u(e.size);
+          enc.u(e.weight);
+          break;
+        case EventType::kCuptiStatus:
+          enc.tag(format::Tag::kCuptiStatus);
+          enc.u(e.seq);
+          enc.u(ts);
+          enc.u(e.kind);
+          enc.u(e.size);
+          enc.u(e.aux);
+          enc.u(e.stack);
+          break;
+        case EventType::kCuptiMemory: {
+          const bool is_static = format::is_module_static(e.source);
+          enc.tag(format::Tag::kCuptiMemory);
+          enc.u(ts);
+          enc.u(e.flags & 1u);
+          enc.u(e.kind);
+          enc.u(e.aux);
+          enc.u(is_static ? UINT32_MAX : e.tid);
+          enc.u(e.addr);
+          enc.u(e.size);
+          enc.u(e.weight);
+          enc.u(e.stack);
+          enc.u(static_cast<uint64_t>(e.flags >> 1));
+          enc.u(e.source);
+          enc.u(is_static ? e.tid : 0);
+          break;
+        }
+        case EventType::kCuptiPool:
+          enc.tag(format::Tag::kCuptiPool);
+          enc.u(ts);
+          enc.u(e.kind);
+          enc.u(e.flags);
+          enc.u(e.aux);
+          enc.u(e.addr);
+          enc.u(e.size);
+          enc.u(e.weight);
+          enc.u(static_cast<uint64_t>(e.tid) << 32 | e.stack);
+          break;
+        case EventType::kCuptiDropped:
+          enc.tag(format::Tag::kCuptiDropped);
+          enc.u(e.size);
+          break;
+        case EventType::kInfo:
+          enc.tag(format::Tag::kInfo);
+          enc.u(ts);
+          enc.u(e.aux);
+          enc.u(e.stack);
+          break;
+        case EventType::kStep: {
+          enc.tag(format::Tag::kStep);
+          enc.seq_ts(e.seq, ts);
+          enc.u(e.tid);
+          enc.u(e.size);
+          enc.u(e.source);
+          enc.u(e.aux);
+          enc.host_totals(e);
+          st.step_seen = true;
+          st.have_step = true;
+          st.last_step = e.size;
+          // Live bytes at this step end, for the live status line.
+          st.step_live_history[st.step_history_count % 16] = static_cast<int64_t>(e.addr);
+          ++st.step_history_count;
+          break;
+        }
       }
     }
   });

@@ -61,13 +61,27 @@ TEST_CASE("the rings' runs come out in the order of their numbers", "[merge]") {
     }
     std::vector<uint64_t> order;
     std::vector<MergeHead> heads(runs.size());
-    const size_t n = merge_runs(runs.data(), runs.size(), heads.data(), [&](const Event& e) {
-      REQUIRE(e.addr == e.seq * 16);
-      order.push_back(e.seq);
+    size_t stretches = 0;
+    const size_t n = merge_runs(runs.data(), runs.size(), heads.data(), [&](const Event* events, size_t count) {
+      REQUIRE(count > 0);
+      ++stretches;
+      for (size_t k = 0; k < count; ++k) {
+        REQUIRE(events[k].addr == events[k].seq * 16);
+        order.push_back(events[k].seq);
+      }
     });
     REQUIRE(n == 20000);
     REQUIRE(order.size() == 20000);
     for (size_t i = 0; i < order.size(); ++i) REQUIRE(order[i] == i + 1);
+    // A run's events that come first together are handed over together,
+    // broken only where their ring wraps.
+    size_t switches = 0;
+    for (size_t i = 0; i < dealt.size(); ++i) {
+      for (size_t k = 1; k < dealt[i].size(); ++k) switches += dealt[i][k] != dealt[i][k - 1] + 1;
+      switches += !dealt[i].empty();
+    }
+    CHECK(stretches >= switches);
+    CHECK(stretches <= switches + dealt.size());
     for (size_t i = 0; i < runs.size(); ++i) {
       CHECK(runs[i].pos == runs[i].end);
       CHECK(rings[i]->tail.load() == runs[i].end);
@@ -87,9 +101,9 @@ TEST_CASE("a ring gets back what was written while the merge goes on, never more
   std::vector<MergeHead> heads(runs.size());
   merge_runs(
       runs.data(), runs.size(), heads.data(),
-      [&](const Event&) {
-        // An event is handed back only once written: the one being written
-        // is at its run's position, and no tail has passed that.
+      [&](const Event*, size_t) {
+        // An event is handed back only once written: the ones being written
+        // are at their run's position, and no tail has passed that.
         for (size_t i = 0; i < rings.size(); ++i) {
           const uint64_t tail = rings[i]->tail.load();
           REQUIRE(tail <= runs[i].pos);
@@ -113,8 +127,8 @@ TEST_CASE("a retired ring is free once its last run is written", "[merge]") {
   std::vector<uint64_t> order;
   bool retired_free_early = false;
   MergeHead heads[3];
-  merge_runs(runs.data(), runs.size(), heads, [&](const Event& e) {
-    order.push_back(e.seq);
+  merge_runs(runs.data(), runs.size(), heads, [&](const Event* events, size_t count) {
+    for (size_t k = 0; k < count; ++k) order.push_back(events[k].seq);
     if (retired->state.load() == static_cast<int>(RingState::kFree) && order.size() < 4) retired_free_early = true;
   }, 1);
   CHECK(order == std::vector<uint64_t>{1, 2, 3, 4, 5});
@@ -126,10 +140,10 @@ TEST_CASE("a retired ring is free once its last run is written", "[merge]") {
 
 TEST_CASE("no runs, or only empty ones, write nothing", "[merge]") {
   CHECK(merge_runs(static_cast<RingRun*>(nullptr), 0, static_cast<MergeHead*>(nullptr),
-                   [](const Event&) { FAIL("an event"); }) == 0);
+                   [](const Event*, size_t) { FAIL("an event"); }) == 0);
   auto ring = ring_with(5, {});
   RingRun run{ring.get(), 5, 5, false};
   MergeHead head;
-  CHECK(merge_runs(&run, 1, &head, [](const Event&) { FAIL("an event"); }) == 0);
+  CHECK(merge_runs(&run, 1, &head, [](const Event*, size_t) { FAIL("an event"); }) == 0);
   CHECK(ring->tail.load() == 5);
 }
