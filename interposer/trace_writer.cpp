@@ -25,6 +25,7 @@
 #include <zstd.h>
 
 #include "held_reading.h"
+#include "host_records.h"
 #include "internal_alloc.h"
 #include "next_allocator.h"
 #include "pressure_sampler.h"
@@ -214,17 +215,19 @@ class Encoder {
   }
   void str(const char* text) { str(text, strlen(text)); }
   void seq_ts(uint64_t seq, uint64_t ts) {
-    s(static_cast<int64_t>(seq - prev_seq_));
-    s(static_cast<int64_t>(ts - prev_ts_));
-    prev_seq_ = seq;
-    prev_ts_ = ts;
+    s(static_cast<int64_t>(seq - d_.seq));
+    s(static_cast<int64_t>(ts - d_.ts));
+    d_.seq = seq;
+    d_.ts = ts;
   }
   void addr(uint64_t a) {
-    s(static_cast<int64_t>(a - prev_addr_));
-    prev_addr_ = a;
+    s(static_cast<int64_t>(a - d_.addr));
+    d_.addr = a;
   }
+  // The frame's deltas, for encode_host_records().
+  FrameDeltas& deltas() { return d_; }
   void new_frame() {
-    prev_seq_ = prev_ts_ = prev_addr_ = 0;
+    d_ = FrameDeltas{};
     have_totals_ = false;
     last_depth_ = last_python_ = 0;
   }
@@ -306,31 +309,22 @@ class Encoder {
     own(python, depth - native_shared);
     return p;
   }
-  // Whether an event numbered `seq` at `ts` follows the previous one in turn
-  // (kHostAllocNext, kHostFreeNext): then it is taken as written.
-  bool follows(uint64_t seq, uint64_t ts) {
-    if (seq != prev_seq_ + 1 || ts != prev_ts_) return false;
-    prev_seq_ = seq;
-    return true;
-  }
   uint8_t* put_seq_ts(uint8_t* p, uint64_t seq, uint64_t ts) {
-    p = put_signed(p, static_cast<int64_t>(seq - prev_seq_));
-    p = put_signed(p, static_cast<int64_t>(ts - prev_ts_));
-    prev_seq_ = seq;
-    prev_ts_ = ts;
+    p = put_signed(p, static_cast<int64_t>(seq - d_.seq));
+    p = put_signed(p, static_cast<int64_t>(ts - d_.ts));
+    d_.seq = seq;
+    d_.ts = ts;
     return p;
   }
   uint8_t* put_addr(uint8_t* p, uint64_t a) {
-    p = put_signed(p, static_cast<int64_t>(a - prev_addr_));
-    prev_addr_ = a;
+    p = put_signed(p, static_cast<int64_t>(a - d_.addr));
+    d_.addr = a;
     return p;
   }
 
  private:
   ByteBuffer& out_;
-  uint64_t prev_seq_ = 0;
-  uint64_t prev_ts_ = 0;
-  uint64_t prev_addr_ = 0;
+  FrameDeltas d_;
   // The last kHostTotals or kHostTotalsDelta record of the frame.
   bool have_totals_ = false;
   uint64_t prev_live_ = 0;
@@ -413,6 +407,10 @@ void OwnedFile::close() {
 namespace {
 
 constexpr uint64_t kShareEveryNs = 1000000000ull;
+
+// Host records encoded by one call of encode_host_records(), whose room is
+// reserved at once (15 KiB).
+constexpr size_t kHostBatch = 256;
 
 struct ShareSample {
   uint64_t rss = 0, pss = 0, shared = 0, priv = 0;
@@ -1167,31 +1165,35 @@ size_t TraceWriter::cycle(bool final) {
   st.heads.resize(st.runs.size());
   const size_t drained = merge_runs(st.runs.data(), st.runs.size(), st.heads.data(),
                                     [&](const Event* events, size_t n) {
-    for (const Event* next = events; next != events + n; ++next) {
-      const Event& e = *next;
+    const Event* const last = events + n;
+    for (const Event* next = events; next != last;) {
+      // Host allocations and frees, a batch at a time, while their stacks
+      // are written already.
+      const size_t batch = std::min<size_t>(static_cast<size_t>(last - next), kHostBatch);
+      const uint64_t* const written = st.stack_written.data();
+      const size_t written_words = st.stack_written.size();
+      uint8_t* out = enc.begin(batch * kMaxHostRecord);
+      const Event* const stop = encode_host_records(next, next + batch, st.start_mono_ns, enc.deltas(), out,
+                                                    [written, written_words](uint32_t id) {
+        return id / 64 < written_words && (written[id / 64] >> (id % 64) & 1) != 0;
+      });
+      enc.end(out);
+      if (stop != next) {
+        next = stop;
+        continue;
+      }
+      const Event& e = *next++;
       const uint64_t ts = e.ts >= st.start_mono_ns ? e.ts - st.start_mono_ns : 0;
       switch (e.type) {
         case EventType::kAlloc: {
           write_stack(e.stack);
-          uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
-          // An ordinary host allocation (its size its own weight), or a
-          // sampled one (its weight written after the fields they share).
-          const bool sampled = e.flags == format::kAllocSampled;
-          if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.aux == 0 &&
-              (sampled || (e.flags == 0 && e.weight == e.size))) {
-            if (!sampled && enc.follows(e.seq, ts)) {
-              *p++ = static_cast<uint8_t>(format::Tag::kHostAllocNext);
-            } else {
-              *p++ = static_cast<uint8_t>(sampled ? format::Tag::kSampledHostAlloc : format::Tag::kHostAlloc);
-              p = enc.put_seq_ts(p, e.seq, ts);
-            }
-            p = enc.put_addr(p, e.addr);
-            p = Encoder::put(p, e.size);
-            p = Encoder::put(p, e.stack);
-            if (sampled) p = Encoder::put(p, e.weight);
+          if (plain_host_alloc(e)) {
+            uint8_t* p = enc.begin(kMaxHostRecord);
+            encode_host_records(&e, &e + 1, st.start_mono_ns, enc.deltas(), p, [](uint32_t) { return true; });
             enc.end(p);
             break;
           }
+          uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
           *p++ = static_cast<uint8_t>(format::Tag::kAlloc);
           p = enc.put_seq_ts(p, e.seq, ts);
           p = Encoder::put(p, e.tid);
@@ -1206,18 +1208,8 @@ size_t TraceWriter::cycle(bool final) {
           break;
         }
         case EventType::kFree: {
+          // Not a host free: encode_host_records() took those.
           uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
-          if (e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == 0) {
-            if (enc.follows(e.seq, ts)) {
-              *p++ = static_cast<uint8_t>(format::Tag::kHostFreeNext);
-            } else {
-              *p++ = static_cast<uint8_t>(format::Tag::kHostFree);
-              p = enc.put_seq_ts(p, e.seq, ts);
-            }
-            p = enc.put_addr(p, e.addr);
-            enc.end(p);
-            break;
-          }
           *p++ = static_cast<uint8_t>(format::Tag::kFree);
           p = enc.put_seq_ts(p, e.seq, ts);
           p = Encoder::put(p, e.tid);
