@@ -49,11 +49,15 @@ struct MergeHead {
 // in all. The next event is the least of the runs' next ones (a heap of them
 // in `heads`, room for `count`); a run goes on while its events come before
 // every other run's next one, so one busy thread's run is written in long
-// stretches without a look at the others. Every `release_every` events the
-// rings get back what was written (a producer whose ring fills waits for
-// that), and all of it at the end.
+// stretches without a look at the others. A stretch holds at most
+// `longest` events, handed over while the lines the compares read are still
+// in the nearest cache (a ring's whole run is larger than the second-level
+// cache); the last run left goes on without compares. Every
+// `release_every` events the rings get back what was written (a producer
+// whose ring fills waits for that), and all of it at the end.
 template <typename Write>
-size_t merge_runs(RingRun* runs, size_t count, MergeHead* heads, Write&& write, size_t release_every = 4096) {
+size_t merge_runs(RingRun* runs, size_t count, MergeHead* heads, Write&& write, size_t release_every = 4096,
+                  size_t longest = 256) {
   auto later = [](const MergeHead& a, const MergeHead& b) { return a.seq > b.seq; };
   size_t live = 0;
   for (size_t i = 0; i < count; ++i) {
@@ -69,22 +73,26 @@ size_t merge_runs(RingRun* runs, size_t count, MergeHead* heads, Write&& write, 
     do {
       // The stretch from here that comes first, up to the ring's last slot.
       const uint64_t slot = r.pos & ThreadRing::kMask;
-      const uint64_t until = std::min<uint64_t>(r.end, r.pos + (ThreadRing::kCapacity - slot));
-      uint64_t stop = r.pos + 1;
-      while (stop != until && r.ring->events[stop & ThreadRing::kMask].seq < next_seq) ++stop;
+      const uint64_t until =
+          std::min<uint64_t>({r.end, r.pos + (ThreadRing::kCapacity - slot), r.pos + longest});
+      uint64_t stop = until;
+      if (live > 1) {
+        stop = r.pos + 1;
+        while (stop != until && r.ring->events[stop & ThreadRing::kMask].seq < next_seq) ++stop;
+      }
       write(&r.ring->events[slot], static_cast<size_t>(stop - r.pos));
       written += stop - r.pos;
       r.pos = stop;
+      if (written - released_at >= release_every) {
+        release_runs(runs, count);
+        released_at = written;
+      }
     } while (r.pos != r.end && run_event(r).seq < next_seq);
     if (r.pos != r.end) {
       head.seq = run_event(r).seq;
       std::push_heap(heads, heads + live, later);
     } else {
       --live;
-    }
-    if (written - released_at >= release_every) {
-      release_runs(runs, count);
-      released_at = written;
     }
   }
   release_runs(runs, count);

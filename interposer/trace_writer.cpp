@@ -408,8 +408,9 @@ namespace {
 
 constexpr uint64_t kShareEveryNs = 1000000000ull;
 
-// Host records encoded by one call of encode_host_records(), whose room is
-// reserved at once (15 KiB).
+// The most events merge_runs() hands over at once, and the host records
+// one call of encode_host_records() encodes, whose room is reserved at once
+// (15 KiB).
 constexpr size_t kHostBatch = 256;
 
 struct ShareSample {
@@ -1329,7 +1330,7 @@ size_t TraceWriter::cycle(bool final) {
         }
       }
     }
-  });
+  }, 4096, kHostBatch);
   if (dropped != 0) {
     enc.tag(format::Tag::kDropped);
     enc.u(dropped);
