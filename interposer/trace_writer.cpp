@@ -1209,7 +1209,7 @@ size_t TraceWriter::cycle(bool final) {
           break;
         }
         case EventType::kFree: {
-          // Not a host free: encode_host_records() took those.
+          // Not a plain host free: encode_host_records() took those.
           uint8_t* p = enc.begin(Encoder::kMaxEventRecord);
           *p++ = static_cast<uint8_t>(format::Tag::kFree);
           p = enc.put_seq_ts(p, e.seq, ts);
