@@ -51,6 +51,27 @@ inline bool plain_host_free(const Event& e) {
   return e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == 0;
 }
 
+// What every one of these records starts with: the tag `in_turn_tag` where
+// `may_be_in_turn` and the event is numbered one after the last record at
+// its time, else `tag` and the two deltas; then the address's delta.
+// Moves the frame's deltas on.
+inline uint8_t* put_record_head(uint8_t* p, const Event& e, uint64_t ets, bool may_be_in_turn,
+                                format::Tag in_turn_tag, format::Tag tag, uint64_t& seq, uint64_t& ts,
+                                uint64_t& addr) {
+  if (may_be_in_turn && e.seq == seq + 1 && ets == ts) {
+    *p++ = static_cast<uint8_t>(in_turn_tag);
+  } else {
+    *p++ = static_cast<uint8_t>(tag);
+    p = put_signed_at(p, static_cast<int64_t>(e.seq - seq));
+    p = put_signed_at(p, static_cast<int64_t>(ets - ts));
+    ts = ets;
+  }
+  seq = e.seq;
+  p = put_signed_at(p, static_cast<int64_t>(e.addr - addr));
+  addr = e.addr;
+  return p;
+}
+
 // Encodes the events from `e` on, up to `end`, at `out` (room for
 // kMaxHostRecord bytes each), while they are plain host frees or plain host
 // allocations whose stack `written(stack)` says the frame's reader knows
@@ -64,38 +85,23 @@ inline const Event* encode_host_records(const Event* e, const Event* end, uint64
   uint64_t seq = d.seq, ts = d.ts, addr = d.addr;
   for (; e != end; ++e) {
     const uint64_t ets = e->ts >= start_ns ? e->ts - start_ns : 0;
-    const bool in_turn = e->seq == seq + 1 && ets == ts;
     if (e->type == EventType::kFree) {
       if (!plain_host_free(*e)) break;
-      if (in_turn) {
-        *p++ = static_cast<uint8_t>(format::Tag::kHostFreeNext);
-      } else {
-        *p++ = static_cast<uint8_t>(format::Tag::kHostFree);
-        p = put_signed_at(p, static_cast<int64_t>(e->seq - seq));
-        p = put_signed_at(p, static_cast<int64_t>(ets - ts));
-        ts = ets;
-      }
-      seq = e->seq;
-      p = put_signed_at(p, static_cast<int64_t>(e->addr - addr));
-      addr = e->addr;
+      p = put_record_head(p, *e, ets, true, format::Tag::kHostFreeNext, format::Tag::kHostFree, seq, ts, addr);
     } else if (e->type == EventType::kAlloc) {
       if (!plain_host_alloc(*e) || !written(e->stack)) break;
       // A sampled allocation always carries its seq and time.
-      const bool sampled = e->flags == format::kAllocSampled;
-      if (!sampled && in_turn) {
-        *p++ = static_cast<uint8_t>(format::Tag::kHostAllocNext);
+      if (e->flags == format::kAllocSampled) {
+        p = put_record_head(p, *e, ets, false, format::Tag::kHostAllocNext, format::Tag::kSampledHostAlloc, seq, ts,
+                            addr);
+        p = put_varint_at(p, e->size);
+        p = put_varint_at(p, e->stack);
+        p = put_varint_at(p, e->weight);
       } else {
-        *p++ = static_cast<uint8_t>(sampled ? format::Tag::kSampledHostAlloc : format::Tag::kHostAlloc);
-        p = put_signed_at(p, static_cast<int64_t>(e->seq - seq));
-        p = put_signed_at(p, static_cast<int64_t>(ets - ts));
-        ts = ets;
+        p = put_record_head(p, *e, ets, true, format::Tag::kHostAllocNext, format::Tag::kHostAlloc, seq, ts, addr);
+        p = put_varint_at(p, e->size);
+        p = put_varint_at(p, e->stack);
       }
-      seq = e->seq;
-      p = put_signed_at(p, static_cast<int64_t>(e->addr - addr));
-      addr = e->addr;
-      p = put_varint_at(p, e->size);
-      p = put_varint_at(p, e->stack);
-      if (sampled) p = put_varint_at(p, e->weight);
     } else {
       break;
     }
