@@ -276,15 +276,8 @@ class Encoder {
   static constexpr size_t kMaxEventRecord = 1 + 10 * 10;
   uint8_t* begin(size_t max) { return out_.reserve(max); }
   void end(uint8_t* p) { out_.commit(static_cast<size_t>(p - out_.data() - out_.size())); }
-  static uint8_t* put(uint8_t* p, uint64_t v) {
-    while (v >= 0x80) {
-      *p++ = static_cast<uint8_t>(v) | 0x80;
-      v >>= 7;
-    }
-    *p++ = static_cast<uint8_t>(v);
-    return p;
-  }
-  static uint8_t* put_signed(uint8_t* p, int64_t v) { return put(p, format::zigzag(v)); }
+  static uint8_t* put(uint8_t* p, uint64_t v) { return put_varint_at(p, v); }
+  static uint8_t* put_signed(uint8_t* p, int64_t v) { return put_signed_at(p, v); }
   // A stack record at `p`: kStackShared sharing those frames of each part,
   // kStack where it shares none.
   static uint8_t* shared_stack(uint8_t* p, uint32_t id, const uintptr_t* frames, uint32_t depth, uint32_t python,
