@@ -31,6 +31,9 @@ struct FrameDeltas {
 // The most bytes one of these records takes: a tag and six varints.
 inline constexpr size_t kMaxHostRecord = 1 + 6 * 10;
 
+// format::put_varint()'s bytes, written through the pointer it returns:
+// encode_host_records() built on format::put_varint() took 13% more
+// instructions (callgrind, bench/storm).
 inline uint8_t* put_varint_at(uint8_t* p, uint64_t v) {
   while (v >= 0x80) {
     *p++ = static_cast<uint8_t>(v) | 0x80;
@@ -50,6 +53,17 @@ inline bool plain_host_alloc(const Event& e) {
 inline bool plain_host_free(const Event& e) {
   return e.kind == static_cast<uint8_t>(format::Kind::kHost) && e.flags == 0;
 }
+
+// Whether the stack numbered `id` is in the trace already, by the writer's
+// bits of the stacks written (`words` of them, bit id % 64 of word id / 64).
+// Stack 0, no stack, is never written: the writer's bits hold it from the
+// start (kStacksAtStart), so that allocations without a stack take the
+// batches too.
+inline bool stack_in_trace(const uint64_t* bits, size_t words, uint32_t id) {
+  return id / 64 < words && (bits[id / 64] >> (id % 64) & 1) != 0;
+}
+// The first word of the writer's bits: stack 0.
+inline constexpr uint64_t kStacksAtStart = 1;
 
 // What every one of these records starts with: the tag `in_turn_tag` where
 // `may_be_in_turn` and the event is numbered one after the last record at

@@ -435,7 +435,7 @@ struct TraceWriter::State {
   Bytes compressed;
   Vector<RingRun> runs;  // what a cycle drains, one run per ring (ring_merge.h)
   Vector<MergeHead> heads;  // merge_runs' heap
-  Vector<uint64_t> stack_written;  // one bit per stack id
+  Vector<uint64_t> stack_written = Vector<uint64_t>(1, kStacksAtStart);  // one bit per stack id
   Vector<uint8_t> code_written;   // Python code objects, by id
   uint32_t code_low = 1;
   uint32_t python_generation = 0;
@@ -1128,19 +1128,16 @@ size_t TraceWriter::cycle(bool final) {
   // Stacks are written as events first refer to them (step 6).
   StackTable& stacks = rec.stacks();
   auto write_stack = [&](uint32_t id) {
-    if (id == 0) return;
+    if (stack_in_trace(st.stack_written.data(), st.stack_written.size(), id)) return;
     if (id / 64 >= st.stack_written.size()) {
       const uint32_t count = stacks.count();
       st.stack_written.resize((id > count ? id : count) / 64 + 1, 0);
     }
-    uint64_t& written = st.stack_written[id / 64];
-    const uint64_t bit = uint64_t{1} << (id % 64);
-    if (written & bit) return;
     uintptr_t* const frames = enc.next_stack();
     const uint32_t depth = stacks.get(id, frames, &st.stack_paths);
     if (depth == 0) return;
     enc.stack_record(id, depth);
-    written |= bit;
+    st.stack_written[id / 64] |= uint64_t{1} << (id % 64);
   };
 
   // 5. Strings (step labels).
@@ -1169,7 +1166,7 @@ size_t TraceWriter::cycle(bool final) {
       uint8_t* out = enc.begin(batch * kMaxHostRecord);
       const Event* const stop = encode_host_records(next, next + batch, st.start_mono_ns, enc.deltas(), out,
                                                     [written, written_words](uint32_t id) {
-        return id / 64 < written_words && (written[id / 64] >> (id % 64) & 1) != 0;
+        return stack_in_trace(written, written_words, id);
       });
       enc.end(out);
       if (stop != next) {

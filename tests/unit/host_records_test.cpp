@@ -184,3 +184,21 @@ TEST_CASE("host records: numbered in turn at the same time, a byte of tag and th
   CHECK(d.ts == 3'000'000);
   CHECK(d.addr == 0x1000);
 }
+
+TEST_CASE("host records: stack 0 and the stacks whose bit is set are in the trace", "[host_records]") {
+  using memledger::interposer::stack_in_trace;
+  // The writer's bits as it starts: no stack written, and stack 0 held.
+  const uint64_t at_start[1] = {memledger::interposer::kStacksAtStart};
+  CHECK(stack_in_trace(at_start, 1, 0));
+  CHECK_FALSE(stack_in_trace(at_start, 1, 1));
+  CHECK_FALSE(stack_in_trace(at_start, 1, 63));
+  CHECK_FALSE(stack_in_trace(at_start, 1, 64));  // past the words
+  const uint64_t bits[2] = {memledger::interposer::kStacksAtStart | uint64_t{1} << 5, uint64_t{1} << 63};
+  CHECK(stack_in_trace(bits, 2, 0));
+  CHECK(stack_in_trace(bits, 2, 5));
+  CHECK(stack_in_trace(bits, 2, 127));
+  CHECK_FALSE(stack_in_trace(bits, 2, 6));
+  CHECK_FALSE(stack_in_trace(bits, 2, 64));
+  CHECK_FALSE(stack_in_trace(bits, 2, 128));  // past the words
+  CHECK_FALSE(stack_in_trace(bits, 1, 127));
+}
