@@ -36,6 +36,7 @@
 #include "trace_encoding.h"
 #include "trace_format.h"
 #include "unwinder.h"
+#include "wait_budget.h"
 
 namespace memledger::interposer {
 namespace {
@@ -723,7 +724,9 @@ void become_tracer_thread(const char* name) {
 
 void* TraceWriter::thread_main(void* self) {
   become_tracer_thread("memledger");
-  static_cast<TraceWriter*>(self)->run();
+  TraceWriter& writer = *static_cast<TraceWriter*>(self);
+  writer.thread_tid_.store(static_cast<pid_t>(syscall(SYS_gettid)), std::memory_order_release);
+  writer.run();
   return nullptr;
 }
 
@@ -737,16 +740,12 @@ void TraceWriter::flush_and_wait(int timeout_ms) {
   if (pthread_equal(pthread_self(), thread_)) return;
   uint32_t ticket = flush_requested_.fetch_add(1, std::memory_order_acq_rel) + 1;
   wake();
-  timespec start;
-  clock_gettime(CLOCK_MONOTONIC, &start);
+  WaitBudget budget(static_cast<uint64_t>(timeout_ms) * 1'000'000, monotonic_ns());
   for (;;) {
     uint32_t done = flush_done_.load(std::memory_order_acquire);
     if (static_cast<int32_t>(done - ticket) >= 0) return;
     if (!running_.load(std::memory_order_acquire) || !trace_.is_open()) return;
-    timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    long elapsed_ms = (now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000;
-    if (elapsed_ms >= timeout_ms) return;
+    if (!budget.go_on(monotonic_ns(), thread_ready(thread_tid_.load(std::memory_order_acquire)))) return;
     timespec wait = {0, 5'000'000};
     futex(&flush_done_, FUTEX_WAIT_PRIVATE, done, &wait);
   }
@@ -829,6 +828,7 @@ void TraceWriter::reset_after_fork() {
   // parent. Close our copies without writing anything.
   running_.store(false, std::memory_order_relaxed);
   stopping_.store(false, std::memory_order_relaxed);
+  thread_tid_.store(0, std::memory_order_relaxed);
   flush_requested_.store(0, std::memory_order_relaxed);
   flush_done_.store(0, std::memory_order_relaxed);
   exit_pending_.store(0, std::memory_order_relaxed);
@@ -941,8 +941,9 @@ bool read_loaded_objects(TraceWriter::Modules& m) {
 bool TraceWriter::scan_modules_here(bool detect_python, int wait_ms) {
   if (modules_ == nullptr) return false;
   Modules& m = *modules_;
-  for (int waited = 0; m.scanning.exchange(true, std::memory_order_acquire); ++waited) {
-    if (waited >= wait_ms) return false;
+  WaitBudget budget(static_cast<uint64_t>(wait_ms) * 1'000'000, monotonic_ns());
+  while (m.scanning.exchange(true, std::memory_order_acquire)) {
+    if (!budget.go_on(monotonic_ns())) return false;
     timespec pause = {0, 1'000'000};
     nanosleep(&pause, nullptr);
   }
@@ -972,10 +973,11 @@ uint32_t TraceWriter::request_modules_scan() {
 
 bool TraceWriter::wait_modules_scan(uint32_t ticket, int timeout_ms) {
   Modules& m = *modules_;
-  for (int waited = 0;; ++waited) {
+  WaitBudget budget(static_cast<uint64_t>(timeout_ms) * 1'000'000, monotonic_ns());
+  for (;;) {
     const uint32_t done = m.done.load(std::memory_order_acquire);
     if (static_cast<int32_t>(done - ticket) >= 0) return true;
-    if (waited >= timeout_ms) return false;
+    if (!budget.go_on(monotonic_ns())) return false;
     timespec wait = {0, 1'000'000};
     futex(&m.done, FUTEX_WAIT_PRIVATE, done, &wait);
   }

@@ -153,6 +153,7 @@ class TraceWriter {
   std::atomic<bool> running_{false};
   std::atomic<bool> waiting_{false};
   pthread_t thread_{};
+  std::atomic<pid_t> thread_tid_{0};
   std::atomic<bool> modules_running_{false};
   OwnedFile trace_;
   OwnedFile status_;
