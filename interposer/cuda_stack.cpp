@@ -16,6 +16,7 @@
 
 #include "libc_symbols.h"
 #include "recorder.h"
+#include "small_file.h"
 #include "spin_lock.h"
 
 namespace memledger::interposer {
@@ -223,16 +224,8 @@ bool release_token(const char* p, char* out, size_t size) {
 bool kernel_module_release(char* out, size_t size) {
   const char* path = getenv("MEMLEDGER_TEST_NVIDIA_VERSION_FILE");
   if (path == nullptr || *path == '\0') path = "/proc/driver/nvidia/version";
-  const int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
   char text[1024];
-  ssize_t n;
-  do {
-    n = read(fd, text, sizeof text - 1);
-  } while (n < 0 && errno == EINTR);
-  close(fd);
-  if (n <= 0) return false;
-  text[n] = '\0';
+  if (read_small_file(path, text, sizeof text) <= 0) return false;
   const char* module = std::strstr(text, "Kernel Module");
   if (module == nullptr) return false;
   const char* for_arch = std::strstr(module, " for ");  // the open module names its architecture first

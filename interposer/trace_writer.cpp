@@ -30,6 +30,7 @@
 #include "next_allocator.h"
 #include "pressure_sampler.h"
 #include "python_frames.h"
+#include "small_file.h"
 #include "ring_merge.h"
 #include "spin_lock.h"
 #include "recorder.h"
@@ -78,22 +79,6 @@ bool write_all(int fd, const void* data, size_t size, int* err) {
     size -= static_cast<size_t>(n);
   }
   return true;
-}
-
-// Reads a small file with raw syscalls (no stdio, no heap).
-ssize_t read_small_file(const char* path, char* buf, size_t size) {
-  int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t total = 0;
-  while (static_cast<size_t>(total) + 1 < size) {
-    ssize_t n = ::read(fd, buf + total, size - 1 - static_cast<size_t>(total));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    total += n;
-  }
-  ::close(fd);
-  buf[total] = '\0';
-  return total;
 }
 
 uint64_t parse_u64(const char* s) {

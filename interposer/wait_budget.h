@@ -14,14 +14,14 @@
 // hangs on the tracer.
 #pragma once
 
-#include <fcntl.h>
 #include <sys/types.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
+#include "small_file.h"
 
 namespace memledger::interposer {
 
@@ -53,7 +53,7 @@ class WaitBudget {
 
 // Whether thread `tid` of this process is ready to run (running, or
 // waiting for a processor) rather than waiting for something. Safe in a
-// signal handler: open, read and close only.
+// signal handler (read_small_file); errno is kept.
 inline bool thread_ready(pid_t tid) {
   if (tid <= 0) return false;
   char path[48] = "/proc/self/task/";
@@ -64,18 +64,10 @@ inline bool thread_ready(pid_t tid) {
   while (count > 0) path[n++] = digits[--count];
   memcpy(path + n, "/stat", sizeof "/stat");
   const int saved_errno = errno;
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
   char buf[512];
-  ssize_t got = -1;
-  if (fd >= 0) {
-    do {
-      got = ::read(fd, buf, sizeof buf - 1);
-    } while (got < 0 && errno == EINTR);
-    ::close(fd);
-  }
+  const ssize_t got = read_small_file(path, buf, sizeof buf);
   errno = saved_errno;
   if (got <= 0) return false;
-  buf[got] = '\0';
   // "tid (name) S ...": the name may hold spaces and parentheses.
   const char* state = strrchr(buf, ')');
   return state != nullptr && state[1] == ' ' && state[2] == 'R';
