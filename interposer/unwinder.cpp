@@ -10,6 +10,7 @@
 #define UNW_LOCAL_ONLY
 #include <libunwind.h>
 
+#include "object_index.h"
 #include "owned_use.h"
 #include "spin_lock.h"
 
@@ -322,59 +323,6 @@ bool parse_cie(const uint8_t* at, Cie& cie) {
   return cie.instructions <= cie.end;
 }
 
-// Finds the object holding `pc`, its .eh_frame_hdr, and the pages of the
-// read-only segment that holds the header, when that segment's pages may be
-// handed back (ReadPages).
-struct ObjectLookup {
-  uint64_t pc;
-  const uint8_t* hdr = nullptr;
-  uintptr_t segment_begin = 0;  // page-aligned; both 0: not to be handed back
-  uintptr_t segment_end = 0;
-};
-
-// Whether the object's text may have been written to by the loader
-// (DT_TEXTREL): then a page of a read-only segment may be a private copy.
-bool has_text_relocations(const dl_phdr_info* info) {
-  for (int i = 0; i < info->dlpi_phnum; ++i) {
-    if (info->dlpi_phdr[i].p_type != PT_DYNAMIC) continue;
-    const auto* dyn = reinterpret_cast<const ElfW(Dyn)*>(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
-    for (; dyn->d_tag != DT_NULL; ++dyn) {
-      if (dyn->d_tag == DT_TEXTREL || (dyn->d_tag == DT_FLAGS && (dyn->d_un.d_val & DF_TEXTREL))) return true;
-    }
-  }
-  return false;
-}
-
-int find_object(dl_phdr_info* info, size_t, void* data) {
-  auto* lookup = static_cast<ObjectLookup*>(data);
-  const ElfW(Phdr)* eh = nullptr;
-  bool inside = false;
-  for (int i = 0; i < info->dlpi_phnum; ++i) {
-    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-    if (ph.p_type == PT_LOAD) {
-      const uint64_t begin = info->dlpi_addr + ph.p_vaddr;
-      if (lookup->pc >= begin && lookup->pc < begin + ph.p_memsz) inside = true;
-    } else if (ph.p_type == PT_GNU_EH_FRAME) {
-      eh = &ph;
-    }
-  }
-  if (!inside) return 0;
-  if (eh == nullptr) return 1;
-  lookup->hdr = reinterpret_cast<const uint8_t*>(info->dlpi_addr + eh->p_vaddr);
-  if (info->dlpi_name != nullptr && strstr(info->dlpi_name, "linux-vdso") != nullptr) return 1;
-  for (int i = 0; i < info->dlpi_phnum; ++i) {
-    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
-    if (ph.p_type != PT_LOAD || eh->p_vaddr < ph.p_vaddr || eh->p_vaddr >= ph.p_vaddr + ph.p_filesz) continue;
-    if ((ph.p_flags & PF_W) == 0 && ph.p_memsz == ph.p_filesz && !has_text_relocations(info)) {
-      const uintptr_t page = static_cast<uintptr_t>(getpagesize());
-      lookup->segment_begin = (info->dlpi_addr + ph.p_vaddr) & ~(page - 1);
-      lookup->segment_end = (info->dlpi_addr + ph.p_vaddr + ph.p_filesz + page - 1) & ~(page - 1);
-    }
-    break;
-  }
-  return 1;
-}
-
 // The pages of the unwind tables a rule was worked out from are handed back
 // to the kernel (madvise MADV_DONTNEED) every kEvery rules. They are clean
 // pages of a read-only file mapping, so what reads them next (a rule worked
@@ -451,13 +399,14 @@ class ReadPages {
   int rules_ = 0;
 };
 ReadPages g_read_pages;
+ObjectIndex g_objects;
 
 // The rule for a return address `pc` (the call is at pc - 1).
 Rule compute_rule(uint64_t pc) {
   Rule rule;  // kUnsupported
   const uint64_t target = pc - 1;
   ObjectLookup lookup{target};
-  dl_iterate_phdr(find_object, &lookup);
+  g_objects.find(&lookup);
   if (lookup.hdr == nullptr || lookup.hdr[0] != 1) return rule;
   const uint8_t* hdr = lookup.hdr;
   // The binary search table: (initial location, FDE address) pairs, each

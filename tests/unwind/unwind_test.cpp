@@ -10,6 +10,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <dlfcn.h>
+#include <memory>
+#include <thread>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -21,6 +25,7 @@
 #include <libunwind.h>
 
 #include "chain.h"
+#include "object_index.h"
 #include "unwinder.h"
 
 using memledger::interposer::fast_backtrace;
@@ -648,4 +653,115 @@ TEST_CASE("the pages of the unwind tables a walk read are handed back to the ker
   // What reads them next finds them again: libunwind's stack, as before.
   memledger::interposer::unwinder_modules_unloaded();
   check_same(run_chain("fnvfnv"));
+}
+
+namespace {
+
+using memledger::interposer::ObjectIndex;
+using memledger::interposer::ObjectLookup;
+
+// Addresses around every loaded segment (its first and last byte, its
+// middle, the bytes just outside), and some that no object holds.
+int collect_probes(dl_phdr_info* info, size_t, void* data) {
+  auto* probes = static_cast<std::vector<uint64_t>*>(data);
+  for (int i = 0; i < info->dlpi_phnum; ++i) {
+    const ElfW(Phdr)& ph = info->dlpi_phdr[i];
+    if (ph.p_type != PT_LOAD && ph.p_type != PT_GNU_EH_FRAME) continue;
+    const uint64_t begin = info->dlpi_addr + ph.p_vaddr;
+    const uint64_t end = begin + ph.p_memsz;
+    for (uint64_t pc : {begin - 1, begin, begin + ph.p_memsz / 2, end - 1, end, end + 4096}) probes->push_back(pc);
+  }
+  return 0;
+}
+
+bool same_lookup(const ObjectLookup& a, const ObjectLookup& b) {
+  return a.hdr == b.hdr && a.segment_begin == b.segment_begin && a.segment_end == b.segment_end;
+}
+
+ObjectLookup by_index(ObjectIndex& index, uint64_t pc) {
+  ObjectLookup lookup{pc};
+  index.find(&lookup);
+  return lookup;
+}
+
+ObjectLookup by_scan(uint64_t pc) {
+  ObjectLookup lookup{pc};
+  memledger::interposer::find_object_by_scan(&lookup);
+  return lookup;
+}
+
+}  // namespace
+
+TEST_CASE("the object index finds what a scan of the loaded objects finds, and follows dlopen and dlclose",
+          "[unwind][objects]") {
+  auto index = std::make_unique<ObjectIndex>();
+  std::vector<uint64_t> probes = {0, 1, 4096, reinterpret_cast<uint64_t>(&probes), ~uint64_t{0} - 1};
+  dl_iterate_phdr(collect_probes, &probes);
+  REQUIRE(probes.size() > 20);
+  size_t held = 0;
+  for (uint64_t pc : probes) {
+    const ObjectLookup want = by_scan(pc);
+    const ObjectLookup got = by_index(*index, pc);
+    INFO("pc " << reinterpret_cast<void*>(pc));
+    CHECK(same_lookup(got, want));
+    held += want.hdr != nullptr;
+  }
+  CHECK(held > probes.size() / 3);
+  ObjectIndex::Counts counts = index->counts();
+  CHECK(counts.built == 1);
+  CHECK(counts.from_index == probes.size() - 1);  // the first look-up built it
+  CHECK(counts.scanned == 1);
+
+  // A library loaded after the index was built: found, as the scan finds it.
+  void* handle = dlopen(UNWIND_LOADABLE, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(handle != nullptr);
+  const auto loaded = reinterpret_cast<uint64_t>(dlsym(handle, "unwind_loadable_value"));
+  REQUIRE(loaded != 0);
+  const ObjectLookup in_library = by_index(*index, loaded + 1);
+  CHECK(in_library.hdr != nullptr);
+  CHECK(same_lookup(in_library, by_scan(loaded + 1)));
+  CHECK(index->counts().built == 2);
+  // Unloaded: the index no longer names it.
+  REQUIRE(dlclose(handle) == 0);
+  const ObjectLookup after = by_index(*index, loaded + 1);
+  CHECK(same_lookup(after, by_scan(loaded + 1)));
+  CHECK(index->counts().built == 3);
+  for (uint64_t pc : probes) CHECK(same_lookup(by_index(*index, pc), by_scan(pc)));
+  CHECK(index->counts().built == 3);
+}
+
+TEST_CASE("the object index under look-ups from several threads while another loads and unloads a library",
+          "[unwind][objects]") {
+  auto index = std::make_unique<ObjectIndex>();
+  // Addresses in objects that stay loaded: this program and the C library.
+  const std::vector<uint64_t> stable = {reinterpret_cast<uint64_t>(&collect_probes) + 1,
+                                        reinterpret_cast<uint64_t>(&memcpy) + 1,
+                                        reinterpret_cast<uint64_t>(&dl_iterate_phdr) + 1};
+  std::vector<ObjectLookup> want;
+  for (uint64_t pc : stable) want.push_back(by_scan(pc));
+  for (const ObjectLookup& w : want) REQUIRE(w.hdr != nullptr);
+  std::atomic<bool> stop{false};
+  std::atomic<int> wrong{0};
+  std::atomic<long> done{0};
+  std::vector<std::thread> readers;
+  for (int t = 0; t < 4; ++t) {
+    readers.emplace_back([&, t] {
+      for (long i = 0; !stop.load() || i < 2000; ++i) {
+        const size_t k = static_cast<size_t>(i + t) % stable.size();
+        if (!same_lookup(by_index(*index, stable[k]), want[k])) wrong.fetch_add(1);
+        done.fetch_add(1);
+      }
+    });
+  }
+  for (int round = 0; round < 100; ++round) {
+    void* handle = dlopen(UNWIND_LOADABLE, RTLD_NOW | RTLD_LOCAL);
+    REQUIRE(handle != nullptr);
+    dlclose(handle);
+  }
+  stop.store(true);
+  for (std::thread& t : readers) t.join();
+  CHECK(wrong.load() == 0);
+  CHECK(done.load() >= 8000);
+  CHECK(index->counts().built >= 2);
+  CHECK(index->counts().from_index > 0);
 }
