@@ -11,6 +11,7 @@
 #include <sys/types.h>
 #include <type_traits>
 
+#include "python_frames.h"
 #include "stack_table.h"
 #include "unwinder.h"
 
@@ -84,6 +85,8 @@ struct ThreadRing {
   StackTable::PathCache path_cache;
   // The owning thread's last native walk (fast_backtrace).
   UnwindMemo unwind_memo;
+  // The code objects of the owning thread's Python frames (PythonFrames::capture).
+  PythonFrames::CodeCache code_cache;
   // By memo slot (UnwindMemo::current after the walk): the stack its thread
   // made last from that slot's walk, when it was of native frames alone (0
   // otherwise), in one word (a signal handler on the same thread replaces it

@@ -371,8 +371,9 @@ bool PythonFrames::detect() {
   return true;
 }
 
-uint32_t PythonFrames::capture_with(const Layout& layout, uintptr_t* out, uint32_t max) {
+uint32_t PythonFrames::capture_with(const Layout& layout, uintptr_t* out, uint32_t max, CodeCache* cache) {
   if (tls_walk_fault != nullptr) return 0;
+  CodeCache* const own = cache != nullptr && cache->busy == 0 ? cache : nullptr;
   // The frames are read under a fault guard: python_frames_recover() brings
   // a read of memory freed under the walk back here, with no frames. The
   // signal mask is restored by the handler, so sigsetjmp saves none (no
@@ -395,14 +396,17 @@ uint32_t PythonFrames::capture_with(const Layout& layout, uintptr_t* out, uint32
     set_thread_mask(SIG_UNBLOCK, &faults, &saved);
   }
   sigjmp_buf guard;
+  if (own != nullptr) own->busy = 1;
   if (sigsetjmp(guard, 0) != 0) {
     tls_walk_fault = nullptr;
+    if (own != nullptr) own->busy = 0;
     if (unblock) set_thread_mask(SIG_SETMASK, &saved, nullptr);
     return 0;
   }
   tls_walk_fault = &guard;
-  const uint32_t n = walk(layout, out, max);
+  const uint32_t n = walk(layout, out, max, own);
   tls_walk_fault = nullptr;
+  if (own != nullptr) own->busy = 0;
   if (unblock) set_thread_mask(SIG_SETMASK, &saved, nullptr);
   return n;
 }
@@ -430,7 +434,32 @@ const uint8_t* main_thread_state(const Layout& l) {
 
 }  // namespace
 
-uint32_t PythonFrames::walk(const Layout& l, uintptr_t* out, uint32_t max) {
+// A slot's fields are written only after every read of interpreter memory
+// (a fault in one leaves the slot as it was), by the thread that owns the
+// cache, while no other walk on that thread uses it (CodeCache::busy).
+inline uint32_t PythonFrames::intern_cached(const uint8_t* code, CodeCache& cache) {
+  const Layout& l = g_layout;
+  const uint64_t filename = reinterpret_cast<uint64_t>(load_ptr(code, l.code_filename));
+  const uint64_t name = reinterpret_cast<uint64_t>(load_ptr(code, l.code_name));
+  const uint64_t table = reinterpret_cast<uint64_t>(load_ptr(code, l.code_table));
+  const uint32_t first_line = load<uint32_t>(code, l.code_first_line);
+  const auto key = reinterpret_cast<uint64_t>(code);
+  CodeCache::Slot& slot = cache.slots[((key >> 4) ^ (key >> 12)) & (CodeCache::kSlots - 1)];
+  if (slot.code == key && slot.filename == filename && slot.name == name && slot.table == table &&
+      slot.first_line == first_line) {
+    return slot.id;
+  }
+  const uint32_t id = intern(code);
+  if (id != 0) slot = {key, filename, name, table, first_line, id};
+  return id;
+}
+
+void PythonFrames::CodeCache::clear() {
+  memset(slots, 0, sizeof slots);
+  busy = 0;
+}
+
+uint32_t PythonFrames::walk(const Layout& l, uintptr_t* out, uint32_t max, CodeCache* cache) {
   // During finalization other threads' states are being freed.
   if (l.is_finalizing != nullptr && l.is_finalizing()) return 0;
   // This thread's state, attached or not: NULL for threads that never ran
@@ -466,7 +495,7 @@ uint32_t PythonFrames::walk(const Layout& l, uintptr_t* out, uint32_t max) {
     } else {
       offset = load_ptr(frame, l.frame_instr) - (code + l.code_instructions);
     }
-    const uint32_t id = intern(code);
+    const uint32_t id = cache != nullptr ? intern_cached(code, *cache) : intern(code);
     if (id == 0) continue;
     const uint32_t off = offset >= 0 && offset < INT32_MAX ? static_cast<uint32_t>(offset) : format::kPythonOffsetUnknown;
     out[n++] = static_cast<uintptr_t>(format::python_frame_word(id, off) | attributed);

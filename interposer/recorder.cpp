@@ -464,13 +464,15 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
   if (config_.stack_depth == 0) return 0;  // stacks off (benchmarks, or by choice)
   // Python frames first (innermost first), then the native frames.
   uintptr_t words[PythonFrames::kMaxFrames + StackTable::kMaxNativeDepth + 16];
-  const uint32_t python = with_python ? python_frames().capture(words, PythonFrames::kMaxFrames) : 0;
+  // The thread's own ring holds its caches and unwind memo (threads without one go without).
+  ThreadState& t = tls_state;
+  ThreadRing* own = t.status == 1 ? t.ring : nullptr;
+  const uint32_t python =
+      with_python ? python_frames().capture(words, PythonFrames::kMaxFrames, own != nullptr ? &own->code_cache : nullptr)
+                  : 0;
   void** frames = reinterpret_cast<void**>(words + python);
   const int want = static_cast<int>(config_.stack_depth + skip_extra);
   int n = 0;
-  // The thread's own ring holds its path cache and unwind memo (threads without one go without).
-  ThreadState& t = tls_state;
-  ThreadRing* own = t.status == 1 ? t.ring : nullptr;
   // memledger's own frames (the hook, this function) are left out.
   static constexpr LoaderAccess kLoader = {[] { return recorder().enter_loader_section(); },
                                            [] { recorder().leave_loader_section(); }};
@@ -865,6 +867,7 @@ void Recorder::after_fork_child() {
       // cache (a half-written one would give wrong ids) and a free memo (a
       // walk replaces it only whole).
       ring->path_cache.clear();
+      ring->code_cache.clear();
       for (volatile uint64_t& made : ring->walk_stacks) made = 0;
       ring->unwind_memo.busy = 0;
       ring->state.store(static_cast<int>(RingState::kFree), std::memory_order_relaxed);

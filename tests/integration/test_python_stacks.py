@@ -286,6 +286,22 @@ def suspect_of(report, bytes_per_step):
         bytes_per_step, [(s["site"], s["bytes_per_step"]) for s in report["leak_suspects"]]))
 
 
+# Code objects made and dropped in turn (as exec'd and generated code is):
+# each new one is likely to take the address of the last, and runs in a
+# frame at the same address, allocating at the same instruction offset.
+# Each must be named as itself.
+MADE_AGAIN = textwrap.dedent('''
+    kept = []
+    for i in range(40):
+        source = "\\n" * i + "def made_%d():\\n    return bytearray(%d)\\n" % (i, 100_000 + i * 1000)
+        namespace = {}
+        exec(compile(source, "<made %d>" % i, "exec"), namespace)
+        kept.append(namespace["made_%d" % i]())
+        del namespace
+    print("done", len(kept))
+''')
+
+
 class PythonStacks(mltest.TestCase):
     STEPS = 12
 
@@ -300,9 +316,10 @@ class PythonStacks(mltest.TestCase):
         cls.fault = os.path.join(cls.tmp, "fault.py")
         cls.table_fault = os.path.join(cls.tmp, "table_fault.py")
         cls.blocked_fault = os.path.join(cls.tmp, "blocked_fault.py")
+        cls.made_again = os.path.join(cls.tmp, "made_again.py")
         for path, text in ((cls.leaks, LEAKS), (cls.processes, PROCESSES), (cls.shutdown, SHUTDOWN),
                            (cls.device, DEVICE), (cls.fault, FAULT), (cls.table_fault, TABLE_FAULT),
-                           (cls.blocked_fault, BLOCKED_FAULT)):
+                           (cls.blocked_fault, BLOCKED_FAULT), (cls.made_again, MADE_AGAIN)):
             with open(path, "w") as f:
                 f.write(text)
 
@@ -400,6 +417,32 @@ class PythonStacks(mltest.TestCase):
         self.assertRegex(dump.stdout, r"python_code id=\d+ file=%s function=grow first_line=%d " %
                          (re.escape(self.leaks), line - 1))
         self.assertRegex(dump.stdout, r"stack id=\d+ depth=\d+ py:\d+\+\d+ py:")
+
+    def test_code_objects_made_again(self):
+        # The thread's cache of code objects (and the shared table) compare
+        # what a code object names, not only its address.
+        for python, version in self.interpreters:
+            with self.subTest(python=python, version=version):
+                run_dir = os.path.join(self.tmpdir(), "made-" + version)
+                proc = self.traced(run_dir, [python, self.made_again], options=("--host", "full", "--no-report"))
+                self.assertExit(proc, 0)
+                self.assertEqual(proc.stdout, "done 40\n")
+                trace = glob.glob(os.path.join(run_dir, "trace.*.mlt"))
+                self.assertEqual(len(trace), 1)
+                dump = self.memledger("dump", trace[0])
+                self.assertExit(dump, 0)
+                codes = {int(m.group(1)): (m.group(2), m.group(3), int(m.group(4))) for m in re.finditer(
+                    r"^python_code id=(\d+) file=(.*?) function=(\S+) first_line=(\d+) ", dump.stdout, re.M)}
+                stacks = {int(m.group(1)): int(m.group(2)) for m in re.finditer(
+                    r"^stack id=(\d+) depth=\d+ py:(\d+)\+", dump.stdout, re.M)}
+                allocs = {int(m.group(1)): int(m.group(2)) for m in re.finditer(
+                    r"^alloc .* kind=host .* bytes=(\d+) stack=(\d+) ", dump.stdout, re.M)}
+                for i in range(40):
+                    size = 100_000 + i * 1000 + 1  # a bytearray keeps a trailing NUL
+                    self.assertIn(size, allocs, "bytearray(%d) not recorded" % (size - 1))
+                    stack = allocs[size]
+                    self.assertIn(stack, stacks, "stack %d has no Python frame" % stack)
+                    self.assertEqual(codes[stacks[stack]], ("<made %d>" % i, "made_%d" % i, i + 1))
 
     def test_fork_and_multiprocessing(self):
         for python, version in self.interpreters:
