@@ -438,19 +438,12 @@ const uint8_t* main_thread_state(const Layout& l) {
 // (a fault in one leaves the slot as it was), by the thread that owns the
 // cache, while no other walk on that thread uses it (CodeCache::busy).
 inline uint32_t PythonFrames::intern_cached(const uint8_t* code, CodeCache& cache) {
-  const Layout& l = g_layout;
-  const uint64_t filename = reinterpret_cast<uint64_t>(load_ptr(code, l.code_filename));
-  const uint64_t name = reinterpret_cast<uint64_t>(load_ptr(code, l.code_name));
-  const uint64_t table = reinterpret_cast<uint64_t>(load_ptr(code, l.code_table));
-  const uint32_t first_line = load<uint32_t>(code, l.code_first_line);
+  const CodeNames names = names_of(code);
   const auto key = reinterpret_cast<uint64_t>(code);
   CodeCache::Slot& slot = cache.slots[((key >> 4) ^ (key >> 12)) & (CodeCache::kSlots - 1)];
-  if (slot.code == key && slot.filename == filename && slot.name == name && slot.table == table &&
-      slot.first_line == first_line) {
-    return slot.id;
-  }
-  const uint32_t id = intern(code);
-  if (id != 0) slot = {key, filename, name, table, first_line, id};
+  if (slot.code == key && slot.names == names) return slot.id;
+  const uint32_t id = intern(code, names);
+  if (id != 0) slot = {key, names, id};
   return id;
 }
 
@@ -495,7 +488,7 @@ uint32_t PythonFrames::walk(const Layout& l, uintptr_t* out, uint32_t max, CodeC
     } else {
       offset = load_ptr(frame, l.frame_instr) - (code + l.code_instructions);
     }
-    const uint32_t id = cache != nullptr ? intern_cached(code, *cache) : intern(code);
+    const uint32_t id = cache != nullptr ? intern_cached(code, *cache) : intern(code, names_of(code));
     if (id == 0) continue;
     const uint32_t off = offset >= 0 && offset < INT32_MAX ? static_cast<uint32_t>(offset) : format::kPythonOffsetUnknown;
     out[n++] = static_cast<uintptr_t>(format::python_frame_word(id, off) | attributed);
@@ -505,12 +498,14 @@ uint32_t PythonFrames::walk(const Layout& l, uintptr_t* out, uint32_t max, CodeC
 
 // A code object is known by its address and by the objects it names: an
 // address reused by another code object gets an entry of its own.
-uint32_t PythonFrames::intern(const uint8_t* code) {
+PythonFrames::CodeNames PythonFrames::names_of(const uint8_t* code) {
   const Layout& l = g_layout;
-  const uint64_t filename = reinterpret_cast<uint64_t>(load_ptr(code, l.code_filename));
-  const uint64_t name = reinterpret_cast<uint64_t>(load_ptr(code, l.code_name));
-  const uint64_t table = reinterpret_cast<uint64_t>(load_ptr(code, l.code_table));
-  const uint32_t first_line = load<uint32_t>(code, l.code_first_line);
+  return {reinterpret_cast<uint64_t>(load_ptr(code, l.code_filename)),
+          reinterpret_cast<uint64_t>(load_ptr(code, l.code_name)),
+          reinterpret_cast<uint64_t>(load_ptr(code, l.code_table)), load<uint32_t>(code, l.code_first_line)};
+}
+
+uint32_t PythonFrames::intern(const uint8_t* code, const CodeNames& names) {
   const uint64_t key = reinterpret_cast<uint64_t>(code);
   uint32_t index = static_cast<uint32_t>(hash_code(code)) & (kSlots - 1);
   for (uint32_t probe = 0; probe < kSlots; ++probe, index = (index + 1) & (kSlots - 1)) {
@@ -518,11 +513,8 @@ uint32_t PythonFrames::intern(const uint8_t* code) {
     uint64_t seen = slot.code.load(std::memory_order_acquire);
     if (seen == 0) {
       if (slot.code.compare_exchange_strong(seen, key, std::memory_order_acq_rel)) {
-        slot.filename = filename;
-        slot.name = name;
-        slot.table = table;
-        slot.first_line = first_line;
-        const uint32_t id = publish(filename, name, table, first_line);
+        slot.names = names;
+        const uint32_t id = publish(names.filename, names.name, names.table, names.first_line);
         slot.id.store(id == 0 ? UINT32_MAX : id, std::memory_order_release);
         return id;
       }
@@ -540,9 +532,7 @@ uint32_t PythonFrames::intern(const uint8_t* code) {
       continue;
     }
     if (id == UINT32_MAX) continue;
-    if (slot.filename == filename && slot.name == name && slot.table == table && slot.first_line == first_line) {
-      return id;
-    }
+    if (slot.names == names) return id;
   }
   return 0;
 }

@@ -67,6 +67,15 @@ class PythonFrames {
   // how many. A thread that never ran Python gets the main thread's frames,
   // marked with format::kPythonAttributedBit. No allocation, no lock, no call into the interpreter beyond
   // the two reads named above.
+  // What tells code objects at one address apart: the objects a code
+  // object names (file name, qualified name, line table) and its first line.
+  struct CodeNames {
+    uint64_t filename;
+    uint64_t name;
+    uint64_t table;
+    uint32_t first_line;
+    bool operator==(const CodeNames&) const = default;
+  };
   // `cache`: the calling thread's (CodeCache), or nullptr.
   struct CodeCache;
   uint32_t capture(uintptr_t* out, uint32_t max, CodeCache* cache = nullptr) {
@@ -85,10 +94,7 @@ class PythonFrames {
     static constexpr uint32_t kSlots = 256;
     struct Slot {
       uint64_t code;  // 0: empty
-      uint64_t filename;
-      uint64_t name;
-      uint64_t table;
-      uint32_t first_line;
+      CodeNames names;
       uint32_t id;
     };
     // Set while a walk uses it: a signal handler that walks on the same
@@ -116,7 +122,8 @@ class PythonFrames {
 
  private:
   uint32_t walk(const Layout& layout, uintptr_t* out, uint32_t max, CodeCache* cache);
-  uint32_t intern(const uint8_t* code);
+  static CodeNames names_of(const uint8_t* code);
+  uint32_t intern(const uint8_t* code, const CodeNames& names);
   // intern() through the thread's cache.
   uint32_t intern_cached(const uint8_t* code, CodeCache& cache);
   uint32_t publish(uint64_t filename, uint64_t name, uint64_t table, uint32_t first_line);
@@ -125,10 +132,7 @@ class PythonFrames {
   struct Slot {
     std::atomic<uint64_t> code;  // 0 = empty
     std::atomic<uint32_t> id;    // 0 until published, UINT32_MAX = abandoned
-    uint32_t first_line;
-    uint64_t filename;
-    uint64_t name;
-    uint64_t table;
+    CodeNames names;
   };
   // capture() once an interpreter's layout is known.
   uint32_t capture_with(const Layout& layout, uintptr_t* out, uint32_t max, CodeCache* cache);
