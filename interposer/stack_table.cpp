@@ -223,21 +223,7 @@ uint32_t StackTable::intern_path(const uintptr_t* frames, uint32_t n, CachedPath
       return cache->nodes[n - 1];
     }
     const uint32_t limit = cache->depth < n ? cache->depth : n;
-    // The frames both paths start with: both arrays run down from their
-    // outermost frame, compared four words at a time, then one at a time
-    // (a stack of `import torch` shares some 50 frames with the last one).
-    const uintptr_t* cached = &cache->word(0);
-    while (shared + 4 <= limit) {
-      const ptrdiff_t at = -static_cast<ptrdiff_t>(shared);
-      if (((cached[at] ^ outermost[at]) | (cached[at - 1] ^ outermost[at - 1]) | (cached[at - 2] ^ outermost[at - 2]) |
-           (cached[at - 3] ^ outermost[at - 3])) != 0) {
-        break;
-      }
-      shared += 4;
-    }
-    while (shared < limit && cached[-static_cast<ptrdiff_t>(shared)] == outermost[-static_cast<ptrdiff_t>(shared)]) {
-      ++shared;
-    }
+    shared = shared_outer_frames(&cache->word(0), outermost, limit);
     if (shared > 0) node = cache->nodes[shared - 1];
   }
   for (uint32_t i = shared; i < n; ++i) {

@@ -29,6 +29,22 @@
 
 namespace memledger::interposer {
 
+// How many frames two stacks share from their outermost one on, at most
+// `limit`: each stack is given by its outermost word, its next frames below
+// it in memory (a stack's innermost-first array, read from its end). Four
+// words are compared at a time, then one at a time: the stacks of an
+// `import torch` share some 50 outer frames with the one before.
+inline uint32_t shared_outer_frames(const uintptr_t* a, const uintptr_t* b, uint32_t limit) {
+  uint32_t shared = 0;
+  while (shared + 4 <= limit) {
+    const ptrdiff_t at = -static_cast<ptrdiff_t>(shared);
+    if (((a[at] ^ b[at]) | (a[at - 1] ^ b[at - 1]) | (a[at - 2] ^ b[at - 2]) | (a[at - 3] ^ b[at - 3])) != 0) break;
+    shared += 4;
+  }
+  while (shared < limit && a[-static_cast<ptrdiff_t>(shared)] == b[-static_cast<ptrdiff_t>(shared)]) ++shared;
+  return shared;
+}
+
 class StackTable {
  public:
   // Native frames (--stack-depth at most 128) plus as many Python frames.

@@ -231,14 +231,10 @@ class Encoder {
     while (python < depth && format::is_python_frame(frames[python])) ++python;
     const uint32_t python_most = python < last_python_ ? python : last_python_;
     const uint32_t native_most = depth - python < last_depth_ - last_python_ ? depth - python : last_depth_ - last_python_;
-    uint32_t python_shared = 0, native_shared = 0;
-    while (python_shared < python_most &&
-           frames[python - 1 - python_shared] == last_frames[last_python_ - 1 - python_shared]) {
-      ++python_shared;
-    }
-    while (native_shared < native_most && frames[depth - 1 - native_shared] == last_frames[last_depth_ - 1 - native_shared]) {
-      ++native_shared;
-    }
+    uint32_t python_shared =
+        python_most == 0 ? 0 : shared_outer_frames(frames + python - 1, last_frames + last_python_ - 1, python_most);
+    uint32_t native_shared =
+        native_most == 0 ? 0 : shared_outer_frames(frames + depth - 1, last_frames + last_depth_ - 1, native_most);
     uint8_t* const start = begin(1 + 5 * 10 + depth * 10);
     uint8_t* p = shared_stack(start, id, frames, depth, python, python_shared, native_shared);
     // Too few bytes of its own for what it shares: share as many as those

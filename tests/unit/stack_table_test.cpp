@@ -379,3 +379,26 @@ TEST_CASE("a stack made lately comes back whole with its id, told apart by where
   }
   for (size_t i = 0; i < stacks.size(); ++i) REQUIRE(frames_of(table, first[i]) == stacks[i]);
 }
+
+TEST_CASE("shared_outer_frames counts the frames two stacks share from their outermost on", "[stacks]") {
+  using memledger::interposer::shared_outer_frames;
+  uint64_t state = 12345;
+  auto next = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return state >> 33;
+  };
+  for (int round = 0; round < 2000; ++round) {
+    const uint32_t n = static_cast<uint32_t>(next() % 40);
+    const uint32_t m = static_cast<uint32_t>(next() % 40);
+    std::vector<uintptr_t> a(n + 1), b(m + 1);
+    for (auto& w : a) w = next() % 4;  // few values: long runs match by chance too
+    for (auto& w : b) w = next() % 4;
+    // Both innermost first: the outermost frame is the last.
+    const uint32_t limit = n < m ? n : m;
+    uint32_t want = 0;
+    while (want < limit && a[n - 1 - want] == b[m - 1 - want]) ++want;
+    const uint32_t got = limit == 0 ? 0 : shared_outer_frames(a.data() + n - 1, b.data() + m - 1, limit);
+    INFO("n " << n << " m " << m);
+    REQUIRE(got == want);
+  }
+}

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <dlfcn.h>
 #include <memory>
 #include <thread>
@@ -753,14 +754,22 @@ TEST_CASE("the object index under look-ups from several threads while another lo
       }
     });
   }
-  for (int round = 0; round < 100; ++round) {
+  // At least 100 loads, and on until the readers have made 4,000 look-ups
+  // while the library comes and goes (threads start late on a busy machine),
+  // for at most 20 s.
+  const long before = done.load();
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  for (int round = 0; round < 100 || (done.load() - before < 4000 && std::chrono::steady_clock::now() < give_up);
+       ++round) {
     void* handle = dlopen(UNWIND_LOADABLE, RTLD_NOW | RTLD_LOCAL);
     REQUIRE(handle != nullptr);
     dlclose(handle);
   }
+  const long during = done.load() - before;
   stop.store(true);
   for (std::thread& t : readers) t.join();
   CHECK(wrong.load() == 0);
+  CHECK(during >= 4000);
   CHECK(done.load() >= 8000);
   CHECK(index->counts().built >= 2);
   CHECK(index->counts().from_index > 0);
