@@ -62,11 +62,6 @@ class PythonFrames {
   // attributed frames (see capture()).
   void no_attribution() { attribute_ = false; }
 
-  // Hot path: writes the calling thread's Python frames, innermost first,
-  // as tagged stack words (format::python_frame_word) into `out`; returns
-  // how many. A thread that never ran Python gets the main thread's frames,
-  // marked with format::kPythonAttributedBit. No allocation, no lock, no call into the interpreter beyond
-  // the two reads named above.
   // What tells code objects at one address apart: the objects a code
   // object names (file name, qualified name, line table) and its first line.
   struct CodeNames {
@@ -76,8 +71,14 @@ class PythonFrames {
     uint32_t first_line;
     bool operator==(const CodeNames&) const = default;
   };
-  // `cache`: the calling thread's (CodeCache), or nullptr.
   struct CodeCache;
+
+  // Hot path: writes the calling thread's Python frames, innermost first,
+  // as tagged stack words (format::python_frame_word) into `out`; returns
+  // how many. A thread that never ran Python gets the main thread's frames,
+  // marked with format::kPythonAttributedBit. No allocation, no lock, no call into the interpreter beyond
+  // the two reads named above.
+  // `cache`: the calling thread's (CodeCache), or nullptr.
   uint32_t capture(uintptr_t* out, uint32_t max, CodeCache* cache = nullptr) {
     const Layout* layout = layout_.load(std::memory_order_acquire);
     return layout == nullptr ? 0 : capture_with(*layout, out, max, cache);
@@ -86,8 +87,8 @@ class PythonFrames {
   // A thread's code objects seen lately, each with what intern() compares
   // (the objects it names, its first line) and its id, in a slot by its
   // address: a frame whose code object is there, the same by those
-  // compares, costs no look-up in the table all threads share (20 MiB,
-  // touched at random). An `import torch` makes a million stacks of some
+  // compares, costs no look-up in the table all threads share (2^19
+  // slots, touched at random). An `import torch` makes a million stacks of some
   // 18 Python frames each, mostly of the same few hundred code objects.
   // Owned by one thread at a time; mapped memory (ThreadRing).
   struct CodeCache {
