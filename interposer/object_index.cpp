@@ -7,6 +7,10 @@
 
 namespace memledger::interposer {
 
+namespace {
+
+// Whether the object's text may have been written to by the loader
+// (DT_TEXTREL): then a page of a read-only segment may be a private copy.
 bool has_text_relocations(const dl_phdr_info* info) {
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     if (info->dlpi_phdr[i].p_type != PT_DYNAMIC) continue;
@@ -17,8 +21,6 @@ bool has_text_relocations(const dl_phdr_info* info) {
   }
   return false;
 }
-
-namespace {
 
 // Whether `pc` lies in one of the object's loaded segments.
 bool holds(const dl_phdr_info* info, uint64_t pc) {

@@ -34,10 +34,6 @@ struct ObjectLookup {
   uintptr_t segment_end = 0;
 };
 
-// Whether the object's text may have been written to by the loader
-// (DT_TEXTREL): then a page of a read-only segment may be a private copy.
-bool has_text_relocations(const dl_phdr_info* info);
-
 // The reference: a scan of the loaded objects, up to the one holding
 // `lookup->pc`.
 void find_object_by_scan(ObjectLookup* lookup);

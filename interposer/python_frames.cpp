@@ -496,8 +496,6 @@ uint32_t PythonFrames::walk(const Layout& l, uintptr_t* out, uint32_t max, CodeC
   return n;
 }
 
-// A code object is known by its address and by the objects it names: an
-// address reused by another code object gets an entry of its own.
 PythonFrames::CodeNames PythonFrames::names_of(const uint8_t* code) {
   const Layout& l = g_layout;
   return {reinterpret_cast<uint64_t>(load_ptr(code, l.code_filename)),
@@ -505,6 +503,8 @@ PythonFrames::CodeNames PythonFrames::names_of(const uint8_t* code) {
           reinterpret_cast<uint64_t>(load_ptr(code, l.code_table)), load<uint32_t>(code, l.code_first_line)};
 }
 
+// A code object is known by its address and by the objects it names: an
+// address reused by another code object gets an entry of its own.
 uint32_t PythonFrames::intern(const uint8_t* code, const CodeNames& names) {
   const uint64_t key = reinterpret_cast<uint64_t>(code);
   uint32_t index = static_cast<uint32_t>(hash_code(code)) & (kSlots - 1);
@@ -514,7 +514,7 @@ uint32_t PythonFrames::intern(const uint8_t* code, const CodeNames& names) {
     if (seen == 0) {
       if (slot.code.compare_exchange_strong(seen, key, std::memory_order_acq_rel)) {
         slot.names = names;
-        const uint32_t id = publish(names.filename, names.name, names.table, names.first_line);
+        const uint32_t id = publish(names);
         slot.id.store(id == 0 ? UINT32_MAX : id, std::memory_order_release);
         return id;
       }
@@ -537,18 +537,18 @@ uint32_t PythonFrames::intern(const uint8_t* code, const CodeNames& names) {
   return 0;
 }
 
-uint32_t PythonFrames::publish(uint64_t filename, uint64_t name, uint64_t table, uint32_t first_line) {
+uint32_t PythonFrames::publish(const CodeNames& names) {
   const Layout& l = g_layout;
   const uint32_t id = next_id_.fetch_add(1, std::memory_order_acq_rel);
   if (id > kMaxCodes) return 0;
   uint32_t table_len = 0;
-  const auto* bytes = reinterpret_cast<const uint8_t*>(table);
+  const auto* bytes = reinterpret_cast<const uint8_t*>(names.table);
   if (plausible(bytes) && load_ptr(bytes, 8) == l.bytes_type) {
     const int64_t size = load<int64_t>(bytes, 16);
     if (size > 0 && size <= kMaxTable) table_len = static_cast<uint32_t>(size);
   }
-  const auto* filename_str = reinterpret_cast<const uint8_t*>(filename);
-  const auto* name_str = reinterpret_cast<const uint8_t*>(name);
+  const auto* filename_str = reinterpret_cast<const uint8_t*>(names.filename);
+  const auto* name_str = reinterpret_cast<const uint8_t*>(names.name);
   const size_t filename_len = copy_unicode(l, filename_str, nullptr, kMaxName);
   const size_t name_len = copy_unicode(l, name_str, nullptr, kMaxName);
   const size_t bytes_needed = sizeof(EntryHeader) + filename_len + name_len + table_len;
@@ -556,7 +556,7 @@ uint32_t PythonFrames::publish(uint64_t filename, uint64_t name, uint64_t table,
   if (off + bytes_needed > kArenaBytes) return 0;
   uint8_t* p = arena_ + off;
   EntryHeader h{};
-  h.first_line = first_line;
+  h.first_line = names.first_line;
   char* text = reinterpret_cast<char*>(p + sizeof h);
   h.filename_len = static_cast<uint32_t>(copy_unicode(l, filename_str, text, filename_len));
   h.qualname_len = static_cast<uint32_t>(copy_unicode(l, name_str, text + h.filename_len, name_len));

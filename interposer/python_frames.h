@@ -127,7 +127,7 @@ class PythonFrames {
   uint32_t intern(const uint8_t* code, const CodeNames& names);
   // intern() through the thread's cache.
   uint32_t intern_cached(const uint8_t* code, CodeCache& cache);
-  uint32_t publish(uint64_t filename, uint64_t name, uint64_t table, uint32_t first_line);
+  uint32_t publish(const CodeNames& names);
   void set_unsupported(const char* version, const char* module, const char* why);
 
   struct Slot {
