@@ -679,9 +679,12 @@ inline bool followable_from(const UnwindMemo::State* states, uint32_t from) {
 // to its end, or where a rule reads a rbp that no compare made sure of.
 // `cut`: it stopped at the frame limit. `prepared_from`, when less than
 // `count`: the states from there on are a prepared walk's (copied with
-// their compares) that ended at its outermost frame, and this walk reached
-// them through followable_from; they are prepared once a rule restores rbp
-// from the stack (from then on every compare is that walk's).
+// their marks and compares) that ended at its outermost frame, and this
+// walk reached them through followable_from. They are prepared once this
+// walk's own states are: followable_from held there, so either that state
+// reads rbp (and the loop below returned 0 unless a compare made sure of
+// it) or no rule after it reads rbp before one restores it from the stack
+// (and from then on every compare is that walk's).
 inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* cut,
                               uint32_t prepared_from = UINT32_MAX) {
   *cut = false;
@@ -691,6 +694,7 @@ inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* c
   bool known = (states[0].rule & kRbpMatters) != 0;
   uint32_t k = 0;
   while (states[k].rule & kFollowable) {
+    if (k >= prepared_from) return count;
     const uint64_t rule = states[k].rule;
     UnwindMemo::State& then = states[k + 1];
     then.check_at = then.rsp - 8;
@@ -701,7 +705,6 @@ inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* c
         then.check_at = then.rsp + static_cast<int16_t>(rule >> 16);
         then.check_want = then.rbp;
       }
-      if (k >= prepared_from) return count;
     } else if ((then.rule & kRbpMatters) && !known) {
       return 0;
     }
@@ -789,6 +792,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
   // The state from which on this walk's states are the prepared last walk's, compared by follow_whole.
   uint32_t compared_from = kNone;
   bool stopped = true;  // by the frame limit
+  uint64_t looked_up_rip = 0, looked_up_rule = 0;
   while (depth < max) {
     uint64_t rule;
     while (seen < last_count && last[seen].rsp < rsp) ++seen;
@@ -834,8 +838,14 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       depth = static_cast<int>(frame - frames);
       if (depth >= max) break;
     } else {
-      rule = rule_of(rip, loader);
-      if (rule == 0) return -2;
+      // A recursion returns to the same address frame after frame: its
+      // rule is the one just looked up.
+      if (rip != looked_up_rip) {
+        looked_up_rule = rule_of(rip, loader);
+        if (looked_up_rule == 0) return -2;
+        looked_up_rip = rip;
+      }
+      rule = looked_up_rule;
       same_from = kNone;
       if (out != nullptr) set_state(out[written++], rip, rsp, rbp, rule);
     }
