@@ -6,7 +6,9 @@
 #include <signal.h>
 #include <elf.h>
 #include <sys/stat.h>
+#include <poll.h>
 #include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/xattr.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -777,6 +779,10 @@ int cmd_run(int argc, char** argv) {
   int status = 0;
   auto last_status = std::chrono::steady_clock::now();
   std::string status_text;
+  // The command's end wakes the wait below at once: its pid's descriptor
+  // (Linux 5.3 on) becomes readable. Without one, the wait ends at the next
+  // 50 ms tick, 25 ms late on average.
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   for (;;) {
     pid_t r = waitpid(pid, &status, WNOHANG | (show_status ? WUNTRACED | WCONTINUED : 0));
     if (r == pid && WIFSTOPPED(status)) {
@@ -787,7 +793,12 @@ int cmd_run(int argc, char** argv) {
       break;
     }
     if (r < 0 && errno != EINTR) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (pidfd >= 0) {
+      pollfd ended{pidfd, POLLIN, 0};
+      poll(&ended, 1, 50);
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
     // Every 500 ms, and at once after a resize or a stop.
     const bool tick = std::chrono::steady_clock::now() - last_status > std::chrono::milliseconds(500);
     if (show_status && tick) {
@@ -804,6 +815,7 @@ int cmd_run(int argc, char** argv) {
     }
     if (show_status && !status_text.empty() && (tick || status_line->wants_redraw())) status_line->show(status_text);
   }
+  if (pidfd >= 0) close(pidfd);
   // The row is given back before anything else is printed.
   status_line.reset();
   sigaction(SIGINT, &old_int, nullptr);
