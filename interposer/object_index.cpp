@@ -109,10 +109,7 @@ int ObjectIndex::visit(dl_phdr_info* info, size_t size, void* data) {
   if (pass.building) {
     // Every object, to the end of the list.
     index.add(info);
-    if (!pass.found && holds(info, pass.lookup->pc)) {
-      pass.found = true;
-      describe(info, pass.lookup);
-    }
+    if (!pass.found) pass.found = scan_one(info, size, pass.lookup) != 0;
     return 0;
   }
   return scan_one(info, size, pass.lookup);
