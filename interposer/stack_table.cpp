@@ -77,6 +77,25 @@ inline size_t slot_of_key(uint64_t key, uint32_t capacity) {
   return static_cast<size_t>((key * 0x9e3779b97f4a7c15ull) >> 32) & (capacity - 1);
 }
 
+// The PathCache::recent slot of a stack: a hash of all its words, four
+// words at a time, in four independent chains: a chain through every
+// word in turn waited on each step (a stack's words are some 70 on
+// `import torch`, and most of its stacks are new ones, looked up here once).
+uint32_t recent_slot(const uintptr_t* frames, uint32_t depth, uint32_t python) {
+  const auto mix = [](uint64_t h, uint64_t word) { return (h << 7 | h >> 57) ^ word; };
+  uint64_t h0 = uint64_t{depth} << 8 | python, h1 = 0, h2 = 0, h3 = 0;
+  uint32_t i = 0;
+  for (; i + 4 <= depth; i += 4) {
+    h0 = mix(h0, frames[i]);
+    h1 = mix(h1, frames[i + 1]);
+    h2 = mix(h2, frames[i + 2]);
+    h3 = mix(h3, frames[i + 3]);
+  }
+  for (; i < depth; ++i) h0 = mix(h0, frames[i]);
+  const uint64_t h = h0 ^ (h1 << 17 | h1 >> 47) ^ (h2 << 31 | h2 >> 33) ^ (h3 << 47 | h3 >> 17);
+  return static_cast<uint32_t>((h * 0x9e3779b97f4a7c15ull) >> (64 - StackTable::PathCache::kRecentBits));
+}
+
 }  // namespace
 
 // The parent's entry, claimed when it has none; nullptr when the entries
@@ -240,24 +259,6 @@ uint32_t StackTable::intern_path(const uintptr_t* frames, uint32_t n, CachedPath
   }
   if (cache != nullptr) cache->depth = n;
   return node;
-}
-
-// Four words at a time, in four independent chains: a chain through every
-// word in turn waited on each step (a stack's words are some 70 on
-// `import torch`, and most of its stacks are new ones, looked up here once).
-uint32_t StackTable::recent_slot(const uintptr_t* frames, uint32_t depth, uint32_t python) {
-  const auto mix = [](uint64_t h, uint64_t word) { return (h << 7 | h >> 57) ^ word; };
-  uint64_t h0 = uint64_t{depth} << 8 | python, h1 = 0, h2 = 0, h3 = 0;
-  uint32_t i = 0;
-  for (; i + 4 <= depth; i += 4) {
-    h0 = mix(h0, frames[i]);
-    h1 = mix(h1, frames[i + 1]);
-    h2 = mix(h2, frames[i + 2]);
-    h3 = mix(h3, frames[i + 3]);
-  }
-  for (; i < depth; ++i) h0 = mix(h0, frames[i]);
-  const uint64_t h = h0 ^ (h1 << 17 | h1 >> 47) ^ (h2 << 31 | h2 >> 33) ^ (h3 << 47 | h3 >> 17);
-  return static_cast<uint32_t>((h * 0x9e3779b97f4a7c15ull) >> (64 - PathCache::kRecentBits));
 }
 
 uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t python, PathCache* cache) {

@@ -217,8 +217,6 @@ class StackTable {
   // The node of the path `frames` (innermost first, `n` of them) read
   // outermost first; 0 when the table is full.
   uint32_t intern_path(const uintptr_t* frames, uint32_t n, CachedPath* cache);
-  // The PathCache::recent slot of a stack: a hash of all its words.
-  static uint32_t recent_slot(const uintptr_t* frames, uint32_t depth, uint32_t python);
   // intern() past its recent stacks: the stack's Python and native paths.
   uint32_t intern_parts(const uintptr_t* frames, uint32_t python, uint32_t native, PathCache* cache);
 
