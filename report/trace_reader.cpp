@@ -15,7 +15,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
+#include <libdeflate.h>
 #include <zstd.h>
 
 #include "trace_encoding.h"
@@ -714,7 +714,7 @@ void for_each_frame(const std::string& path, const MappedFile& file, size_t offs
     }
     const uint8_t* payload = data + pos + sizeof fh;
     if (valid) {
-      uint32_t crc = static_cast<uint32_t>(crc32(0L, payload, fh.stored_len));
+      uint32_t crc = libdeflate_crc32(0, payload, fh.stored_len);
       valid = crc == fh.crc32;
     }
     if (!valid) {

@@ -23,7 +23,7 @@ esac
 # library, the report and the command link (the pprof export's protobuf
 # included); dpkg-dev fetches libunwind's sources (scripts/build-deps.sh).
 packages=(g++ make meson ninja-build pkg-config dpkg-dev libabsl-dev libdw-dev libelf-dev
-          libzstd-dev zlib1g-dev liblzma-dev libbz2-dev nlohmann-json3-dev libtomlplusplus-dev
+          libzstd-dev zlib1g-dev libdeflate-dev liblzma-dev libbz2-dev nlohmann-json3-dev libtomlplusplus-dev
           libyaml-cpp-dev libprotobuf-dev protobuf-compiler python3)
 # The bundled example and the PyTorch client of the integration tests use
 # Debian's PyTorch.
