@@ -40,6 +40,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # Targets, as ratios traced / untraced (or memledger / heaptrack).
 TARGET_FULL = 2.5
 TARGET_SAMPLED = 1.2
+TARGET_TRACE = 3.0  # full mode's trace against heaptrack's compressed file
 TARGET_REPORT = 1.0
 
 # Benchmark defaults: about 20 M allocations, 1-2 s untraced on a small VM.
@@ -635,6 +636,10 @@ class Bench:
                 f"{'tree RSS MiB':>12} {'trace MiB':>10} {'B/alloc':>8}  target")
         rows = [head, "-" * len(head)]
         targets = {full.name: TARGET_FULL, sampled.name: TARGET_SAMPLED}
+        # Full mode's other targets are against heaptrack, where it ran.
+        heaptrack_ok = not heaptrack.skipped and heaptrack.good()
+        heaptrack_prog = heaptrack.median("program_s") if heaptrack_ok else None
+        heaptrack_trace = heaptrack.median("trace_bytes") if heaptrack_ok else None
         for c in (untraced, full, sampled, *(against or []), heaptrack):
             if c.skipped:
                 rows.append(f"{c.name:<26} skipped: {c.skipped}")
@@ -653,6 +658,15 @@ class Bench:
                 t = targets[c.name]
                 verdict = "ok" if r_prog is not None and r_prog <= t else "MISSED"
                 target = f"program <= {t:g}x: {verdict}"
+                if c is full:
+                    r_cpu = ratio(cpu, base_cpu)
+                    target += f"; CPU <= {t:g}x: {'ok' if r_cpu is not None and r_cpu <= t else 'MISSED'}"
+                    if heaptrack_prog:
+                        target += f"; faster than heaptrack: {'ok' if prog is not None and prog < heaptrack_prog else 'MISSED'}"
+                    if heaptrack_trace and trace:
+                        r_trace = trace / heaptrack_trace
+                        target += (f"; trace <= {TARGET_TRACE:g}x heaptrack's: "
+                                   f"{'ok' if r_trace <= TARGET_TRACE else 'MISSED'} ({r_trace:.2f}x)")
             failed = len(c.samples) - len(c.good())
             if failed:
                 target += f" ({failed} run(s) failed: {c.failure()})"
