@@ -360,6 +360,7 @@ RoleAccount account_roles(const ReplayOutput& replay, const std::vector<StepStat
   }
   std::sort(out.by_site.begin(), out.by_site.end());
   std::array<int64_t, kRoleCount> running{}, host_running{};
+  if (sampled) out.host_live.assign(n, {});
   for (size_t k = 0; k < n; ++k) {
     for (int r = 0; r < kRoleCount; ++r) {
       running[r] += delta[k][r];
@@ -372,6 +373,7 @@ RoleAccount account_roles(const ReplayOutput& replay, const std::vector<StepStat
     std::array<int64_t, kRoleCount> scaled = host_running;
     scale_to(scaled, steps[k].live[0]);
     for (int r = 0; r < kRoleCount; ++r) out.live[k][r] += scaled[r] - host_running[r];
+    out.host_live[k] = scaled;
   }
   out.estimated = sampled;
   return out;
@@ -525,13 +527,6 @@ void assign_roles(ProcessReport& r, const ReplayOutput& replay, const RoleTable&
   out.at_end.assign(account.at_end.begin(), account.at_end.end());
   const std::array<double, kRoleCount> growth = role_growth(account, r.warmup_steps);
   out.growth_per_step.assign(growth.begin(), growth.end());
-  out.growing.clear();
-  const size_t window = r.steps.size() > size_t(r.warmup_steps) ? r.steps.size() - size_t(r.warmup_steps) : 1;
-  const double floor = std::max(kRoleGrowthFloor, sampled ? 4.0 * double(r.sample_interval) / double(window) : 0.0);
-  for (int k = 0; k < kRoleCount; ++k) {
-    if (growth[k] >= floor) out.growing.emplace_back(kRoleNames[k], growth[k]);
-  }
-  std::sort(out.growing.begin(), out.growing.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
   out.estimated = account.estimated;
   out.sites = account.sites_classified;
   out.top_sites.assign(kRoleCount, {});
@@ -563,16 +558,62 @@ void assign_roles(ProcessReport& r, const ReplayOutput& replay, const RoleTable&
       for (SiteTotal& v : t.variants) give_role(v.site, account, table);
     }
   }
+  std::array<bool, kRoleCount> host_suspect_roles{};
+  auto note_host_suspect = [&](const Site& site) {
+    if (site.kind != static_cast<uint8_t>(fmt::Kind::kHost)) return;
+    if (const std::optional<Role> role = role_from_name(site.role)) host_suspect_roles[static_cast<int>(*role)] = true;
+  };
+  for (const LeakSuspect& s : r.leak_suspects) {
+    note_host_suspect(s.site);
+    for (const LeakSuspect& v : s.variants) note_host_suspect(v.site);
+  }
+  const size_t window = r.steps.size() > size_t(r.warmup_steps) ? r.steps.size() - size_t(r.warmup_steps) : 1;
+  const double sampled_floor = 4.0 * double(r.sample_interval) / double(window);
+  const std::array<bool, kRoleCount> grows = roles_growing(account, r.warmup_steps, sampled_floor, host_suspect_roles);
+  out.growing.clear();
+  for (int k = 0; k < kRoleCount; ++k) {
+    if (grows[k]) out.growing.emplace_back(kRoleNames[k], growth[k]);
+  }
+  std::sort(out.growing.begin(), out.growing.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
 }
 
-std::array<double, kRoleCount> role_growth(const RoleAccount& account, int warmup_steps) {
+namespace {
+
+std::array<double, kRoleCount> series_growth(const std::vector<std::array<int64_t, kRoleCount>>& live,
+                                             int warmup_steps) {
   std::array<double, kRoleCount> out{};
   const size_t first = static_cast<size_t>(std::max(0, warmup_steps));
-  if (account.live.size() < first + 3) return out;
+  if (live.size() < first + 3) return out;
   for (int r = 0; r < kRoleCount; ++r) {
     std::vector<double> series;
-    for (size_t k = first; k < account.live.size(); ++k) series.push_back(static_cast<double>(account.live[k][r]));
+    for (size_t k = first; k < live.size(); ++k) series.push_back(static_cast<double>(live[k][r]));
     out[r] = theil_sen_slope(series);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::array<double, kRoleCount> role_growth(const RoleAccount& account, int warmup_steps) {
+  return series_growth(account.live, warmup_steps);
+}
+
+std::array<bool, kRoleCount> roles_growing(const RoleAccount& account, int warmup_steps, double sampled_floor,
+                                           const std::array<bool, kRoleCount>& host_suspect_roles) {
+  const std::array<double, kRoleCount> growth = role_growth(account, warmup_steps);
+  std::array<bool, kRoleCount> out{};
+  if (!account.estimated) {
+    for (int r = 0; r < kRoleCount; ++r) out[r] = growth[r] >= kRoleGrowthFloor;
+    return out;
+  }
+  std::vector<std::array<int64_t, kRoleCount>> exact = account.live;
+  for (size_t k = 0; k < exact.size() && k < account.host_live.size(); ++k) {
+    for (int r = 0; r < kRoleCount; ++r) exact[k][r] -= account.host_live[k][r];
+  }
+  const std::array<double, kRoleCount> exact_growth = series_growth(exact, warmup_steps);
+  for (int r = 0; r < kRoleCount; ++r) {
+    if (growth[r] < kRoleGrowthFloor) continue;
+    out[r] = exact_growth[r] >= kRoleGrowthFloor || (growth[r] >= sampled_floor && host_suspect_roles[r]);
   }
   return out;
 }

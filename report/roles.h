@@ -71,6 +71,9 @@ struct RoleAccount {
   // Sampled host mode: host bytes by role are the sampled sites' estimates,
   // scaled so that they add up to the exact host live bytes at each step end.
   bool estimated = false;
+  // Sampled host mode: the host part of `live` (the scaled estimates), so
+  // that what is exact (device, managed, pinned) can be judged apart.
+  std::vector<std::array<int64_t, kRoleCount>> host_live;
   size_t sites_classified = 0;
   // The largest sites of each role at the last step end.
   struct TopSite {
@@ -108,14 +111,23 @@ void assign_roles(ProcessReport& r, const ReplayOutput& replay, const RoleTable&
 // Sites kept per role in RoleLive::top_sites.
 inline constexpr size_t kRoleTopSites = 3;
 
-// A role grows when its growth per step after the warm-up reaches this; in
-// sampled host mode also when it reaches four sample intervals over the
-// window (the suspects' floor: the host split by sampled shares moves by
-// about a sample from one step end to the next).
+// A role grows when its growth per step after the warm-up reaches this.
 inline constexpr double kRoleGrowthFloor = 1024;
 
 // Growth per step of each role after the warm-up (Theil-Sen, as `memledger
-// check` judges it); roles that grow by less than `min_bytes_per_step` are 0.
+// check` judges it).
 std::array<double, kRoleCount> role_growth(const RoleAccount& account, int warmup_steps);
+
+// Which roles grow after the warm-up. With exact counts, those whose growth
+// reaches kRoleGrowthFloor. In sampled host mode one sampled allocation
+// weighs a whole sample interval, and a role sums many sites: samples of
+// several of them caught live at a few step ends make a slope without any
+// site growing. There a role grows when its exact part (device, managed,
+// pinned) grows, or when its growth reaches `sampled_floor` (four samples
+// over the window, the suspects' floor) and one of the growth suspects,
+// judged site by site, is a host site of that role
+// (`host_suspect_roles`).
+std::array<bool, kRoleCount> roles_growing(const RoleAccount& account, int warmup_steps, double sampled_floor,
+                                           const std::array<bool, kRoleCount>& host_suspect_roles);
 
 }  // namespace memledger::report

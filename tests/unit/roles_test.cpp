@@ -222,6 +222,46 @@ TEST_CASE("roles: live bytes by role at each step end add up to live bytes", "[r
   CHECK(sampled.live[2][static_cast<int>(Role::kParameter)] == 2000);
 }
 
+TEST_CASE("roles: in sampled host mode a role grows on a suspect's evidence or on exact bytes", "[roles]") {
+  constexpr int kAct = static_cast<int>(Role::kActivation);
+  constexpr int kGrad = static_cast<int>(Role::kGradient);
+  constexpr double kInterval = 131072;
+  // Host activation bytes gain a sample now and then (a staircase of four
+  // samples over 18 steps: about 29 KiB/step); gradients are device bytes,
+  // exact, growing by 2 KiB a step.
+  RoleAccount account;
+  for (int k = 0; k < 18; ++k) {
+    std::array<int64_t, kRoleCount> host{}, live{};
+    host[kAct] = 550000 + int64_t(kInterval) * (k / 4);
+    live = host;
+    live[kGrad] = 1000000 + 2048 * k;
+    account.live.push_back(live);
+    account.host_live.push_back(host);
+  }
+  const double sampled_floor = 4 * kInterval / 18;
+  REQUIRE(role_growth(account, 0)[kAct] >= sampled_floor);
+  REQUIRE(role_growth(account, 0)[kGrad] == Approx(2048));
+  std::array<bool, kRoleCount> no_suspect{}, activation_suspect{};
+  activation_suspect[kAct] = true;
+  SECTION("exact counts: the floor alone") {
+    account.host_live.clear();
+    const auto grows = roles_growing(account, 0, sampled_floor, no_suspect);
+    CHECK(grows[kAct]);
+    CHECK(grows[kGrad]);
+  }
+  SECTION("sampled: host growth without a suspect of its role is sampling noise") {
+    account.estimated = true;
+    const auto grows = roles_growing(account, 0, sampled_floor, no_suspect);
+    CHECK_FALSE(grows[kAct]);
+    CHECK(grows[kGrad]);  // exact bytes need no suspect
+  }
+  SECTION("sampled: a host suspect of the role and four samples over the window") {
+    account.estimated = true;
+    CHECK(roles_growing(account, 0, sampled_floor, activation_suspect)[kAct]);
+    CHECK_FALSE(roles_growing(account, 0, 2 * sampled_floor, activation_suspect)[kAct]);
+  }
+}
+
 TEST_CASE("roles: a growing role's explanation follows the framework", "[roles]") {
   const std::vector<Frame> torch = {py("Module._call_impl", std::string(kTorch) + "nn/modules/module.py")};
   CHECK(role_explanation(Role::kActivation, torch).find("loss.item() or .detach()") != std::string::npos);
