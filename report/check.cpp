@@ -198,6 +198,21 @@ void growth_figure(const FigureInput& in, Figure& f) {
     return;
   }
   f.value = fit.slope;
+  // In sampled host mode a role's live bytes are the exact host total split
+  // by sampled shares; the report lists a role as growing only where a
+  // growth suspect of that role, or its exact bytes, back the slope. The
+  // gate judges as the report does.
+  const json& roles = member(pj, "roles");
+  const json& growing = member(roles, "growing");
+  if (is_role_scope(scope) && fit.slope > 0 && member(roles, "estimated") == true && growing.is_array()) {
+    const bool listed = std::any_of(growing.begin(), growing.end(),
+                                    [&](const json& g) { return text(g, "role") == scope_name(scope); });
+    if (!listed) {
+      f.sampling_noise = true;
+      f.estimate = fit.slope;
+      f.value = 0;
+    }
+  }
   f.r_squared = fit.r_squared;
   f.flat = fit.flat;
   f.first_step = fit.first_step;
@@ -817,6 +832,10 @@ std::string CheckItem::message() const {
                   static_cast<unsigned long long>(figure.last_step), fit_text,
                   figure.plateau ? ", last half of the window" : "");
     details.push_back(buf);
+    if (figure.sampling_noise) {
+      details.push_back("the sampled estimate, " + format_value(figure.estimate, info.unit) +
+                        ", is sampling noise: no growth suspect has this role");
+    }
   }
   if (!details.empty()) {
     out += " (";
@@ -1041,6 +1060,7 @@ json render_check_json(const CheckOutcome& outcome) {
                     {"first_step", item.figure.first_step},
                     {"last_step", item.figure.last_step},
                     {"last_half", item.figure.plateau}};
+        if (item.figure.sampling_noise) c["fit"]["sampling_noise_estimate"] = item.figure.estimate;
       }
     }
     checks.push_back(std::move(c));

@@ -106,6 +106,11 @@ struct Figure {
   uint64_t first_step = 0;
   uint64_t last_step = 0;
   bool plateau = false;  // the last half of the window grew less than the whole (the smaller slope was used)
+  // A role's growth in sampled host mode that the report judged sampling
+  // noise (no growth suspect of that role): `value` is 0, `estimate` the
+  // slope of the estimated series.
+  bool sampling_noise = false;
+  double estimate = 0;
 };
 
 // The figure of `metric` over `scope`; warmup_steps < 0 takes each process's

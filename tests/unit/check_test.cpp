@@ -323,6 +323,32 @@ TEST_CASE("check judges a run by its limits", "[check]") {
   }
 }
 
+TEST_CASE("a role's growth that a sampled report judged sampling noise passes as the report says", "[check]") {
+  // Activations gain a sample's worth now and then: about 29 KiB/step.
+  const std::vector<double> live(20, 4 << 20);
+  json report = synthetic_report(live);
+  for (size_t i = 0; i < live.size(); ++i) {
+    report["steps"][i]["roles"] = {{"activation", 550000 + 131072 * static_cast<double>(i / 4)}, {"other", 3644304}};
+  }
+  report["roles"] = {{"estimated", true}, {"growing", json::array()}};
+  Policy policy;
+  policy.set(parse_limit_flag(Metric::kGrowthPerStep, "activation=0"));
+  const CheckOutcome noise = run_check(run_data_from_json(report, "noise", "report JSON"), nullptr, policy);
+  REQUIRE(noise.items.size() == 1);
+  CHECK(noise.passed());
+  CHECK_THAT(noise.items[0].message(), Catch::StartsWith("0 B/step <= limit 0 B/step"));
+  CHECK_THAT(noise.items[0].message(), Catch::Contains("is sampling noise: no growth suspect has this role"));
+  CHECK(render_check_json(noise)["checks"][0]["fit"]["sampling_noise_estimate"].get<double>() > 20000);
+  SECTION("listed as growing by the report: judged on its slope") {
+    report["roles"]["growing"] = json::array({{{"role", "activation"}, {"bytes_per_step", 29127}}});
+    CHECK_FALSE(run_check(run_data_from_json(report, "grows", "report JSON"), nullptr, policy).passed());
+  }
+  SECTION("exact counts (full host mode): judged on its slope") {
+    report["roles"]["estimated"] = false;
+    CHECK_FALSE(run_check(run_data_from_json(report, "exact", "report JSON"), nullptr, policy).passed());
+  }
+}
+
 TEST_CASE("baselines: 10% more growth fails, 1% passes", "[check]") {
   const RunData base = run_data_from_json(synthetic_report(linear(30, 0, 1 << 20)), "base", "report JSON");
   const RunData worse = run_data_from_json(synthetic_report(linear(30, 0, 1.10 * (1 << 20))), "worse", "report JSON");
