@@ -204,7 +204,7 @@ void growth_figure(const FigureInput& in, Figure& f) {
   // gate judges as the report does.
   const json& roles = member(pj, "roles");
   const json& growing = member(roles, "growing");
-  if (is_role_scope(scope) && fit.slope > 0 && member(roles, "estimated") == true && growing.is_array()) {
+  if (is_role_scope(scope) && std::round(fit.slope) > 0 && member(roles, "estimated") == true && growing.is_array()) {
     const bool listed = std::any_of(growing.begin(), growing.end(),
                                     [&](const json& g) { return text(g, "role") == scope_name(scope); });
     if (!listed) {
