@@ -569,7 +569,8 @@ void assign_roles(ProcessReport& r, const ReplayOutput& replay, const RoleTable&
   }
   const size_t window = r.steps.size() > size_t(r.warmup_steps) ? r.steps.size() - size_t(r.warmup_steps) : 1;
   const double sampled_floor = 4.0 * double(r.sample_interval) / double(window);
-  const std::array<bool, kRoleCount> grows = roles_growing(account, r.warmup_steps, sampled_floor, host_suspect_roles);
+  const std::array<bool, kRoleCount> grows =
+      roles_growing(account, growth, r.warmup_steps, sampled_floor, host_suspect_roles);
   out.growing.clear();
   for (int k = 0; k < kRoleCount; ++k) {
     if (grows[k]) out.growing.emplace_back(kRoleNames[k], growth[k]);
@@ -579,41 +580,37 @@ void assign_roles(ProcessReport& r, const ReplayOutput& replay, const RoleTable&
 
 namespace {
 
-std::array<double, kRoleCount> series_growth(const std::vector<std::array<int64_t, kRoleCount>>& live,
-                                             int warmup_steps) {
-  std::array<double, kRoleCount> out{};
+// Role r's growth per step after the warm-up in `live`, less `minus` (its
+// host part) where given.
+double role_slope(const std::vector<std::array<int64_t, kRoleCount>>& live, int r, int warmup_steps,
+                  const std::vector<std::array<int64_t, kRoleCount>>* minus = nullptr) {
   const size_t first = static_cast<size_t>(std::max(0, warmup_steps));
-  if (live.size() < first + 3) return out;
-  for (int r = 0; r < kRoleCount; ++r) {
-    std::vector<double> series;
-    for (size_t k = first; k < live.size(); ++k) series.push_back(static_cast<double>(live[k][r]));
-    out[r] = theil_sen_slope(series);
+  if (live.size() < first + 3) return 0;
+  std::vector<double> series;
+  for (size_t k = first; k < live.size(); ++k) {
+    const int64_t less = minus != nullptr && k < minus->size() ? (*minus)[k][r] : 0;
+    series.push_back(static_cast<double>(live[k][r] - less));
   }
-  return out;
+  return theil_sen_slope(series);
 }
 
 }  // namespace
 
 std::array<double, kRoleCount> role_growth(const RoleAccount& account, int warmup_steps) {
-  return series_growth(account.live, warmup_steps);
+  std::array<double, kRoleCount> out{};
+  for (int r = 0; r < kRoleCount; ++r) out[r] = role_slope(account.live, r, warmup_steps);
+  return out;
 }
 
-std::array<bool, kRoleCount> roles_growing(const RoleAccount& account, int warmup_steps, double sampled_floor,
+std::array<bool, kRoleCount> roles_growing(const RoleAccount& account, const std::array<double, kRoleCount>& growth,
+                                           int warmup_steps, double sampled_floor,
                                            const std::array<bool, kRoleCount>& host_suspect_roles) {
-  const std::array<double, kRoleCount> growth = role_growth(account, warmup_steps);
   std::array<bool, kRoleCount> out{};
-  if (!account.estimated) {
-    for (int r = 0; r < kRoleCount; ++r) out[r] = growth[r] >= kRoleGrowthFloor;
-    return out;
-  }
-  std::vector<std::array<int64_t, kRoleCount>> exact = account.live;
-  for (size_t k = 0; k < exact.size() && k < account.host_live.size(); ++k) {
-    for (int r = 0; r < kRoleCount; ++r) exact[k][r] -= account.host_live[k][r];
-  }
-  const std::array<double, kRoleCount> exact_growth = series_growth(exact, warmup_steps);
   for (int r = 0; r < kRoleCount; ++r) {
     if (growth[r] < kRoleGrowthFloor) continue;
-    out[r] = exact_growth[r] >= kRoleGrowthFloor || (growth[r] >= sampled_floor && host_suspect_roles[r]);
+    // Sampled host mode: a suspect's evidence, or else the exact part's own growth.
+    out[r] = !account.estimated || (growth[r] >= sampled_floor && host_suspect_roles[r]) ||
+             role_slope(account.live, r, warmup_steps, &account.host_live) >= kRoleGrowthFloor;
   }
   return out;
 }

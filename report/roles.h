@@ -118,8 +118,8 @@ inline constexpr double kRoleGrowthFloor = 1024;
 // check` judges it).
 std::array<double, kRoleCount> role_growth(const RoleAccount& account, int warmup_steps);
 
-// Which roles grow after the warm-up. With exact counts, those whose growth
-// reaches kRoleGrowthFloor. In sampled host mode one sampled allocation
+// Which roles grow after the warm-up, from their `growth` (role_growth's).
+// With exact counts, those whose growth reaches kRoleGrowthFloor. In sampled host mode one sampled allocation
 // weighs a whole sample interval, and a role sums many sites: samples of
 // several of them caught live at a few step ends make a slope without any
 // site growing. There a role grows when its exact part (device, managed,
@@ -127,7 +127,8 @@ std::array<double, kRoleCount> role_growth(const RoleAccount& account, int warmu
 // over the window, the suspects' floor) and one of the growth suspects,
 // judged site by site, is a host site of that role
 // (`host_suspect_roles`).
-std::array<bool, kRoleCount> roles_growing(const RoleAccount& account, int warmup_steps, double sampled_floor,
+std::array<bool, kRoleCount> roles_growing(const RoleAccount& account, const std::array<double, kRoleCount>& growth,
+                                           int warmup_steps, double sampled_floor,
                                            const std::array<bool, kRoleCount>& host_suspect_roles);
 
 }  // namespace memledger::report

@@ -239,26 +239,27 @@ TEST_CASE("roles: in sampled host mode a role grows on a suspect's evidence or o
     account.host_live.push_back(host);
   }
   const double sampled_floor = 4 * kInterval / 18;
-  REQUIRE(role_growth(account, 0)[kAct] >= sampled_floor);
-  REQUIRE(role_growth(account, 0)[kGrad] == Approx(2048));
+  const std::array<double, kRoleCount> growth = role_growth(account, 0);
+  REQUIRE(growth[kAct] >= sampled_floor);
+  REQUIRE(growth[kGrad] == Approx(2048));
   std::array<bool, kRoleCount> no_suspect{}, activation_suspect{};
   activation_suspect[kAct] = true;
   SECTION("exact counts: the floor alone") {
     account.host_live.clear();
-    const auto grows = roles_growing(account, 0, sampled_floor, no_suspect);
+    const auto grows = roles_growing(account, growth, 0, sampled_floor, no_suspect);
     CHECK(grows[kAct]);
     CHECK(grows[kGrad]);
   }
   SECTION("sampled: host growth without a suspect of its role is sampling noise") {
     account.estimated = true;
-    const auto grows = roles_growing(account, 0, sampled_floor, no_suspect);
+    const auto grows = roles_growing(account, growth, 0, sampled_floor, no_suspect);
     CHECK_FALSE(grows[kAct]);
     CHECK(grows[kGrad]);  // exact bytes need no suspect
   }
   SECTION("sampled: a host suspect of the role and four samples over the window") {
     account.estimated = true;
-    CHECK(roles_growing(account, 0, sampled_floor, activation_suspect)[kAct]);
-    CHECK_FALSE(roles_growing(account, 0, 2 * sampled_floor, activation_suspect)[kAct]);
+    CHECK(roles_growing(account, growth, 0, sampled_floor, activation_suspect)[kAct]);
+    CHECK_FALSE(roles_growing(account, growth, 0, 2 * sampled_floor, activation_suspect)[kAct]);
   }
 }
 
