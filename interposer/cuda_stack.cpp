@@ -115,7 +115,9 @@ void by_property(void* fn, char* out, size_t size) {
 }
 
 // The library's own version call; `out` stays empty where it has none.
-void library_version(void* h, Family family, char* out, size_t size) {
+// `driver_answered`: the program initialised a working driver
+// (note_devices).
+void library_version(void* h, Family family, bool driver_answered, char* out, size_t size) {
   out[0] = '\0';
   switch (family) {
     case Family::kDriver:
@@ -164,6 +166,12 @@ void library_version(void* h, Family family, char* out, size_t size) {
       break;
     }
     case Family::kCupti: {
+      // Not a plain query: cuptiGetVersion starts CUPTI, which loads the
+      // driver, and CUPTI 13.2 (pip's nvidia-cuda-cupti, which PyTorch's
+      // CUDA wheels bring) overflows the stack where there is none: a
+      // CUDA build of PyTorch on a machine without a GPU. Asked once the
+      // program has initialised the driver, it starts nothing new.
+      if (!driver_answered) break;
       auto fn = reinterpret_cast<int (*)(uint32_t*)>(symbol(h, "cuptiGetVersion"));
       uint32_t v = 0;
       if (fn != nullptr && fn(&v) == 0) std::snprintf(out, size, "API %u", v);
@@ -273,7 +281,7 @@ void note_library(const Found& f) {
   if (handle == nullptr) return;
   if (!seen && g_state.library_count < kMaxLibraries) {
     char version[64];
-    library_version(handle, f.family, version, sizeof version);
+    library_version(handle, f.family, g_state.devices_noted, version, sizeof version);
     char value[kPathMax + 80];
     std::snprintf(value, sizeof value, "%s\t%s", f.path, version);
     recorder().on_info("cuda.library", value);
@@ -323,7 +331,13 @@ void note_cuda_stack(const char* call, int error) {
     dl_iterate_phdr(collect, &scan);
     recorder().leave_loader_section();
   }
-  for (int i = 0; i < scan.count; ++i) note_library(scan.found[i]);
+  // The driver first: whether it answers decides what the others are asked.
+  for (int i = 0; i < scan.count; ++i) {
+    if (scan.found[i].family == Family::kDriver) note_library(scan.found[i]);
+  }
+  for (int i = 0; i < scan.count; ++i) {
+    if (scan.found[i].family != Family::kDriver) note_library(scan.found[i]);
+  }
   g_state.lock.unlock();
 }
 

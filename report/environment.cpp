@@ -117,8 +117,17 @@ const CudaLibrary* newest_runtime(const Environment& env) {
   return best;
 }
 
+bool driver_loaded(const Environment& env) {
+  for (const CudaLibrary& l : env.libraries) {
+    if (l.name == "libcuda") return true;
+  }
+  return false;
+}
+
 // A runtime the driver does not support: refused at initialisation, or a
-// newer major than the driver's.
+// newer major than the driver's. The runtime's refusal is the same where
+// no driver loads at all (a CUDA build of a framework on a machine without
+// a GPU): then there is no driver to be too old.
 std::string driver_finding(const Environment& env) {
   const CudaLibrary* rt = newest_runtime(env);
   const std::string runtime = rt ? "the CUDA runtime " + rt->version + " (" + base_name(rt->path) + ")" : "the CUDA runtime";
@@ -129,6 +138,12 @@ std::string driver_finding(const Environment& env) {
     const size_t space = env.init_error.rfind(' ');
     const std::string call = env.init_error.substr(0, space);
     const int code = std::atoi(env.init_error.substr(space + 1).c_str());
+    if (code == 35 && env.driver.empty() && !driver_loaded(env)) {
+      return "no NVIDIA driver: " + call + " failed with " + error_name(call, code) + " (35) and no libcuda.so.1 " +
+             "was loaded, so " + runtime + " had no GPU to use; to run on a GPU, install an NVIDIA driver that " +
+             "supports CUDA " + (rt ? rt->version : std::string("that version")) +
+             " or newer (or put its libcuda.so.1 on the library path)";
+    }
     return runtime + " needs a newer driver: " + call + " failed with " + error_name(call, code) + " (" +
            std::to_string(code) + ") and the driver supports " + driver + " only" + fix;
   }
@@ -439,7 +454,9 @@ std::vector<std::string> environment_lines(const Environment& env) {
     if (!l.version.empty()) {
       line += l.name == "libcuda" ? "(driver for CUDA " + l.version + ")" : l.version;
     } else {
-      line += "(no version call; build id " + (l.build_id.empty() ? std::string("unknown") : l.build_id) + ")";
+      // CUPTI is asked only once the driver answers (starting it without one can crash it).
+      line += l.name == "libcupti" ? "(version not asked: no working CUDA driver; build id " : "(no version call; build id ";
+      line += (l.build_id.empty() ? std::string("unknown") : l.build_id) + ")";
     }
     out.push_back(line + "  " + l.path);
   }

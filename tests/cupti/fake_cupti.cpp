@@ -8,6 +8,10 @@
 //                unsubscribes)
 //   fail=CALL    CALL (cuptiActivityEnable, cuptiActivityRegisterCallbacks,
 //                cuptiEnableCallback) fails with CUPTI_ERROR_NOT_SUPPORTED
+//   driver=needed  cuptiGetVersion faults (SIGSEGV) in a process that has no
+//                libcuda.so.1 loaded, as pip's CUPTI 13.2 does on a machine without
+//                the NVIDIA driver (its lazy start-up fails and calls itself
+//                until the stack overflows)
 //   active       (default) every call succeeds; each forced flush delivers one
 //                device allocation at 0xdead00000 (1 MiB) that no hook saw, its
 //                release, a module static (DEVICE_STATIC, 2304 bytes at
@@ -16,7 +20,9 @@
 //                __device__ variables), one memory pool record, and reports 3
 //                records lost
 #include <cupti.h>
+#include <dlfcn.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -56,6 +62,10 @@ size_t record_size(CUpti_ActivityKind kind) {
 extern "C" {
 
 CUptiResult cuptiGetVersion(uint32_t* version) {
+  const char* driver = setting("driver");
+  if (driver != nullptr && strcmp(driver, "needed") == 0 && dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD) == nullptr) {
+    raise(SIGSEGV);
+  }
   const char* v = setting("version");
   *version = v != nullptr ? static_cast<uint32_t>(strtoul(v, nullptr, 10)) : CUPTI_API_VERSION;
   return CUPTI_SUCCESS;

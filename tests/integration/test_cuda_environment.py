@@ -5,6 +5,9 @@ it, on the simulated CUDA (tests/sim_cuda):
                                        the first call fails with cudaErrorInsufficientDriver
     two runtime majors in one process  runtime/cuda12's libcudart.so.12 beside libcudart.so.13
     a crash inside the driver          SIMCUDA_CRASH_IN_ALLOC=1: cuMemAlloc faults in libcuda
+    a CUDA build on a machine without  SIMCUDA_NO_DRIVER=1: no libcuda.so.1 to load, and a libcupti
+    a driver                           that faults when started without one (tests/cupti/
+                                       fake_cupti.cpp, FAKE_CUPTI=driver=needed)
 
 and a framework's own out-of-memory error (JAX's RESOURCE_EXHAUSTED on the
 CPU, a real one) named by the verdict through the Python module's
@@ -19,22 +22,26 @@ import textwrap
 import unittest
 
 import clients
-from mltest import MEMLEDGER, TIMEOUT, TestCase, clean_env
+from mltest import BUILD_DIR, MEMLEDGER, TIMEOUT, TestCase, clean_env
 from test_cuda_hooks import DRIVER_DIR, SIM_DIR, sim_env, sim_program
 
 RUNTIME_13 = SIM_DIR / "runtime" / "libcudart.so.13"
 RUNTIME_12 = SIM_DIR / "runtime" / "cuda12" / "libcudart.so.12"
 SIM_CUDNN = SIM_DIR / "libraries" / "libcudnn.so.9"
 SIM_CUBLAS = SIM_DIR / "libraries" / "libcublas.so.13"
+FAKE_CUPTI = os.environ.get("MLTEST_LIBRARY_fake_cupti", str(BUILD_DIR / "tests" / "cupti" / "libfake_cupti.so"))
 
 
 @unittest.skipUnless((DRIVER_DIR / "libcuda.so.1").exists(), "the simulated CUDA is not built (no CUDA 13 headers)")
 class CudaEnvironment(TestCase):
-    def run_traced(self, argv, **env):
+    def run_traced(self, argv, environment=None, **env):
+        """`environment`: the whole environment, in place of the simulated
+        CUDA's (sim_env) with `env` added."""
         run_dir = tempfile.mkdtemp(prefix="memledger-env-")
         self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
         proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "off", "-o", run_dir, "--", *argv],
-                              capture_output=True, text=True, timeout=TIMEOUT, env=sim_env(**env))
+                              capture_output=True, text=True, timeout=TIMEOUT,
+                              env=environment if environment is not None else sim_env(**env))
         text = subprocess.run([MEMLEDGER, "report", run_dir], capture_output=True, text=True, timeout=TIMEOUT).stdout
         self.run_dir = run_dir
         return proc, self.load_report(run_dir), text
@@ -127,6 +134,75 @@ class CudaEnvironment(TestCase):
             self.assertEqual(p["environment"]["driver_cuda"], "13.0", p["pid"])
             self.assertEqual([lib["version"] for lib in p["environment"]["libraries"] if lib["name"] == "libcudart"],
                              ["13.0"], p["pid"])
+
+    def cupti_script(self):
+        """A CUDA build of a framework as it starts: it loads its CUPTI (the
+        stand-in, under the real one's file name), then the runtime, and asks
+        for the GPUs. Prints the runtime's answer."""
+        folder = tempfile.mkdtemp(prefix="memledger-cupti-")
+        self.addCleanup(shutil.rmtree, folder, ignore_errors=True)
+        cupti = os.path.join(folder, "libcupti.so.13")
+        shutil.copy(FAKE_CUPTI, cupti)
+        return cupti, textwrap.dedent(f"""
+            import ctypes
+            ctypes.CDLL({cupti!r})
+            rt = ctypes.CDLL({str(RUNTIME_13)!r})
+            print("COUNT", rt.cudaGetDeviceCount(ctypes.byref(ctypes.c_int())))
+        """)
+
+    @unittest.skipUnless(os.path.exists(FAKE_CUPTI), "the stand-in CUPTI is not built (no CUPTI headers)")
+    def test_cupti_is_not_started_without_a_driver(self):
+        # PyTorch's CUDA wheels on a machine without a GPU: they bring pip's
+        # CUPTI 13.2, whose cuptiGetVersion overflows the stack where no
+        # driver loads, and the first CUDA call fails (cudaErrorInsufficientDriver).
+        cupti, script = self.cupti_script()
+        no_driver = clean_env(FAKE_CUPTI="driver=needed", SIMCUDA_NO_DRIVER="1")
+        no_driver.pop("LD_LIBRARY_PATH", None)
+        # The stand-in faults as that CUPTI does, so this test can fail.
+        untraced = subprocess.run([sys.executable, "-c", "import ctypes; ctypes.CDLL(%r).cuptiGetVersion("
+                                   "ctypes.byref(ctypes.c_uint32()))" % cupti],
+                                  capture_output=True, timeout=TIMEOUT, env=no_driver)
+        self.assertEqual(untraced.returncode, -11, untraced.stderr)
+        proc, report, text = self.run_traced([sys.executable, "-c", script], environment=no_driver)
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("COUNT 35", proc.stdout)
+        self.assertEqual(report["verdict"]["summary"], "clean exit (code 0)")
+        env = report["environment"]
+        self.assertEqual(env["init_error"], "cudaGetDeviceCount 35")
+        self.assertEqual([(lib["version"], lib["path"]) for lib in self.library(report, "libcupti")], [("", cupti)])
+        self.assertIn("libcupti.so.13 (version not asked: no working CUDA driver; build id ", text)
+        # No driver to be too old: the note says there is none.
+        self.assertEqual(len(env["findings"]), 1, env["findings"])
+        self.assertTrue(env["findings"][0].startswith("no NVIDIA driver: cudaGetDeviceCount failed with "
+                                                      "cudaErrorInsufficientDriver (35) and no libcuda.so.1 was loaded"),
+                        env["findings"])
+        self.assertIn(env["findings"][0], report["notes"])
+
+    def test_no_driver_at_all(self):
+        # A program that needs the GPU, on a machine without the driver.
+        proc, report, text = self.run_traced([sim_program("cuda_runtime_dynamic"), "3", "1048576", "normal"],
+                                             SIMCUDA_NO_DRIVER="1")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        verdict = report["verdict"]
+        self.assertEqual(verdict["kind"], "cuda_mismatch", verdict["summary"])
+        self.assertEqual(verdict["summary"],
+                         "no NVIDIA driver: cudaGetDeviceCount failed with cudaErrorInsufficientDriver (35) and no "
+                         "libcuda.so.1 was loaded, so the CUDA runtime 13.0 (libcudart.so.13) had no GPU to use; to run "
+                         "on a GPU, install an NVIDIA driver that supports CUDA 13.0 or newer (or put its libcuda.so.1 "
+                         "on the library path) (exited with code 1)")
+        self.assertEqual(report["environment"]["driver_cuda"], "")
+        self.assertNotIn("needs a newer driver", text)
+
+    @unittest.skipUnless(os.path.exists(FAKE_CUPTI), "the stand-in CUPTI is not built (no CUPTI headers)")
+    def test_cupti_version_once_the_driver_answers(self):
+        cupti, script = self.cupti_script()
+        proc, report, text = self.run_traced([sys.executable, "-c", script], FAKE_CUPTI="driver=needed")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("COUNT 0", proc.stdout)
+        versions = [lib["version"] for lib in self.library(report, "libcupti")]
+        self.assertEqual(len(versions), 1)
+        self.assertRegex(versions[0], r"^API [0-9]+$")
+        self.assertIn("libcupti.so.13 " + versions[0] + "  " + cupti, text)
 
     def test_crash_inside_the_driver(self):
         proc, report, text = self.run_traced([sim_program("cuda_driver_linked"), "2", "1048576", "normal"],

@@ -6,6 +6,7 @@
 
 #include <dlfcn.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -95,6 +96,9 @@ void* find_get_proc_address(void* library) {
 }
 
 cudaError_t load_driver() {
+  // A machine without the NVIDIA driver: no libcuda.so.1 to load.
+  const char* no_driver = std::getenv("SIMCUDA_NO_DRIVER");
+  if (no_driver != nullptr && std::strcmp(no_driver, "1") == 0) return cudaErrorInsufficientDriver;
   void* library = dlopen("libcuda.so.1", RTLD_NOW);
   if (library == nullptr) return cudaErrorInsufficientDriver;
   g_driver.library = library;
