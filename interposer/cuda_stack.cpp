@@ -50,13 +50,17 @@ struct Found {
 struct Scan {
   Found found[kMaxLibraries];
   int count = 0;
+  bool cudnn_graph = false;  // libcudnn_graph (cuDNN 9's sub-library) is loaded
 };
 
 // What was recorded already (hashes of library paths), and the GPUs.
 struct State {
   SpinLock lock;
-  uint64_t libraries[kMaxLibraries];
+  uint64_t libraries[kMaxLibraries];  // noted with the version their call gave
   int library_count = 0;
+  // Noted without a version that a later look may ask (Ask::kLater).
+  uint64_t waiting[kMaxLibraries];
+  int waiting_count = 0;
   bool driver_noted = false;
   bool devices_noted = false;
   bool init_error_noted = false;
@@ -86,7 +90,10 @@ bool family_of(const char* path, Family* out) {
 int collect(dl_phdr_info* info, size_t, void* data) {
   auto* scan = static_cast<Scan*>(data);
   Family family;
-  if (info->dlpi_name == nullptr || info->dlpi_name[0] == '\0' || !family_of(info->dlpi_name, &family)) return 0;
+  if (info->dlpi_name == nullptr || info->dlpi_name[0] == '\0') return 0;
+  const char* slash = std::strrchr(info->dlpi_name, '/');
+  if (std::strncmp(slash ? slash + 1 : info->dlpi_name, "libcudnn_graph", 14) == 0) scan->cudnn_graph = true;
+  if (!family_of(info->dlpi_name, &family)) return 0;
   if (scan->count >= kMaxLibraries || std::strlen(info->dlpi_name) >= kPathMax) return 0;
   Found& f = scan->found[scan->count++];
   std::strcpy(f.path, info->dlpi_name);
@@ -114,10 +121,40 @@ void by_property(void* fn, char* out, size_t size) {
   std::snprintf(out, size, "%d.%d.%d", v[0], v[1], v[2]);
 }
 
+// The major in a file name's ".so.N" (libcudnn.so.9: 9), or -1.
+int so_major(const char* path) {
+  const char* so = std::strstr(path, ".so.");
+  return so != nullptr && so[4] >= '0' && so[4] <= '9' ? std::atoi(so + 4) : -1;
+}
+
+// Whether a library may be asked its version now: a version call that
+// would start something the program has not started yet (load a library,
+// initialise CUPTI) waits for the program to start it.
+enum class Ask { kNow, kLater };
+
+Ask when_to_ask(const Found& f, const Scan& scan, bool driver_answered) {
+  switch (f.family) {
+    case Family::kCudnn:
+      // cuDNN 9's libcudnn.so.9 is a front: cudnnGetVersion loads
+      // libcudnn_graph.so.9 to answer, which the program loads at its first
+      // cuDNN call (cudnnCreate); a framework that only links cuDNN never
+      // loads it.
+      // An older cuDNN, known by its file name, answers from itself.
+      return (so_major(f.path) >= 0 && so_major(f.path) < 9) || scan.cudnn_graph ? Ask::kNow : Ask::kLater;
+    case Family::kCupti:
+      // cuptiGetVersion starts CUPTI, which loads the driver, and CUPTI 13.2
+      // (pip's nvidia-cuda-cupti, which PyTorch's CUDA wheels bring)
+      // overflows the stack where there is none: a CUDA build of PyTorch on
+      // a machine without a GPU. Asked once the program has initialised the
+      // driver, it starts nothing new.
+      return driver_answered ? Ask::kNow : Ask::kLater;
+    default:
+      return Ask::kNow;
+  }
+}
+
 // The library's own version call; `out` stays empty where it has none.
-// `driver_answered`: the program initialised a working driver
-// (note_devices).
-void library_version(void* h, Family family, bool driver_answered, char* out, size_t size) {
+void library_version(void* h, Family family, char* out, size_t size) {
   out[0] = '\0';
   switch (family) {
     case Family::kDriver:
@@ -166,12 +203,6 @@ void library_version(void* h, Family family, bool driver_answered, char* out, si
       break;
     }
     case Family::kCupti: {
-      // Not a plain query: cuptiGetVersion starts CUPTI, which loads the
-      // driver, and CUPTI 13.2 (pip's nvidia-cuda-cupti, which PyTorch's
-      // CUDA wheels bring) overflows the stack where there is none: a
-      // CUDA build of PyTorch on a machine without a GPU. Asked once the
-      // program has initialised the driver, it starts nothing new.
-      if (!driver_answered) break;
       auto fn = reinterpret_cast<int (*)(uint32_t*)>(symbol(h, "cuptiGetVersion"));
       uint32_t v = 0;
       if (fn != nullptr && fn(&v) == 0) std::snprintf(out, size, "API %u", v);
@@ -266,22 +297,35 @@ void note_release(const char* libcuda) {
   if (library_release(libcuda, release, sizeof release)) recorder().on_info("cuda.driver_library_release", release);
 }
 
-bool already_noted(uint64_t h) {
-  for (int i = 0; i < g_state.library_count; ++i) {
-    if (g_state.libraries[i] == h) return true;
+bool among(const uint64_t* hashes, int count, uint64_t h) {
+  for (int i = 0; i < count; ++i) {
+    if (hashes[i] == h) return true;
   }
   return false;
 }
 
-void note_library(const Found& f) {
+bool already_noted(uint64_t h) { return among(g_state.libraries, g_state.library_count, h); }
+
+void note_library(const Found& f, const Scan& scan) {
   const uint64_t h = hash(f.path);
   const bool seen = already_noted(h);
   if (seen && !(f.family == Family::kDriver && !g_state.devices_noted)) return;
   void* handle = dlopen(f.path, RTLD_LAZY | RTLD_NOLOAD);
   if (handle == nullptr) return;
   if (!seen && g_state.library_count < kMaxLibraries) {
-    char version[64];
-    library_version(handle, f.family, g_state.devices_noted, version, sizeof version);
+    char version[64] = "";
+    if (when_to_ask(f, scan, g_state.devices_noted) == Ask::kLater) {
+      // Listed now without its version (once), asked at a later look.
+      if (!among(g_state.waiting, g_state.waiting_count, h) && g_state.waiting_count < kMaxLibraries) {
+        g_state.waiting[g_state.waiting_count++] = h;
+        char value[kPathMax + 80];
+        std::snprintf(value, sizeof value, "%s\t", f.path);
+        recorder().on_info("cuda.library", value);
+      }
+      dlclose(handle);
+      return;
+    }
+    library_version(handle, f.family, version, sizeof version);
     char value[kPathMax + 80];
     std::snprintf(value, sizeof value, "%s\t%s", f.path, version);
     recorder().on_info("cuda.library", value);
@@ -308,6 +352,7 @@ __attribute__((constructor)) void forget_in_children() {
   pthread_atfork(nullptr, nullptr, [] {
     g_state.lock.reset();
     g_state.library_count = 0;
+    g_state.waiting_count = 0;
     g_state.driver_noted = g_state.devices_noted = g_state.init_error_noted = g_state.release_noted = false;
   });
 }
@@ -327,16 +372,17 @@ void note_cuda_stack(const char* call, int error) {
   }
   static Scan scan;  // under the lock; too large for a program thread's stack
   scan.count = 0;
+  scan.cudnn_graph = false;
   if (recorder().enter_loader_section()) {
     dl_iterate_phdr(collect, &scan);
     recorder().leave_loader_section();
   }
   // The driver first: whether it answers decides what the others are asked.
   for (int i = 0; i < scan.count; ++i) {
-    if (scan.found[i].family == Family::kDriver) note_library(scan.found[i]);
+    if (scan.found[i].family == Family::kDriver) note_library(scan.found[i], scan);
   }
   for (int i = 0; i < scan.count; ++i) {
-    if (scan.found[i].family != Family::kDriver) note_library(scan.found[i]);
+    if (scan.found[i].family != Family::kDriver) note_library(scan.found[i], scan);
   }
   g_state.lock.unlock();
 }

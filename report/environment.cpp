@@ -386,7 +386,15 @@ Environment read_environment(const Trace& trace) {
       env.devices.push_back(key.substr(12) + ": " + (name.empty() ? "GPU" : name) + ", " + human_bytes(total));
     } else if (key == "cuda.library") {
       CudaLibrary lib = library_of(trace, value);
-      if (paths.insert(lib.path).second) env.libraries.push_back(std::move(lib));
+      if (paths.insert(lib.path).second) {
+        env.libraries.push_back(std::move(lib));
+      } else if (!lib.version.empty()) {
+        // Listed first without its version, asked later (once the program
+        // had started what asking would have started).
+        for (CudaLibrary& known : env.libraries) {
+          if (known.path == lib.path && known.version.empty()) known = std::move(lib);
+        }
+      }
     } else if (key == "cuda.init_error") {
       env.init_error = value;
     } else if (key == "cuda.create_error") {
@@ -454,8 +462,15 @@ std::vector<std::string> environment_lines(const Environment& env) {
     if (!l.version.empty()) {
       line += l.name == "libcuda" ? "(driver for CUDA " + l.version + ")" : l.version;
     } else {
-      // CUPTI is asked only once the driver answers (starting it without one can crash it).
-      line += l.name == "libcupti" ? "(version not asked: no working CUDA driver; build id " : "(no version call; build id ";
+      // CUPTI and cuDNN 9 wait to be asked until the program has started
+      // what asking them would start (the driver; cuDNN's sub-library).
+      if (l.name == "libcupti") {
+        line += "(version not asked without a working CUDA driver; build id ";
+      } else if (l.name == "libcudnn" && l.major >= 9) {
+        line += "(version not asked before the program's first cuDNN call; build id ";
+      } else {
+        line += "(no version call; build id ";
+      }
       line += (l.build_id.empty() ? std::string("unknown") : l.build_id) + ")";
     }
     out.push_back(line + "  " + l.path);

@@ -170,7 +170,7 @@ class CudaEnvironment(TestCase):
         env = report["environment"]
         self.assertEqual(env["init_error"], "cudaGetDeviceCount 35")
         self.assertEqual([(lib["version"], lib["path"]) for lib in self.library(report, "libcupti")], [("", cupti)])
-        self.assertIn("libcupti.so.13 (version not asked: no working CUDA driver; build id ", text)
+        self.assertIn("libcupti.so.13 (version not asked without a working CUDA driver; build id ", text)
         # No driver to be too old: the note says there is none.
         self.assertEqual(len(env["findings"]), 1, env["findings"])
         self.assertTrue(env["findings"][0].startswith("no NVIDIA driver: cudaGetDeviceCount failed with "
@@ -289,6 +289,39 @@ class CudaEnvironment(TestCase):
             sys.exit(1 if status and {exit_on_failure!r} else 0)
         """)
         return self.run_traced([sys.executable, "-c", script], **env)
+
+    @unittest.skipUnless(SIM_CUDNN.exists(), "the simulated cuDNN is not built (no cuDNN headers)")
+    def test_cudnn_9_is_not_asked_before_the_program_uses_it(self):
+        # A framework linked against cuDNN 9 that has not called it yet:
+        # cudnnGetVersion would load libcudnn_graph.so.9 into the program.
+        script = textwrap.dedent(f"""
+            import ctypes
+            cudnn = ctypes.CDLL({str(SIM_CUDNN)!r}, mode=ctypes.RTLD_GLOBAL)
+            rt = ctypes.CDLL({str(RUNTIME_13)!r})
+            assert rt.cudaGetDeviceCount(ctypes.byref(ctypes.c_int())) == 0
+            ctypes.CDLL(None).memledger_step(b"a step before any cuDNN call")
+
+            def graph_loaded():
+                return any("libcudnn_graph" in line for line in open("/proc/self/maps"))
+
+            print("GRAPH BEFORE", graph_loaded())
+            if {{use}}:
+                assert cudnn.cudnnCreate(ctypes.byref(ctypes.c_void_p())) == 0
+                ctypes.CDLL(None).memledger_step(b"a step after")
+        """)
+        proc, report, text = self.run_traced([sys.executable, "-c", script.replace("{use}", "False")])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("GRAPH BEFORE False", proc.stdout)
+        self.assertEqual([lib["version"] for lib in self.library(report, "libcudnn")], [""])
+        self.assertIn("libcudnn.so.9 (version not asked before the program's first cuDNN call; build id ", text)
+        # Once the program has made its cuDNN call, the next look asks.
+        proc, report, text = self.run_traced([sys.executable, "-c", script.replace("{use}", "True")])
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("GRAPH BEFORE False", proc.stdout)
+        versions = [lib["version"] for lib in self.library(report, "libcudnn")]
+        self.assertEqual(len(versions), 1, versions)
+        self.assertRegex(versions[0], r"^9\.\d+\.\d+$")
+        self.assertIn("libcudnn.so.9 %s  %s" % (versions[0], SIM_CUDNN), text)
 
     @unittest.skipUnless(SIM_CUDNN.exists(), "the simulated cuDNN is not built (no cuDNN headers)")
     def test_cudnn_create_version_mismatch(self):
