@@ -97,6 +97,10 @@ namespace {
 // times as many stacks as the report shows rows.
 constexpr size_t kStacksPerRow = 10;
 
+// memledger's own work in the program (OwnWork) worth a note: what one
+// more step of a small program might allocate.
+constexpr int64_t kOwnWorkNoteMin = 1 << 20;
+
 // What the events gave: the replay, CUPTI's view beside it, and the steps
 // added in front of it.
 struct EventPass {
@@ -554,6 +558,12 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   r.notes = collect_notes(NotesInput{trace, sampled, r.sample_interval, r.events, stackless, r.unknown_frees,
                                      r.failed_allocations, r.ooms.size(), growth.note, hidden.note, r.cupti,
                                      namer.warnings(), pass.steps.note, &r.allocator});
+  if (replay.own_work_bytes >= kOwnWorkNoteMin) {
+    r.notes.push_back("memledger's own walk of the Python heap (what keeps the large buffers alive, at exit or at "
+                      "memledger.snapshot()) held up to " + human_bytes(double(replay.own_work_bytes)) +
+                      (sampled ? " (exact host totals)" : "") +
+                      " more while it ran; the peak leaves it out (memledger run --no-retention turns the walk off)");
+  }
   const std::string rss = rss_without_live_note(r.steps, r.warmup_steps, r.window_seconds, !trace.python_codes.empty());
   if (!rss.empty()) r.notes.push_back(rss);
   if (std::string inherited = inheritance_note(r.inheritance, parent_pid, sampled); !inherited.empty()) {

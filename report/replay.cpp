@@ -75,7 +75,37 @@ void Replay::inherit(const std::vector<InheritedBlock>& blocks) {
   }
 }
 
+void Replay::note_own_work() {
+  for (; info_seen_ < trace_.info.size(); ++info_seen_) {
+    const TraceInfo& info = trace_.info[info_seen_];
+    auto key = trace_.strings.find(info.key);
+    auto value = trace_.strings.find(info.value);
+    if (key == trace_.strings.end() || key->second != kOwnWorkKey || value == trace_.strings.end()) continue;
+    const std::string& v = value->second;
+    const bool begin = v.rfind("begin ", 0) == 0;
+    if (!begin && v.rfind("end ", 0) != 0) continue;
+    const uint64_t seq = std::strtoull(v.c_str() + (begin ? 6 : 4), nullptr, 10);
+    if (begin) {
+      OwnWork w;
+      w.begin_seq = seq;
+      w.begin_ts = info.ts;
+      own_work_.push_back(w);
+    } else if (!own_work_.empty() && own_work_.back().end_seq == UINT64_MAX && seq >= own_work_.back().begin_seq) {
+      own_work_.back().end_seq = seq;
+      own_work_.back().end_ts = info.ts;
+    }
+  }
+}
+
+OwnWork* Replay::own_work_at(uint64_t seq) {
+  for (OwnWork& w : own_work_) {
+    if (seq >= w.begin_seq && seq < w.end_seq) return &w;
+  }
+  return nullptr;
+}
+
 void Replay::observe(const TraceEvent* events, size_t count) {
+  note_own_work();
   for (size_t i = 0; i < count; ++i) {
     const TraceEvent& e = events[i];
     while (!keep_.empty() && e.seq >= keep_.back().seq) {
@@ -183,6 +213,20 @@ void Replay::on_alloc(const TraceEvent& e) {
   }
   running_total_ += static_cast<int64_t>(weight);
   ++step_allocs_;
+  if (!own_work_.empty()) {
+    if (OwnWork* own = own_work_at(e.seq)) {
+      if (own->base == INT64_MIN) own->base = running_total_ - static_cast<int64_t>(weight);
+      out_.own_work_bytes = std::max(out_.own_work_bytes, running_total_ - own->base);
+      return;  // memledger's own memory never makes the peak
+    }
+  }
+  if (sampled_ && e.kind != static_cast<uint8_t>(fmt::Kind::kHost)) {
+    const int64_t live = running_total_ + (totals_offset_ != kNoOffset ? totals_offset_ : 0);
+    if (live > unsampled_peak_.bytes) {
+      unsampled_peak_ = Peak{live, current_step_, e.ts, e.kind};
+      unsampled_peak_other_ = running_total_ - total_[0];
+    }
+  }
   if (running_total_ > out_.peak.bytes) {
     ++out_.peak_epoch;
     out_.peak.bytes = running_total_;
@@ -326,22 +370,42 @@ void Replay::apply_samples() {
   }
   if (!sampled_) return;
   host_live_from_samples();
-  exact_step_totals();
+  // The peak: the samples' (below), a step end above it (exact_step_totals),
+  // or a moment of an allocation that is never sampled above both.
   Peak& peak = out_.peak;
   peak = Peak{};
   uint64_t step_at = 1;
   size_t k = 0;
-  for (const TraceSample& s : samples) {
+  int64_t before_own_work = 0;  // the last sample's exact live bytes outside memledger's own work
+  for (size_t i = 0; i < samples.size(); ++i) {
+    const TraceSample& s = samples[i];
     while (k < out_.steps.size() && out_.steps[k].end_ns < s.ts) {
       ++k;
       step_at = k + 1;
     }
-    if (s.host_live > peak.bytes) {
-      peak.bytes = s.host_live;
+    // The peak counts every kind, as in full mode: the host's exact bytes
+    // and the rest (device, managed, pinned, mapped), which is never sampled.
+    const int64_t live = s.host_live + (i < sample_at_.size() ? sample_at_[i].other : 0);
+    const bool own = std::any_of(own_work_.begin(), own_work_.end(),
+                                 [&](const OwnWork& w) { return s.ts >= w.begin_ts && s.ts <= w.end_ts; });
+    if (own) {
+      out_.own_work_bytes = std::max(out_.own_work_bytes, live - before_own_work);
+      continue;
+    }
+    before_own_work = live;
+    if (live > peak.bytes) {
+      peak.bytes = live;
+      out_.peak_unsampled = live - s.host_live;
       peak.ts_ns = s.ts;
       peak.step = out_.steps.empty() ? 0 : std::min<uint64_t>(step_at, out_.steps.size() + 1);
       peak.kind = 0;
     }
+  }
+  exact_step_totals();
+  if (unsampled_peak_.bytes > peak.bytes) {
+    peak = unsampled_peak_;
+    out_.peak_unsampled = unsampled_peak_other_;
+    peak.step = out_.steps.empty() ? 0 : std::min<uint64_t>(peak.step, out_.steps.size() + 1);
   }
 }
 
@@ -352,7 +416,7 @@ void Replay::note_samples(uint64_t ts) {
   const std::vector<TraceSample>& samples = trace_.samples;
   while (sample_at_.size() < samples.size() && samples[sample_at_.size()].ts <= ts) {
     const TraceSample& s = samples[sample_at_.size()];
-    sample_at_.push_back(SampleAt{s.ts, s.host_live, total_[0]});
+    sample_at_.push_back(SampleAt{s.ts, s.host_live, total_[0], running_total_ - total_[0]});
   }
 }
 
@@ -425,8 +489,11 @@ void Replay::exact_step_totals() {
       st.frees = static_cast<uint32_t>(it->host_frees - before->host_frees);
     }
     before = &*it;
-    if (st.live[0] > peak.bytes) {
-      peak.bytes = st.live[0];
+    int64_t live = 0;
+    for (int64_t bytes : st.live) live += bytes;
+    if (live > peak.bytes) {
+      peak.bytes = live;
+      out_.peak_unsampled = live - st.live[0];
       peak.ts_ns = st.end_ns;
       peak.step = st.index;
       peak.kind = 0;

@@ -100,6 +100,28 @@ struct ReplayOutput {
   uint64_t stackless = 0;           // allocations recorded without a stack
   bool pool_allocs = false;         // the program allocates from memory pools itself
   std::vector<uint32_t> graph_stacks;  // stacks of CUDA graph allocations (kAllocGraph), sorted
+  // The most the live total rose, in memledger's own work inside the
+  // program (OwnWork), above where it stood when that work began: left out
+  // of the peak.
+  int64_t own_work_bytes = 0;
+  // Sampled host mode: the live bytes of the kinds that are never sampled
+  // (device, managed, pinned, mapped) at the peak's moment, exact; the rest
+  // of the peak is the host's exact total.
+  int64_t peak_unsampled = 0;
+};
+
+// memledger's own work inside the traced program: its Python helpers' walk
+// of the heap for retention paths (at exit, at SIGTERM, at
+// memledger.snapshot()) makes lists of every object and their addresses,
+// tens of megabytes in a large program. The helper brackets it with two
+// info records, key kOwnWorkKey, values "begin SEQ" and "end SEQ" (the
+// trace's sequence numbers then), and the events between them count in the
+// live totals but never make the peak.
+inline constexpr const char* kOwnWorkKey = "memledger.own_work";
+struct OwnWork {
+  uint64_t begin_seq = 0, end_seq = UINT64_MAX;  // events in [begin_seq, end_seq)
+  uint64_t begin_ts = 0, end_ts = UINT64_MAX;    // the records' moments (samples)
+  int64_t base = INT64_MIN;                      // the live total when its first allocation came
 };
 
 // The key of an address in the live set: the host heap, device-visible
@@ -138,6 +160,10 @@ class Replay {
   void host_live_from_samples();
   void exact_step_totals();
   void copy_live_set(const KeepLiveSet& keep) const;
+  // Reads the OwnWork records that arrived since the last call.
+  void note_own_work();
+  // The own work an event of `seq` falls in, or nullptr.
+  OwnWork* own_work_at(uint64_t seq);
   // Takes an inherited block out of the live totals: its bytes, or nothing
   // when `key` is not one.
   std::optional<uint64_t> drop_inherited(uint64_t key);
@@ -166,6 +192,7 @@ class Replay {
     uint64_t ts;
     int64_t exact;
     int64_t estimate;
+    int64_t other;  // the other kinds' live bytes then (exact: only host allocations are sampled)
   };
   std::vector<SampleAt> sample_at_;
   std::vector<int64_t> step_estimate_;
@@ -177,6 +204,13 @@ class Replay {
   size_t totals_at_ = 0;
   int64_t totals_offset_ = kNoOffset;
   std::vector<int64_t> step_offset_;
+  // Sampled mode: the peak at the allocations that are never sampled
+  // (device, managed, pinned, mapped), their kinds' exact live bytes with
+  // the host's estimate as the last exact reading corrects it.
+  Peak unsampled_peak_;
+  int64_t unsampled_peak_other_ = 0;  // its unsampled kinds' part
+  std::vector<OwnWork> own_work_;
+  size_t info_seen_ = 0;  // trace_.info read by note_own_work
 };
 
 }  // namespace memledger::report

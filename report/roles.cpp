@@ -465,18 +465,22 @@ class LiveSetRoles {
 
   // Every site's live bytes at the peak (the replay's live set then, of
   // which live_at_peak lists the largest sites only). Sampled host mode:
-  // the peak is the exact host total's highest sample, split among the
-  // roles by the shares of the sampled host sites at the replay's peak.
+  // the peak's host part (the exact host total then) and its other kinds'
+  // part (exact, never sampled) are each split among the roles by the
+  // shares of their sites at the replay's peak.
   std::vector<int64_t> at_peak(bool sampled) {
-    std::vector<int64_t> out(kRoleCount, 0);
+    std::vector<int64_t> host(kRoleCount, 0), other(kRoleCount, 0);
     constexpr uint8_t kHost = static_cast<uint8_t>(fmt::Kind::kHost);
     for (const SiteAcc& acc : replay_.sites) {
-      if (sampled && acc.kind != kHost) continue;
       const int64_t bytes = acc.peak_epoch == replay_.peak_epoch ? acc.peak_live : acc.live;
-      if (bytes > 0) out[static_cast<int>(role(acc.kind, acc.stack, &acc))] += bytes;
+      if (bytes > 0) (acc.kind == kHost ? host : other)[static_cast<int>(role(acc.kind, acc.stack, &acc))] += bytes;
     }
-    if (sampled) scale_to(out, replay_.peak.bytes);
-    return out;
+    if (sampled) {
+      scale_to(host, replay_.peak.bytes - replay_.peak_unsampled);
+      scale_to(other, replay_.peak_unsampled);
+    }
+    for (int r = 0; r < kRoleCount; ++r) host[r] += other[r];
+    return host;
   }
 
  private:

@@ -95,6 +95,21 @@ class CudaHooks(unittest.TestCase):
             self.assertEqual(b - a, per_step, lives)
         return report, out
 
+    def test_peak_counts_device_memory_in_every_host_mode(self):
+        # Only host allocations are sampled: the device's exact bytes, at the
+        # moment of each device allocation, make the peak in sampled mode as
+        # in full mode (the program's largest moment is a transient device
+        # buffer inside a step, between the writer's samples).
+        peaks = {}
+        for host in ("full", "sampled"):
+            proc, _, report = self.trace("cuda_runtime_dynamic", "normal", STEPS, LEAK, "--host", host)
+            self.assertEqual(proc.returncode, 0, proc.stdout + proc.stderr)
+            peaks[host] = report["peak"]
+            device_ends = max(s["live"].get("device", 0) for s in report["steps"])
+            self.assertGreater(report["peak"]["bytes"], device_ends, (host, report["peak"]))
+        self.assertEqual(peaks["sampled"]["step"], peaks["full"]["step"], peaks)
+        self.assertAlmostEqual(peaks["sampled"]["bytes"], peaks["full"]["bytes"], delta=512 << 10, msg=peaks)
+
     # -- every path to the driver, each with its planted leak -----------------
     def test_runtime_dynamic(self):
         report, _ = self.check_leak("cuda_runtime_dynamic", "normal")

@@ -50,10 +50,13 @@ class ReportPhases(mltest.TestCase):
     def test_peak_before_the_first_step(self):
         self.assertEqual(len(self.report["steps"]), 10)
         peak = self.report["peak"]
+        # Every kind, as in full mode: the 64 MiB buffer and Python's own
+        # arenas and code mappings.
         self.assertGreaterEqual(peak["bytes"], 64 << 20)
+        self.assertLess(peak["bytes"], 80 << 20)
         self.assertEqual(peak["step"], 1)
         self.assertEqual(peak["phase"], "before the first step")
-        self.assertRegex(self.text, r"peak live: 6\d\.\d MiB before the first step\n")
+        self.assertRegex(self.text, r"peak live: [67]\d\.\d MiB before the first step\n")
         with open(os.path.join(self.run_dir, "report.html")) as f:
             html = f.read()
         self.assertIn("peak live, before the first step", html)

@@ -17,8 +17,10 @@ deadline."""
 
 import json
 import os
+import re
 import signal
 import subprocess
+import textwrap
 import time
 
 import clients
@@ -114,6 +116,46 @@ class Retention(clients.ClientTestCase):
         self.assertIsNone(process["stats"]["retention"])
         self.assertTrue(process["leak_suspects"])
         self.assertEqual([s for s in process["leak_suspects"] if s.get("kept_by")], [])
+
+    def test_the_walk_is_not_the_programs_peak(self):
+        # 300,000 tracked objects: the walk's list of them, their sorted
+        # addresses (and the integers sorted() makes) take about as much
+        # again, at exit, after the program's own peak (a 2 MiB buffer in
+        # every step).
+        script = os.path.join(self.tmpdir(), "many_objects.py")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent("""
+                import memledger
+
+                class Node:
+                    pass
+
+                kept = [Node() for _ in range(300_000)]
+                for step in range(5):
+                    buffer = bytearray(2 << 20)
+                    del buffer
+                    memledger.step()
+                print("DONE")
+            """))
+        for mode in ("full", "sampled"):
+            run_dir = os.path.join(self.tmpdir(), mode)
+            proc = self.memledger("run", "-q", "-o", run_dir, "--host", mode, "--", "/usr/bin/python3", script,
+                                  env=mltest.clean_env(), timeout=240)
+            self.assertExit(proc, 0)
+            process = self.load_report(run_dir)["processes"][0]
+            self.assertEqual(process["stats"]["retention"]["when"], "exit", mode)
+            notes = [n for n in process["notes"] if n.startswith("memledger's own walk of the Python heap")]
+            self.assertEqual(len(notes), 1, (mode, process["notes"]))
+            held = re.search(r"held up to ([\d.]+) MiB", notes[0])
+            self.assertIsNotNone(held, notes[0])
+            self.assertGreater(float(held.group(1)), 4, notes[0])
+            # The peak is the program's own: in a step, no more than the
+            # largest step end and the step's buffer.
+            peak = process["peak"]
+            self.assertNotEqual(peak["phase"], "after the last step", (mode, peak))
+            step_ends = max(sum(row["live"].values()) if isinstance(row["live"], dict) else row["live"]
+                            for row in process["steps"])
+            self.assertLess(peak["bytes"], step_ends + (3 << 20), (mode, peak, step_ends))
 
     def test_keras_callback_keeps_logits(self):
         # Eager tensors and variables give their buffer's address through
