@@ -311,6 +311,30 @@ bool lives_in(void* p, const char* library) {
   return strstr(info.dli_fname, library) != nullptr;
 }
 
+// `name` in a loaded libcuda, found among the loaded objects: where no
+// driver is loaded (a CUDA build of a framework on a machine without a
+// GPU, whose step ends still look here), a dlopen(RTLD_NOLOAD) would fail,
+// and a failed dl call leaves its message, and the thread's dlerror state
+// made at its first failure, in blocks the C library frees later for the
+// program: frees of blocks the trace never saw allocated.
+struct DriverSearch {
+  const char* name;
+  void* result;
+};
+int search_loaded_driver(dl_phdr_info* info, size_t, void* data) {
+  auto* search = static_cast<DriverSearch*>(data);
+  const char* path = info->dlpi_name;
+  const char* base = path != nullptr ? strrchr(path, '/') : nullptr;
+  base = base != nullptr ? base + 1 : path;
+  if (base == nullptr || strncmp(base, "libcuda.so", 10) != 0) return 0;
+  void* handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+  if (handle == nullptr) return 0;
+  search->result = libc_dlsym(handle, search->name);
+  if (search->result == nullptr) (void)dlerror();
+  dlclose(handle);
+  return 1;
+}
+
 void* find_real(std::atomic<void*>& slot, const char* name, bool runtime) {
   void* p = slot.load(std::memory_order_acquire);
   if (p != nullptr) return p;
@@ -318,12 +342,9 @@ void* find_real(std::atomic<void*>& slot, const char* name, bool runtime) {
     // The next definition after memledger in the lookup order: libcudart.
     p = libc_dlsym(RTLD_NEXT, name);
   } else {
-    void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
-    if (handle == nullptr) handle = dlopen("libcuda.so", RTLD_NOW | RTLD_NOLOAD);
-    if (handle != nullptr) {
-      p = libc_dlsym(handle, name);
-      dlclose(handle);
-    }
+    DriverSearch search{name, nullptr};
+    dl_iterate_phdr(search_loaded_driver, &search);
+    p = search.result;
   }
   if (p != nullptr && is_wrapper(p)) p = nullptr;
   if (p != nullptr) slot.store(p, std::memory_order_release);

@@ -4,6 +4,7 @@
 #include <link.h>
 #include <pthread.h>
 
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstddef>
@@ -74,12 +75,22 @@ uint64_t hash(const char* s) {
   return h;
 }
 
+// "-" and a hex hash, then ".so" (pip wheels' libcudart-1b201d85.so.11.0),
+// not a library of its own (libnvrtc-builtins.so.13.2: nvrtc's, with no
+// version call).
+bool hashed_name(const char* after_prefix) {
+  if (after_prefix[0] != '-') return false;
+  const char* p = after_prefix + 1;
+  while (std::isxdigit(static_cast<unsigned char>(*p))) ++p;
+  return p > after_prefix + 1 && std::strncmp(p, ".so", 3) == 0;
+}
+
 bool family_of(const char* path, Family* out) {
   const char* slash = std::strrchr(path, '/');
   const char* base = slash ? slash + 1 : path;
   for (const FamilyName& f : kFamilies) {
     const size_t n = std::strlen(f.prefix);
-    if (std::strncmp(base, f.prefix, n) == 0 && (std::strncmp(base + n, ".so", 3) == 0 || base[n] == '-')) {
+    if (std::strncmp(base, f.prefix, n) == 0 && (std::strncmp(base + n, ".so", 3) == 0 || hashed_name(base + n))) {
       *out = f.family;
       return true;
     }
@@ -101,7 +112,14 @@ int collect(dl_phdr_info* info, size_t, void* data) {
   return 0;
 }
 
-void* symbol(void* handle, const char* name) { return libc_dlsym(handle, name); }
+// A failed look-up leaves its message in the thread's dlerror state, a
+// block the program would free at its next dlerror() (a free of a block
+// it never saw allocated): it is taken back here.
+void* symbol(void* handle, const char* name) {
+  void* found = libc_dlsym(handle, name);
+  if (found == nullptr) (void)dlerror();
+  return found;
+}
 
 // "M.m" from the CUDA encoding 1000 * major + 10 * minor (12080: 12.8).
 void cuda_text(int v, char* out, size_t size) { std::snprintf(out, size, "%d.%d", v / 1000, v % 1000 / 10); }

@@ -14,6 +14,7 @@ the clean control of each client has no suspect at all.
 """
 
 import os
+import subprocess
 
 import clients
 import mltest
@@ -63,12 +64,16 @@ class Clients(clients.ClientTestCase):
         self.check_clean("torch", "step")
 
     def test_torch_build_in_the_environment(self):
-        # Debian's python3-torch is a CPU build: torch.version.cuda is None.
+        # What the interpreter's torch says of itself: Debian's python3-torch
+        # is a CPU build (torch.version.cuda None), PyPI's a CUDA one.
         run = self.client("torch", "none", "step")
         torch = run.report["environment"]["frameworks"]["torch"]
-        self.assertRegex(torch["version"], r"^\d+\.\d+")
-        self.assertEqual((torch["cuda"], torch["cudnn"]), ("None", "None"))
-        self.assertIn("torch %s, cuda None (a CPU-only build), cudnn None" % torch["version"],
+        said = subprocess.run([clients.PYTHON_TORCH, "-c", "import torch; print(torch.__version__, "
+                               "torch.version.cuda, torch.backends.cudnn.version())"],
+                              capture_output=True, text=True, timeout=120, env=mltest.clean_env()).stdout.split()
+        self.assertEqual([torch["version"], torch["cuda"], torch["cudnn"]], said)
+        cpu = " (a CPU-only build)" if said[1] == "None" else ""
+        self.assertIn("torch %s, cuda %s%s, cudnn %s" % (said[0], said[1], cpu, said[2]),
                       run.report["environment"]["lines"])
 
     # TensorFlow / Keras: steps from memledger.keras.StepCallback

@@ -178,6 +178,37 @@ class CudaEnvironment(TestCase):
                         env["findings"])
         self.assertIn(env["findings"][0], report["notes"])
 
+    def test_step_ends_without_a_driver_leave_the_heap_alone(self):
+        # A CUDA build on a machine without a driver ends steps: each step end
+        # looks for the driver's pool calls. A failed dl call there would
+        # leave blocks that the C library frees later for the program (its
+        # error message, the thread's dlerror state): frees of blocks never
+        # seen allocated, on tcmalloc as on glibc.
+        from test_allocators import ALLOCATORS
+        script = textwrap.dedent(f"""
+            import ctypes
+            rt = ctypes.CDLL({str(RUNTIME_13)!r})
+            print("COUNT", rt.cudaGetDeviceCount(ctypes.byref(ctypes.c_int())))
+            step = ctypes.CDLL(None).memledger_step
+            for i in range(3):
+                kept = [bytearray(4096) for _ in range(10)]
+                step(None)
+        """)
+        for preload in ("", ALLOCATORS["tcmalloc"]):
+            if preload and not os.path.exists(preload):
+                continue
+            env = clean_env(SIMCUDA_NO_DRIVER="1", LD_PRELOAD=preload)
+            env.pop("LD_LIBRARY_PATH", None)
+            run_dir = tempfile.mkdtemp(prefix="memledger-env-")
+            self.addCleanup(shutil.rmtree, run_dir, ignore_errors=True)
+            proc = subprocess.run([MEMLEDGER, "run", "-q", "--host", "full", "-o", run_dir, "--", sys.executable, "-c",
+                                   script], capture_output=True, text=True, timeout=TIMEOUT, env=env)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertIn("COUNT 35", proc.stdout)
+            report = self.load_report(run_dir)
+            self.assertEqual(len(report["steps"]), 3)
+            self.assertEqual(report["stats"]["unknown_frees"], 0, (preload, report["notes"]))
+
     def test_no_driver_at_all(self):
         # A program that needs the GPU, on a machine without the driver.
         proc, report, text = self.run_traced([sim_program("cuda_runtime_dynamic"), "3", "1048576", "normal"],
