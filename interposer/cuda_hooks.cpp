@@ -311,28 +311,31 @@ bool lives_in(void* p, const char* library) {
   return strstr(info.dli_fname, library) != nullptr;
 }
 
-// `name` in a loaded libcuda, found among the loaded objects: where no
-// driver is loaded (a CUDA build of a framework on a machine without a
-// GPU, whose step ends still look here), a dlopen(RTLD_NOLOAD) would fail,
-// and a failed dl call leaves its message, and the thread's dlerror state
-// made at its first failure, in blocks the C library frees later for the
-// program: frees of blocks the trace never saw allocated.
-struct DriverSearch {
+// `name` in a loaded object whose file name starts with `prefix`
+// ("libcuda.so", "libcudart.so"), the first that defines it, in load order.
+// Found among the loaded objects: where none is loaded (a CUDA build of a
+// framework on a machine without a GPU, whose step ends still look for the
+// driver), a dlopen(RTLD_NOLOAD) would fail, and a failed dl call leaves
+// its message, and the thread's dlerror state made at its first failure,
+// in blocks the C library frees later for the program: frees of blocks the
+// trace never saw allocated.
+struct LoadedSearch {
+  const char* prefix;
   const char* name;
   void* result;
 };
-int search_loaded_driver(dl_phdr_info* info, size_t, void* data) {
-  auto* search = static_cast<DriverSearch*>(data);
+int search_loaded(dl_phdr_info* info, size_t, void* data) {
+  auto* search = static_cast<LoadedSearch*>(data);
   const char* path = info->dlpi_name;
   const char* base = path != nullptr ? strrchr(path, '/') : nullptr;
   base = base != nullptr ? base + 1 : path;
-  if (base == nullptr || strncmp(base, "libcuda.so", 10) != 0) return 0;
+  if (base == nullptr || strncmp(base, search->prefix, strlen(search->prefix)) != 0) return 0;
   void* handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
   if (handle == nullptr) return 0;
   search->result = libc_dlsym(handle, search->name);
   if (search->result == nullptr) (void)dlerror();
   dlclose(handle);
-  return 1;
+  return search->result != nullptr ? 1 : 0;
 }
 
 void* find_real(std::atomic<void*>& slot, const char* name, bool runtime) {
@@ -342,32 +345,13 @@ void* find_real(std::atomic<void*>& slot, const char* name, bool runtime) {
     // The next definition after memledger in the lookup order: libcudart.
     p = libc_dlsym(RTLD_NEXT, name);
   } else {
-    DriverSearch search{name, nullptr};
-    dl_iterate_phdr(search_loaded_driver, &search);
+    LoadedSearch search{"libcuda.so", name, nullptr};
+    dl_iterate_phdr(search_loaded, &search);
     p = search.result;
   }
   if (p != nullptr && is_wrapper(p)) p = nullptr;
   if (p != nullptr) slot.store(p, std::memory_order_release);
   return p;
-}
-
-// Any loaded libcudart, in load order: the last resort for a caller whose
-// scope does not hold the runtime (a function pointer handed around).
-struct RuntimeSearch {
-  const char* name;
-  void* result;
-};
-int search_loaded_runtime(dl_phdr_info* info, size_t, void* data) {
-  auto* search = static_cast<RuntimeSearch*>(data);
-  const char* path = info->dlpi_name;
-  const char* base = path != nullptr ? strrchr(path, '/') : nullptr;
-  base = base != nullptr ? base + 1 : path;
-  if (base == nullptr || strncmp(base, "libcudart.so", 12) != 0) return 0;
-  void* handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
-  if (handle == nullptr) return 0;
-  search->result = libc_dlsym(handle, search->name);
-  dlclose(handle);
-  return search->result != nullptr ? 1 : 0;
 }
 
 // Runtime functions found outside the global scope, by the caller's object:
@@ -421,8 +405,10 @@ void* find_real_runtime(std::atomic<void*>& slot, const char* name, const void* 
   if (p != nullptr) return p;
   p = find_in_caller_scope(name, caller);
   if (p == nullptr) {
-    RuntimeSearch search{name, nullptr};
-    dl_iterate_phdr(search_loaded_runtime, &search);
+    // Any loaded libcudart: the last resort for a caller whose scope does
+    // not hold the runtime (a function pointer handed around).
+    LoadedSearch search{"libcudart.so", name, nullptr};
+    dl_iterate_phdr(search_loaded, &search);
     p = search.result;
   }
   if (p == nullptr || is_wrapper(p)) return nullptr;
