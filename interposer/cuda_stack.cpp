@@ -152,13 +152,14 @@ enum class Ask { kNow, kLater };
 
 Ask when_to_ask(const Found& f, const Scan& scan, bool driver_answered) {
   switch (f.family) {
-    case Family::kCudnn:
+    case Family::kCudnn: {
       // cuDNN 9's libcudnn.so.9 is a front: cudnnGetVersion loads
       // libcudnn_graph.so.9 to answer, which the program loads at its first
       // cuDNN call (cudnnCreate); a framework that only links cuDNN never
-      // loads it.
-      // An older cuDNN, known by its file name, answers from itself.
-      return (so_major(f.path) >= 0 && so_major(f.path) < 9) || scan.cudnn_graph ? Ask::kNow : Ask::kLater;
+      // loads it. An older cuDNN, known by its file name, answers from itself.
+      const int major = so_major(f.path);
+      return (major >= 0 && major < 9) || scan.cudnn_graph ? Ask::kNow : Ask::kLater;
+    }
     case Family::kCupti:
       // cuptiGetVersion starts CUPTI, which loads the driver, and CUPTI 13.2
       // (pip's nvidia-cuda-cupti, which PyTorch's CUDA wheels bring)

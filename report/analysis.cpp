@@ -561,8 +561,8 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
   if (replay.own_work_bytes >= kOwnWorkNoteMin) {
     r.notes.push_back("memledger's own walk of the Python heap (what keeps the large buffers alive, at exit or at "
                       "memledger.snapshot()) held up to " + human_bytes(double(replay.own_work_bytes)) +
-                      (sampled ? " (exact host totals)" : "") +
-                      " more while it ran; the peak leaves it out (memledger run --no-retention turns the walk off)");
+                      " more while it ran" + (sampled ? " (at the writer's samples, every 100 ms)" : "") +
+                      "; the peak leaves it out (memledger run --no-retention turns the walk off)");
   }
   const std::string rss = rss_without_live_note(r.steps, r.warmup_steps, r.window_seconds, !trace.python_codes.empty());
   if (!rss.empty()) r.notes.push_back(rss);

@@ -86,6 +86,9 @@ void Replay::note_own_work() {
     if (!begin && v.rfind("end ", 0) != 0) continue;
     const uint64_t seq = std::strtoull(v.c_str() + (begin ? 6 : 4), nullptr, 10);
     if (begin) {
+      // One at a time (a begin while one is open belongs to it): the works
+      // are disjoint and in order, and own_work_at keeps a cursor.
+      if (!own_work_.empty() && own_work_.back().end_seq == UINT64_MAX) continue;
       OwnWork w;
       w.begin_seq = seq;
       w.begin_ts = info.ts;
@@ -98,10 +101,11 @@ void Replay::note_own_work() {
 }
 
 OwnWork* Replay::own_work_at(uint64_t seq) {
-  for (OwnWork& w : own_work_) {
-    if (seq >= w.begin_seq && seq < w.end_seq) return &w;
-  }
-  return nullptr;
+  // Events come in sequence order: the works that ended before are behind.
+  while (own_cursor_ < own_work_.size() && own_work_[own_cursor_].end_seq <= seq) ++own_cursor_;
+  if (own_cursor_ == own_work_.size()) return nullptr;
+  OwnWork& w = own_work_[own_cursor_];
+  return seq >= w.begin_seq ? &w : nullptr;
 }
 
 void Replay::observe(const TraceEvent* events, size_t count) {

@@ -211,6 +211,7 @@ class Replay {
   int64_t unsampled_peak_other_ = 0;  // its unsampled kinds' part
   std::vector<OwnWork> own_work_;
   size_t info_seen_ = 0;  // trace_.info read by note_own_work
+  size_t own_cursor_ = 0;  // the first of own_work_ not yet over (own_work_at)
 };
 
 }  // namespace memledger::report
