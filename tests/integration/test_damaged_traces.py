@@ -22,12 +22,13 @@ class DamagedTraces(mltest.TestCase):
     def setUpClass(cls):
         cls.tmp = cls.class_tmpdir()
         run_dir = os.path.join(cls.tmp, "good")
-        # 5 ms between steps: about one frame per step (the writer flushes at
-        # each marker). tiny_steps and --stack-depth 2 keep libc out of the
+        # 20 ms between steps: about one frame per step (the writer flushes
+        # at each marker; with 5 ms, a writer slowed by a busy machine joined
+        # the steps into 6 frames). tiny_steps and --stack-depth 2 keep libc out of the
         # stacks the report shows: symbolizing libc means inflating its
         # compressed separate debug info, ~150 ms per report; this way a
         # report takes ~25 ms and the 200 fuzz runs a few seconds.
-        cls.proc = cls.traced(run_dir, [mltest.program("tiny_steps"), STEPS, 5],
+        cls.proc = cls.traced(run_dir, [mltest.program("tiny_steps"), STEPS, 20],
                               options=("--host", "full", "--stack-depth", "2"))
         traces = [f for f in os.listdir(run_dir) if f.startswith("trace.")] if cls.proc.returncode == 0 else []
         cls.trace_path = os.path.join(run_dir, traces[0]) if traces else None
