@@ -277,3 +277,43 @@ TEST_CASE("replay: mapped memory is its own kind and address space, held by no d
   CHECK(out.steps[1].held_device == 2 << 20);
   CHECK(site(out, 2, kMapped).live == 16384);
 }
+
+TEST_CASE("replay: memledger's own work counts in the totals but never makes the peak", "[replay]") {
+  Trace trace;
+  trace.strings[1] = kOwnWorkKey;
+  auto mark = [&](uint32_t id, const char* value, uint64_t ts) {
+    trace.strings[id] = value;
+    trace.info.push_back(TraceInfo{ts, 1, id});
+  };
+  EventBuilder b;
+  b.alloc(0x1000, 100, 1);  // seq 1
+  b.step();                 // seq 2
+  mark(10, "begin 3", 2500);
+  mark(11, "begin 4", 2600);  // one at a time: a begin inside the open one is part of it
+  b.alloc(0x2000, 1000, 2);   // seq 3: the walk's list
+  b.alloc(0x3000, 700, 2);    // seq 4
+  b.free(0x2000);             // seq 5
+  b.free(0x3000);             // seq 6
+  mark(12, "end 7", 6500);
+  mark(13, "end x", 6600);    // not a sequence number: no work of its own
+  b.alloc(0x4000, 300, 3);    // seq 7: the program's again
+  b.step();
+  ReplayOutput out = replay(trace, b.events);
+  CHECK(out.peak.bytes == 400);
+  CHECK(out.peak.step == 2);
+  CHECK(out.own_work_bytes == 1700);
+  CHECK(out.steps.back().live[0] == 400);
+
+  SECTION("a work that never ends keeps every later allocation out of the peak") {
+    Trace open;
+    open.strings[1] = kOwnWorkKey;
+    open.strings[10] = "begin 2";
+    open.info.push_back(TraceInfo{1500, 1, 10});
+    EventBuilder c;
+    c.alloc(0x1000, 100, 1);
+    c.alloc(0x2000, 5000, 2);
+    ReplayOutput o = replay(open, c.events);
+    CHECK(o.peak.bytes == 100);
+    CHECK(o.own_work_bytes == 5000);
+  }
+}
