@@ -34,6 +34,7 @@
 // libc's own dlsym and dlvsym (see libc_symbols.h for why not by name).
 using memledger::interposer::find_in_caller_scope;
 using memledger::interposer::libc_dlsym;
+using memledger::interposer::find_in_loaded_library;
 using memledger::interposer::libc_dlvsym;
 
 extern "C" __attribute__((visibility("hidden"), used)) void* memledger_libc_dlsym_address() {
@@ -311,33 +312,6 @@ bool lives_in(void* p, const char* library) {
   return strstr(info.dli_fname, library) != nullptr;
 }
 
-// `name` in a loaded object whose file name starts with `prefix`
-// ("libcuda.so", "libcudart.so"), the first that defines it, in load order.
-// Found among the loaded objects: where none is loaded (a CUDA build of a
-// framework on a machine without a GPU, whose step ends still look for the
-// driver), a dlopen(RTLD_NOLOAD) would fail, and a failed dl call leaves
-// its message, and the thread's dlerror state made at its first failure,
-// in blocks the C library frees later for the program: frees of blocks the
-// trace never saw allocated.
-struct LoadedSearch {
-  const char* prefix;
-  const char* name;
-  void* result;
-};
-int search_loaded(dl_phdr_info* info, size_t, void* data) {
-  auto* search = static_cast<LoadedSearch*>(data);
-  const char* path = info->dlpi_name;
-  const char* base = path != nullptr ? strrchr(path, '/') : nullptr;
-  base = base != nullptr ? base + 1 : path;
-  if (base == nullptr || strncmp(base, search->prefix, strlen(search->prefix)) != 0) return 0;
-  void* handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
-  if (handle == nullptr) return 0;
-  search->result = libc_dlsym(handle, search->name);
-  if (search->result == nullptr) (void)dlerror();
-  dlclose(handle);
-  return search->result != nullptr ? 1 : 0;
-}
-
 void* find_real(std::atomic<void*>& slot, const char* name, bool runtime) {
   void* p = slot.load(std::memory_order_acquire);
   if (p != nullptr) return p;
@@ -345,9 +319,12 @@ void* find_real(std::atomic<void*>& slot, const char* name, bool runtime) {
     // The next definition after memledger in the lookup order: libcudart.
     p = libc_dlsym(RTLD_NEXT, name);
   } else {
-    LoadedSearch search{"libcuda.so", name, nullptr};
-    dl_iterate_phdr(search_loaded, &search);
-    p = search.result;
+    // Found among the loaded objects: where no driver is loaded (a CUDA
+    // build of a framework on a machine without a GPU, whose step ends
+    // still look here), a dlopen(RTLD_NOLOAD) would fail and leave the
+    // thread's dlerror state in a block the C library frees later for the
+    // program: a free the trace never saw allocated.
+    p = find_in_loaded_library(name, "libcuda");
   }
   if (p != nullptr && is_wrapper(p)) p = nullptr;
   if (p != nullptr) slot.store(p, std::memory_order_release);
@@ -407,9 +384,7 @@ void* find_real_runtime(std::atomic<void*>& slot, const char* name, const void* 
   if (p == nullptr) {
     // Any loaded libcudart: the last resort for a caller whose scope does
     // not hold the runtime (a function pointer handed around).
-    LoadedSearch search{"libcudart.so", name, nullptr};
-    dl_iterate_phdr(search_loaded, &search);
-    p = search.result;
+    p = find_in_loaded_library(name, "libcudart");
   }
   if (p == nullptr || is_wrapper(p)) return nullptr;
   if (caller_base != nullptr) scoped_runtime_store(caller_base, &slot, p);

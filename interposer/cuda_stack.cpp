@@ -112,14 +112,7 @@ int collect(dl_phdr_info* info, size_t, void* data) {
   return 0;
 }
 
-// A failed look-up leaves its message in the thread's dlerror state, a
-// block the program would free at its next dlerror() (a free of a block
-// it never saw allocated): it is taken back here.
-void* symbol(void* handle, const char* name) {
-  void* found = libc_dlsym(handle, name);
-  if (found == nullptr) (void)dlerror();
-  return found;
-}
+void* symbol(void* handle, const char* name) { return libc_dlsym_quiet(handle, name); }
 
 // "M.m" from the CUDA encoding 1000 * major + 10 * minor (12080: 12.8).
 void cuda_text(int v, char* out, size_t size) { std::snprintf(out, size, "%d.%d", v / 1000, v % 1000 / 10); }

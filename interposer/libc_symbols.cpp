@@ -145,6 +145,12 @@ void* libc_dlsym(void* handle, const char* name) {
   return fn != nullptr ? fn(handle, name) : nullptr;
 }
 
+void* libc_dlsym_quiet(void* handle, const char* name) {
+  void* found = libc_dlsym(handle, name);
+  if (found == nullptr) (void)dlerror();
+  return found;
+}
+
 void* libc_dlvsym(void* handle, const char* name, const char* version) {
   using Fn = void* (*)(void*, const char*, const char*);
   auto fn = reinterpret_cast<Fn>(libc_dlvsym_address());
@@ -164,5 +170,33 @@ void* find_in_caller_scope(const char* name, const void* caller, const char* ver
 }
 
 void* find_in_loaded_objects(const char* name, uintptr_t skip_base) { return find(name, skip_base); }
+
+bool is_library_file(const char* path, const char* library) {
+  const char* slash = strrchr(path, '/');
+  const char* base = slash != nullptr ? slash + 1 : path;
+  const size_t n = strlen(library);
+  return strncmp(base, library, n) == 0 && (base[n] == '.' || base[n] == '-');
+}
+
+void* find_in_loaded_library(const char* name, const char* library) {
+  struct Search {
+    const char* name;
+    const char* library;
+    void* result;
+  } search{name, library, nullptr};
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        auto* s = static_cast<Search*>(data);
+        const char* path = info->dlpi_name;
+        if (path == nullptr || path[0] == '\0' || !is_library_file(path, s->library)) return 0;
+        void* handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+        if (handle == nullptr) return 0;
+        s->result = libc_dlsym_quiet(handle, s->name);
+        dlclose(handle);
+        return s->result != nullptr ? 1 : 0;
+      },
+      &search);
+  return search.result;
+}
 
 }  // namespace memledger::interposer

@@ -38,41 +38,19 @@ using memledger::interposer::recorder;
 #define MEMLEDGER_LIBRARY_SLOT(name, ...) std::atomic<void*> real_##name{nullptr};
 MEMLEDGER_CUDA_LIBRARY_HOOKS(MEMLEDGER_LIBRARY_SLOT)
 
+using memledger::interposer::find_in_loaded_library;
+using memledger::interposer::is_library_file;
 using memledger::interposer::libc_dlsym;
 
-// The file named `path` is `library` itself (libcudnn.so.9, libcudnn-1a2b.so),
-// not one of its sub-libraries: cuDNN 9's libcudnn.so.9 is a front that hands
-// each call to the function of the same name in libcudnn_graph.so.9, found by
-// dlsym. Taken for the library, that function would be answered with the
-// hook, and the front's call would come back to the hook without end.
-bool is_library_file(const char* path, const char* library) {
-  const char* slash = strrchr(path, '/');
-  const char* base = slash != nullptr ? slash + 1 : path;
-  const size_t n = strlen(library);
-  return strncmp(base, library, n) == 0 && (base[n] == '.' || base[n] == '-');
-}
-
+// `library` itself, never a sub-library (is_library_file): cuDNN 9's
+// libcudnn.so.9 is a front that hands each call to the function of the same
+// name in libcudnn_graph.so.9, found by dlsym. Taken for the library, that
+// function would be answered with the hook, and the front's call would come
+// back to the hook without end.
 bool lives_in(const void* p, const char* library) {
   Dl_info info;
   if (p == nullptr || dladdr(p, &info) == 0 || info.dli_fname == nullptr) return false;
   return is_library_file(info.dli_fname, library);
-}
-
-struct Search {
-  const char* name;
-  const char* library;
-  void* result;
-};
-
-int search_loaded(dl_phdr_info* info, size_t, void* data) {
-  auto* s = static_cast<Search*>(data);
-  const char* path = info->dlpi_name;
-  if (path == nullptr || path[0] == '\0' || !is_library_file(path, s->library)) return 0;
-  void* handle = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
-  if (handle == nullptr) return 0;
-  s->result = libc_dlsym(handle, s->name);
-  dlclose(handle);
-  return s->result != nullptr ? 1 : 0;
 }
 
 // The library's own definition of `name`: the next one after memledger in
@@ -83,9 +61,7 @@ void* find_real(std::atomic<void*>& slot, const char* name, const char* library)
   if (p != nullptr) return p;
   p = libc_dlsym(RTLD_NEXT, name);
   if (!lives_in(p, library)) {
-    Search search{name, library, nullptr};
-    dl_iterate_phdr(search_loaded, &search);
-    p = search.result;
+    p = find_in_loaded_library(name, library);
   }
   if (p != nullptr) slot.store(p, std::memory_order_release);
   return p;

@@ -493,8 +493,7 @@ void Replay::exact_step_totals() {
       st.frees = static_cast<uint32_t>(it->host_frees - before->host_frees);
     }
     before = &*it;
-    int64_t live = 0;
-    for (int64_t bytes : st.live) live += bytes;
+    const int64_t live = total_live(st);
     if (live > peak.bytes) {
       peak.bytes = live;
       out_.peak_unsampled = live - st.live[0];
