@@ -117,6 +117,26 @@ class Retention(clients.ClientTestCase):
         self.assertTrue(process["leak_suspects"])
         self.assertEqual([s for s in process["leak_suspects"] if s.get("kept_by")], [])
 
+    def test_fake_and_meta_tensors_are_left_alone(self):
+        # torch.compile leaves fake tensors alive; their storage is on the
+        # meta device and owns no memory. Asking one for its data pointer
+        # prints a deprecation warning on the program's stderr (PyTorch 2.3
+        # and later) and uses up a warning the program may want to see.
+        clients.skip_unless(self, "torch")
+        run_dir = os.path.join(self.tmpdir(), "run")
+        env = mltest.clean_env(**clients.QUIET)
+        proc = self.memledger("run", "-q", "-o", run_dir, "--host", "full", "--", clients.PYTHON_TORCH, SCRIPT,
+                              "--keep", "global", "--fake", env=env, timeout=240)
+        self.assertExit(proc, 0)
+        self.assertIn("DONE", proc.stdout)
+        self.assertNotIn("DATA_PTR OF A META STORAGE", proc.stderr)
+        self.assertNotIn("FakeTensor", proc.stderr)
+        report = self.load_report(run_dir)
+        suspect = self.kept_by(report)
+        self.assertEqual(suspect["kept_by"][0]["hops"][0],
+                         "list `history` (40 items), global in __main__ (retention_client.py)")
+        self.assertNotIn("fakes", json.dumps(suspect["kept_by"]))
+
     def test_the_walk_is_not_the_programs_peak(self):
         # 300,000 tracked objects: the walk's list of them, their sorted
         # addresses (and the integers sorted() makes) take about as much

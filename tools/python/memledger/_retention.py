@@ -142,6 +142,10 @@ class _Owners:
             nbytes = storage.nbytes()
             if nbytes < MIN_BYTES:
                 return None
+            # Fake and meta tensors (torch.compile leaves them alive) own no
+            # memory, and a fake one's data_ptr() warns on the program's stderr.
+            if storage.device.type == "meta":
+                return None
             address = storage.data_ptr()
             device = obj.device.type
         except Exception:  # sparse, meta or quantized tensors
