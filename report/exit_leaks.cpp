@@ -82,15 +82,34 @@ ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t
     return it->second;
   };
   ExitLeaks out;
+  auto by_chance = [&](const LiveAlloc& a) { return sample_interval != 0 && (a.flags & kAllocByChance); };
+  // The sampled allocations' estimates never add up to more than the host
+  // held at the end, which is known exactly: in a short process a few
+  // samples can stand for more than it ever allocated.
+  double scale = 1;
+  if (sample_interval != 0 && replay.host_live_at_end >= 0) {
+    double estimated = 0, exact = 0;
+    for (const auto& [addr, a] : replay.live) {
+      if (a.kind != static_cast<uint8_t>(format::Kind::kHost)) continue;
+      (by_chance(a) ? estimated : exact) += static_cast<double>(a.weight);
+    }
+    const double room = std::max(0.0, static_cast<double>(replay.host_live_at_end) - exact);
+    if (estimated > room) {
+      scale = room / estimated;
+      out.scaled_from = static_cast<int64_t>(std::llround(estimated));
+      out.scaled_to = static_cast<int64_t>(std::llround(room));
+    }
+  }
   for (const auto& [addr, a] : replay.live) {
     if (memledgers(a)) continue;
     Held& bucket = startup(a) ? startup_by_site[a.site] : exit_by_site[a.site];
-    bucket.bytes += static_cast<int64_t>(a.weight);
     // A sampled allocation smaller than the interval stands for many.
-    const bool by_chance = sample_interval != 0 && (a.flags & kAllocByChance);
-    bucket.count += by_chance ? allocations_per_sample(a.weight, sample_interval) : 1.0;
-    if (by_chance) bucket.bytes_variance += sampled_weight(a.weight, sample_interval).bytes_variance;
-    out.counts_estimated = out.counts_estimated || by_chance;
+    const bool sampled = by_chance(a);
+    const double share = sampled && a.kind == static_cast<uint8_t>(format::Kind::kHost) ? scale : 1.0;
+    bucket.bytes += static_cast<int64_t>(std::llround(static_cast<double>(a.weight) * share));
+    bucket.count += sampled ? allocations_per_sample(a.weight, sample_interval) * share : 1.0;
+    if (sampled) bucket.bytes_variance += sampled_weight(a.weight, sample_interval).bytes_variance * share * share;
+    out.counts_estimated = out.counts_estimated || sampled;
   }
   collect(exit_by_site, replay.sites, max_sites, out.leaks, out.leak_bytes, out.leak_count, out.leak_bytes_error);
   collect(startup_by_site, replay.sites, max_sites, out.startup, out.startup_bytes, out.startup_count,

@@ -33,6 +33,10 @@ struct ExitLeaks {
   uint64_t startup_count = 0;
   double startup_bytes_error = 0;
   bool counts_estimated = false;  // some counts stand for sampled allocations
+  // Sampled mode: the sampled host allocations live at the end stood for
+  // `scaled_from` bytes, more than the `scaled_to` that the exact total
+  // leaves them; their estimates were scaled down to it. 0 when not.
+  int64_t scaled_from = 0, scaled_to = 0;
 };
 
 // sample_interval: the mean bytes between samples of a sampled trace, 0
@@ -41,6 +45,9 @@ struct ExitLeaks {
 // windows, or that has none, has no first step that sets start-up apart:
 // there, `made_by_import` (a site's stack) tells start-up, and everything
 // else still live at exit is a leak.
+// In sampled mode, where the replay knows the host's exact live bytes at the
+// end, the sampled allocations' estimates are scaled down when they add up
+// to more than that total leaves them (ExitLeaks::scaled_from).
 // `made_by_memledger`: stacks of memledger's own Python helpers (the
 // retention walk at exit), whose blocks are neither exit leaks nor start-up.
 ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t sample_interval = 0,

@@ -120,6 +120,7 @@ void Replay::observe(const TraceEvent* events, size_t count) {
     if (sampled_) {
       note_samples(e.ts);
       note_host_totals(e.seq);
+      last_event_ts_ = std::max(last_event_ts_, e.ts);
     }
     switch (e.type) {
       case EvType::kAlloc:
@@ -345,7 +346,10 @@ ReplayOutput Replay::finish() {
   for (; !keep_.empty(); keep_.pop_back()) copy_live_set(keep_.back());
   // The side records are complete once the events are (stream_trace).
   device_.catch_up(UINT64_MAX);
-  if (sampled_) note_samples(UINT64_MAX);
+  if (sampled_) {
+    note_samples(UINT64_MAX);
+    if (!sample_at_.empty() && sample_at_.back().ts >= last_event_ts_) out_.host_live_at_end = sample_at_.back().exact;
+  }
   out_.step_source = source_.empty() ? "none" : source_;
   std::sort(out_.graph_stacks.begin(), out_.graph_stacks.end());
   out_.graph_stacks.erase(std::unique(out_.graph_stacks.begin(), out_.graph_stacks.end()), out_.graph_stacks.end());

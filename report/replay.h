@@ -108,6 +108,9 @@ struct ReplayOutput {
   // (device, managed, pinned, mapped) at the peak's moment, exact; the rest
   // of the peak is the host's exact total.
   int64_t peak_unsampled = 0;
+  // Sampled host mode: the host's exact live bytes at the end (the trace's
+  // last sample, when it came after the last event), -1 when unknown.
+  int64_t host_live_at_end = -1;
 };
 
 // memledger's own work inside the traced program: its Python helpers' walk
@@ -181,6 +184,7 @@ class Replay {
   int64_t total_[format::kKindCount] = {};                             // live bytes per format::Kind
   std::vector<int64_t> device_live_;                    // device kind, by device ordinal
   int64_t running_total_ = 0;
+  uint64_t last_event_ts_ = 0;
   uint32_t current_step_ = 1;  // allocations before the first marker belong to step 1
   uint64_t step_allocs_ = 0, step_frees_ = 0;
   std::string source_;

@@ -17,6 +17,12 @@ ReplayOutput replay(const std::vector<TraceEvent>& events) {
   return r.finish();
 }
 
+ReplayOutput replay_sampled(const Trace& trace, const std::vector<TraceEvent>& events) {
+  Replay r(trace, true);
+  r.observe(events.data(), events.size());
+  return r.finish();
+}
+
 }  // namespace
 
 TEST_CASE("leaks at exit: what the first step made is start-up, the rest leaks", "[exit_leaks]") {
@@ -114,4 +120,50 @@ TEST_CASE("leaks at exit: in sampled mode a count estimates allocations, not sam
   CHECK(leaks.leak_count == small.count + 1);
   // Without the interval (full mode) every record is one allocation.
   CHECK(find_exit_leaks(replay(b.events), 20).leak_count == 237);
+}
+
+TEST_CASE("leaks at exit: sampled estimates never add up to more than the exact host total at the end",
+          "[exit_leaks]") {
+  // A short process: three sampled blocks of 100 bytes, each weighing about
+  // the interval, and one exact block of 200 KiB. The host held 200 KiB and
+  // 1000 bytes at the end: the samples stand for 384 KiB, the total leaves
+  // them 1000 bytes.
+  const uint64_t interval = 131072;
+  const uint64_t w = static_cast<uint64_t>(std::llround(100 / -std::expm1(-100.0 / interval)));
+  constexpr uint8_t kSampled = memledger::format::kAllocSampled;
+  EventBuilder b;
+  for (uint64_t i = 0; i < 3; ++i) b.alloc(0x1000 + i * 0x100, w, 5 + i, 0, kSampled | kAllocByChance);
+  b.alloc(0x100000, 200 << 10, 9, 0, kSampled);
+  b.alloc(0x900000, 1 << 20, 10, static_cast<uint8_t>(memledger::format::Kind::kMapped));  // not host: as it is
+  Trace trace;
+  TraceSample end;
+  end.ts = b.events.back().ts + 1000;  // the teardown's sample, after the last event
+  end.host_live = (200 << 10) + 1000;
+  trace.samples = {end};
+  ReplayOutput out = replay_sampled(trace, b.events);
+  CHECK(out.host_live_at_end == (200 << 10) + 1000);
+  ExitLeaks leaks = find_exit_leaks(out, 20, interval);
+  CHECK(leaks.scaled_from == 3 * static_cast<int64_t>(w));
+  CHECK(leaks.scaled_to == 1000);
+  CHECK(leaks.leak_bytes == Approx((200 << 10) + 1000 + (1 << 20)).margin(2));
+  REQUIRE(leaks.leaks.size() == 5);
+  for (const SiteTotal& t : leaks.leaks) {
+    if (t.site.stack >= 5 && t.site.stack <= 7) {
+      CHECK(t.bytes == Approx(333).margin(1));
+      CHECK(t.count == 3);  // about 3.3 allocations each, as the bytes are scaled
+    }
+  }
+
+  SECTION("an estimate below the exact total is left as it is") {
+    trace.samples[0].host_live = (200 << 10) + 3 * w + 5000;
+    ExitLeaks kept = find_exit_leaks(replay_sampled(trace, b.events), 20, interval);
+    CHECK(kept.scaled_from == 0);
+    CHECK(kept.leak_bytes == static_cast<int64_t>((200 << 10) + 3 * w + (1 << 20)));
+  }
+  SECTION("without a sample after the last event the end total is unknown") {
+    trace.samples[0].ts = b.events.back().ts - 1;
+    ReplayOutput early = replay_sampled(trace, b.events);
+    CHECK(early.host_live_at_end == -1);
+    CHECK(find_exit_leaks(early, 20, interval).scaled_from == 0);
+  }
 }
