@@ -24,15 +24,21 @@ struct RingRun {
 inline const Event& run_event(const RingRun& r) { return r.ring->events[r.pos & ThreadRing::kMask]; }
 
 // Hands what was written of each run back to its ring's producer. A retired
-// ring written to its end is free for a new thread.
+// ring written to its end is free for a new thread, which starts at its
+// first slot: a program that makes and ends threads all the time then keeps
+// touching the first pages of the rings it reuses instead of all of them.
 inline void release_runs(RingRun* runs, size_t count) {
   for (size_t i = 0; i < count; ++i) {
     RingRun& r = runs[i];
     r.ring->tail.store(r.pos, std::memory_order_release);
     if (r.retire && r.pos == r.end) {
+      // No producer: its thread has gone, and the next takes it only once free.
+      r.ring->head.store(0, std::memory_order_relaxed);
+      r.ring->tail.store(0, std::memory_order_relaxed);
       int expected = static_cast<int>(RingState::kRetired);
       r.ring->state.compare_exchange_strong(expected, static_cast<int>(RingState::kFree));
       r.retire = false;
+      r.pos = r.end = 0;  // a later release of this run hands back the same first slot
     }
   }
 }

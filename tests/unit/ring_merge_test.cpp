@@ -127,16 +127,33 @@ TEST_CASE("a retired ring is free once its last run is written", "[merge]") {
                                {retired_empty.get(), 30, 30, true}};
   std::vector<uint64_t> order;
   bool retired_free_early = false;
+  bool taken = false;
   MergeHead heads[3];
   merge_runs(runs.data(), runs.size(), heads, [&](const Event* events, size_t count) {
     for (size_t k = 0; k < count; ++k) order.push_back(events[k].seq);
     if (retired->state.load() == static_cast<int>(RingState::kFree) && order.size() < 4) retired_free_early = true;
+    // A new thread takes the freed ring while the merge goes on, and starts
+    // at its first slot: the later releases hand it back that slot, never
+    // the last thread's position.
+    if (!taken && retired->state.load() == static_cast<int>(RingState::kFree)) {
+      taken = true;
+      retired->state.store(static_cast<int>(RingState::kOwned));
+      CHECK(retired->head.load() == 0);
+      CHECK(retired->tail.load() == 0);
+      retired->events[0].seq = 6;
+      retired->events[1].seq = 7;
+      retired->head.store(2);
+    }
   }, 1);
   CHECK(order == std::vector<uint64_t>{1, 2, 3, 4, 5});
   CHECK_FALSE(retired_free_early);
+  CHECK(taken);
   CHECK(busy->state.load() == static_cast<int>(RingState::kOwned));
-  CHECK(retired->state.load() == static_cast<int>(RingState::kFree));
+  CHECK(retired->head.load() == 2);
+  CHECK(retired->tail.load() == 0);
   CHECK(retired_empty->state.load() == static_cast<int>(RingState::kFree));
+  CHECK(retired_empty->head.load() == 0);
+  CHECK(retired_empty->tail.load() == 0);
 }
 
 TEST_CASE("no runs, or only empty ones, write nothing", "[merge]") {
