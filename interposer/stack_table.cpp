@@ -1,5 +1,6 @@
 #include "stack_table.h"
 
+#include <atomic>
 #include <cstring>
 
 #include <sys/mman.h>
@@ -67,10 +68,9 @@ namespace {
 constexpr uint32_t kShortWalk = 8;
 // A list walked further than this without an index gets one.
 constexpr uint32_t kLongWalk = 32;
-// Children added since the index was made, looked through one by one,
-// before it is made again: 64, or an eighth of those it holds (an index
-// made again leaves the old one behind: the memory they take together
-// stays within a few times the last one's).
+// Children not in the index (added once it was half full, or while
+// another thread's child was not in it yet), looked through one by one,
+// before it is made again (find_far_child).
 constexpr uint32_t kStale = 64;
 
 inline size_t slot_of_key(uint64_t key, uint32_t capacity) {
@@ -113,29 +113,51 @@ StackTable::FanEntry* StackTable::fan_entry(uint32_t parent) {
   return nullptr;
 }
 
-// Indexes the list from `head` down, and publishes the index (the region
-// full: none).
-void StackTable::make_index(FanEntry& entry, uint32_t head) {
+// Indexes the list from `head` down, publishes the index and returns it
+// (the region full: none, nullptr). Its room is four times the children it holds: the children
+// added after go into it as well (add_child), until it is half full.
+uint32_t* StackTable::make_index(FanEntry& entry, uint32_t head) {
   uint32_t count = 0;
   for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling()) ++count;
   uint32_t capacity = 64;
   while (capacity < count + count / 2) capacity *= 2;
-  const size_t at = fan_used_.fetch_add(3 + size_t{capacity}, std::memory_order_relaxed);
-  if (at + 3 + capacity > kFanRegionWords) {
+  const size_t at = fan_used_.fetch_add(kIndexHead + size_t{capacity}, std::memory_order_relaxed);
+  if (at + kIndexHead + capacity > kFanRegionWords) {
     fan_used_.store(kFanRegionWords, std::memory_order_relaxed);  // stays full
-    return;
+    return nullptr;
   }
   uint32_t* index = fan_region_ + at;
   index[0] = capacity;
-  index[1] = head;
-  index[2] = count;
-  uint32_t* slots = index + 3;  // mapped zero: empty
+  uint32_t* slots = index + kIndexHead;  // mapped zero: empty
   for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling()) {
     size_t i = slot_of_key(nodes_[id].key(), capacity);
     while (slots[i] != 0) i = (i + 1) & (capacity - 1);
     slots[i] = id;
   }
+  std::atomic_ref<uint32_t>(index[1]).store(head, std::memory_order_relaxed);
+  std::atomic_ref<uint32_t>(index[2]).store(count, std::memory_order_relaxed);
   entry.index.store(static_cast<uint32_t>(at), std::memory_order_release);
+  return index;
+}
+
+// Adds `id`, just linked in front of `below`, to `index`, and moves the
+// index's `covered` on to it when `below` was covered: then every child
+// from `id` down is in the index. Nothing when the index is half full (a
+// reader's probe always ends at an empty slot); the children after that are
+// looked through one by one until the index is made again.
+void StackTable::index_child(uint32_t* index, uint32_t id, uint64_t key, uint32_t below) {
+  const uint32_t capacity = index[0];
+  if (std::atomic_ref<uint32_t>(index[2]).fetch_add(1, std::memory_order_relaxed) + 1 > capacity / 4 * 3) return;
+  uint32_t* slots = index + kIndexHead;
+  for (size_t i = slot_of_key(key, capacity);; i = (i + 1) & (capacity - 1)) {
+    uint32_t empty = 0;
+    if (std::atomic_ref<uint32_t>(slots[i]).compare_exchange_strong(empty, id, std::memory_order_release,
+                                                                     std::memory_order_relaxed)) {
+      break;
+    }
+  }
+  std::atomic_ref<uint32_t>(index[1]).compare_exchange_strong(below, id, std::memory_order_release,
+                                                              std::memory_order_relaxed);
 }
 
 uint32_t StackTable::look_through(uint32_t from, uint32_t until, uint64_t key, uint32_t* steps) const {
@@ -147,27 +169,39 @@ uint32_t StackTable::look_through(uint32_t from, uint32_t until, uint64_t key, u
 }
 
 // The rest of the list from `id`, the short walk's end: by the parent's
-// index, and the children added since it was made; without an index, one
-// by one (and an index for next time when the list is long).
-uint32_t StackTable::find_far_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key) {
+// index, and the children not in it yet; without an index, one by one (and
+// an index for next time when the list is long). On a miss, `head` is the
+// list's head as it was looked through and `index` the index that the new
+// child goes into.
+uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id, uint64_t key, uint32_t*& index) {
   FanEntry* entry = fan_entry(parent);
   const uint32_t at = entry != nullptr ? entry->index.load(std::memory_order_acquire) : 0;
   if (at == 0) {
     uint32_t more = 0;
     const uint32_t found = look_through(id, 0, key, &more);
-    if (entry != nullptr && kShortWalk + more > kLongWalk) make_index(*entry, head);
+    if (found == 0 && entry != nullptr && kShortWalk + more > kLongWalk) index = make_index(*entry, head);
     return found;
   }
-  const uint32_t* index = fan_region_ + at;
-  const uint32_t capacity = index[0];
-  const uint32_t covered = index[1];
+  uint32_t* const here = fan_region_ + at;
+  const uint32_t capacity = here[0];
+  // The children from `covered` down are in the index; the head read after
+  // it lies above it, so the walk from the head meets it.
+  const uint32_t covered = std::atomic_ref<uint32_t>(here[1]).load(std::memory_order_acquire);
+  head = nodes_[parent].first_child.load(std::memory_order_acquire);
   uint32_t newer = 0;
   if (const uint32_t found = look_through(head, covered, key, &newer)) return found;
-  const uint32_t* slots = index + 3;
-  for (size_t i = slot_of_key(key, capacity); slots[i] != 0; i = (i + 1) & (capacity - 1)) {
-    if (nodes_[slots[i]].has_key(key)) return slots[i];
+  const uint32_t* slots = here + kIndexHead;
+  for (size_t i = slot_of_key(key, capacity);; i = (i + 1) & (capacity - 1)) {
+    const uint32_t slot = std::atomic_ref<const uint32_t>(slots[i]).load(std::memory_order_acquire);
+    if (slot == 0) break;
+    if (nodes_[slot].has_key(key)) return slot;
   }
-  if (newer > kStale && newer > index[2] / 8) make_index(*entry, head);
+  // Made again: twice as large when it is half full; when another thread's
+  // child kept `covered` back (two threads adding children to one parent
+  // at once), only once an eighth more children came, as the memory of the
+  // indexes left behind stays within a few times the last one's.
+  const uint32_t held = std::atomic_ref<uint32_t>(here[2]).load(std::memory_order_relaxed);
+  index = newer > kStale && (held >= capacity / 4 * 3 || newer > held / 8) ? make_index(*entry, head) : here;
   return 0;
 }
 
@@ -187,10 +221,10 @@ uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
   return add_child(parent, head, id, key);
 }
 
-// child() past its short walk, which stopped at `id` (0: the list's end).
 __attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key) {
+  uint32_t* index = nullptr;
   if (id != 0) {
-    if (const uint32_t found = find_far_child(parent, head, id, key)) return found;
+    if (const uint32_t found = find_far_child(parent, head, id, key, index)) return found;
   }
   Node& up = nodes_[parent];
   publishing_.fetch_add(1, std::memory_order_acq_rel);
@@ -210,6 +244,7 @@ __attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32
     node.sibling_key.store(head | sibling_key_bits, std::memory_order_relaxed);
     if (up.first_child.compare_exchange_strong(head, mine, std::memory_order_acq_rel, std::memory_order_acquire)) {
       publishing_.fetch_sub(1, std::memory_order_acq_rel);
+      if (index != nullptr) index_child(index, mine, key, head);
       return mine;
     }
     // `head` is now the new head: look through the nodes pushed since.

@@ -114,6 +114,9 @@ class StackTable {
   // Number of ids handed out so far: ids are below count() + 1. Not every
   // id below is a stack (a node may only lie on other stacks' paths).
   uint32_t count() const { return next_id_.load(std::memory_order_acquire) - 1; }
+  // Words taken by the indexes of parents with many children, those left
+  // behind by an index made again included.
+  size_t index_words() const { return fan_used_.load(std::memory_order_relaxed); }
   // The reader's last Python and native paths (one reader at a time, the
   // writer thread): a stack read after one that shares its outer frames
   // reads only the nodes of its own, where a whole read follows every
@@ -188,8 +191,9 @@ class StackTable {
   uint32_t add_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key);
   // The child of `parent` for `key` in its list as it was at `head`, from
   // `id` on (the first children were looked through), or 0 when it is not
-  // there.
-  uint32_t find_far_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key);
+  // there; then `head` is the head looked through, and `index` the
+  // parent's index, if it has one that takes new children.
+  uint32_t find_far_child(uint32_t parent, uint32_t& head, uint32_t id, uint64_t key, uint32_t*& index);
   // get()'s part from `node` up to the root, innermost first, at most
   // `room` words into `out`, by way of `cache` (the same kind of path read
   // last); returns the count.
@@ -203,9 +207,10 @@ class StackTable {
   // Parents with many children (the root; a native path reached from
   // hundreds of Python lines) get an index of their children: a hash table
   // of the list as it was when the index was made (a child, once linked,
-  // never goes, so it stays right), made again when many children came
-  // after it. Indexes are kept in a region of their own and never freed: a
-  // thread may still read one that was made again.
+  // never goes, so it stays right), to which each child added after goes
+  // too until it is half full, then made again twice as large. Indexes are
+  // kept in a region of their own and never freed: a thread may still read
+  // one that was made again.
   struct FanEntry {
     std::atomic<uint32_t> key;     // the parent + 1; 0: free
     std::atomic<uint32_t> index;   // offset of its index in fan_region_, 0: none yet
@@ -213,7 +218,12 @@ class StackTable {
   static constexpr uint32_t kFanParents = 1u << 13;
   static constexpr size_t kFanRegionWords = size_t{1} << 24;  // 64 MiB reserved, touched as used
   FanEntry* fan_entry(uint32_t parent);
-  void make_index(FanEntry& entry, uint32_t head);
+  uint32_t* make_index(FanEntry& entry, uint32_t head);
+  void index_child(uint32_t* index, uint32_t id, uint64_t key, uint32_t below);
+  // An index's words: its capacity (a power of two); `covered`, the child
+  // from which down every child is in it; the children it holds (may count
+  // past half the capacity, where it takes no more); then the slots.
+  static constexpr size_t kIndexHead = 3;
   // The node of the path `frames` (innermost first, `n` of them) read
   // outermost first; 0 when the table is full.
   uint32_t intern_path(const uintptr_t* frames, uint32_t n, CachedPath* cache);

@@ -339,6 +339,29 @@ TEST_CASE("a parent with thousands of children: every thread finds each one, by 
   CHECK(distinct.size() == kChildren);
 }
 
+TEST_CASE("children added after a parent's index was made go into it, so it is made again only as it fills",
+          "[stacks]") {
+  // 50,000 children of one node, one thread. Each new child goes into the
+  // index too, and the index is made again (twice as large) once it is
+  // three quarters full: the indexes, those left behind included, take a
+  // few words a child. Made again whenever an eighth more children had
+  // come, they took about 14 a child.
+  static StackTable table;
+  REQUIRE(table.init());
+  constexpr uint32_t kChildren = 50000;
+  std::vector<uint32_t> ids(kChildren);
+  for (uint32_t c = 0; c < kChildren; ++c) {
+    const uintptr_t frames[2] = {0x1000 + 0x10 * uintptr_t{c}, 0x900000};
+    ids[c] = table.intern(frames, 2);
+    REQUIRE(ids[c] != 0);
+  }
+  CHECK(table.index_words() < 6 * kChildren);
+  for (uint32_t c = 0; c < kChildren; c += 7) {
+    const uintptr_t frames[2] = {0x1000 + 0x10 * uintptr_t{c}, 0x900000};
+    REQUIRE(table.intern(frames, 2) == ids[c]);
+  }
+}
+
 TEST_CASE("a stack made lately comes back whole with its id, told apart by where its Python frames end", "[stacks]") {
   static StackTable table;
   REQUIRE(table.init());
