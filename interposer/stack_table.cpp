@@ -68,7 +68,7 @@ namespace {
 constexpr uint32_t kShortWalk = 8;
 // A list walked further than this without an index gets one.
 constexpr uint32_t kLongWalk = 32;
-// Children not in the index (added once it was half full, or while
+// Children not in the index (added once it was three quarters full, or while
 // another thread's child was not in it yet), looked through one by one,
 // before it is made again (find_far_child).
 constexpr uint32_t kStale = 64;
@@ -114,8 +114,9 @@ StackTable::FanEntry* StackTable::fan_entry(uint32_t parent) {
 }
 
 // Indexes the list from `head` down, publishes the index and returns it
-// (the region full: none, nullptr). Its room is four times the children it holds: the children
-// added after go into it as well (add_child), until it is half full.
+// (the region full: none, nullptr). Its room is at least one and a half
+// times the children it holds: the children added after go into it as well
+// (add_child), until it is three quarters full.
 uint32_t* StackTable::make_index(FanEntry& entry, uint32_t head) {
   uint32_t count = 0;
   for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling()) ++count;
@@ -142,9 +143,9 @@ uint32_t* StackTable::make_index(FanEntry& entry, uint32_t head) {
 
 // Adds `id`, just linked in front of `below`, to `index`, and moves the
 // index's `covered` on to it when `below` was covered: then every child
-// from `id` down is in the index. Nothing when the index is half full (a
-// reader's probe always ends at an empty slot); the children after that are
-// looked through one by one until the index is made again.
+// from `id` down is in the index. Nothing when the index is three quarters
+// full (a reader's probe always ends at an empty slot); the children after
+// that are looked through one by one until the index is made again.
 void StackTable::index_child(uint32_t* index, uint32_t id, uint64_t key, uint32_t below) {
   const uint32_t capacity = index[0];
   if (std::atomic_ref<uint32_t>(index[2]).fetch_add(1, std::memory_order_relaxed) + 1 > capacity / 4 * 3) return;
@@ -196,7 +197,7 @@ uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id
     if (slot == 0) break;
     if (nodes_[slot].has_key(key)) return slot;
   }
-  // Made again: twice as large when it is half full; when another thread's
+  // Made again: twice as large when it is three quarters full; when another thread's
   // child kept `covered` back (two threads adding children to one parent
   // at once), only once an eighth more children came, as the memory of the
   // indexes left behind stays within a few times the last one's.
@@ -221,6 +222,7 @@ uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
   return add_child(parent, head, id, key);
 }
 
+// child() past its short walk, which stopped at `id` (0: the list's end).
 __attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key) {
   uint32_t* index = nullptr;
   if (id != 0) {

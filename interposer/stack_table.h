@@ -208,7 +208,7 @@ class StackTable {
   // hundreds of Python lines) get an index of their children: a hash table
   // of the list as it was when the index was made (a child, once linked,
   // never goes, so it stays right), to which each child added after goes
-  // too until it is half full, then made again twice as large. Indexes are
+  // too until it is three quarters full, then made again twice as large. Indexes are
   // kept in a region of their own and never freed: a thread may still read
   // one that was made again.
   struct FanEntry {
@@ -222,7 +222,8 @@ class StackTable {
   void index_child(uint32_t* index, uint32_t id, uint64_t key, uint32_t below);
   // An index's words: its capacity (a power of two); `covered`, the child
   // from which down every child is in it; the children it holds (may count
-  // past half the capacity, where it takes no more); then the slots.
+  // past three quarters of the capacity, where it takes no more); then the
+  // slots.
   static constexpr size_t kIndexHead = 3;
   // The node of the path `frames` (innermost first, `n` of them) read
   // outermost first; 0 when the table is full.
