@@ -119,6 +119,40 @@ class PythonModule(mltest.TestCase):
         self.assertEqual(r["step_source"], "marker")
         self.assertEqual([s["label"] for s in r["steps"]], ["", "train", "eval", "eval/x", "ema", "train"])
 
+    def test_framework_builds_are_read_without_loading_cudnn(self):
+        # The environment block names the program's torch and its cuDNN.
+        # torch.backends.cudnn.version() loads cuDNN 9's libraries (50 MiB
+        # of them with PyPI's PyTorch 2.15): memledger asks only what the
+        # program's torch already found, else the version it was built with.
+        # A stand-in torch says when version() is called.
+        fake = self.tmpdir()
+        os.makedirs(os.path.join(fake, "torch", "backends", "cudnn"))
+        files = {
+            "torch/__init__.py": "__version__ = '9.9.9'\n"
+                                 "class version:\n    cuda = '13.2'\n"
+                                 "from torch import _C, backends\n",
+            "torch/_C.py": "class _cudnn:\n    @staticmethod\n    def getCompileVersion():\n"
+                           "        return (9, 26, 0)\n",
+            "torch/backends/__init__.py": "from torch.backends import cudnn\n",
+            "torch/backends/cudnn/__init__.py": "import sys\n__cudnn_version = None\n"
+                                                "def version():\n"
+                                                "    print('CUDNN LOADED', file=sys.stderr, flush=True)\n"
+                                                "    return 92600\n",
+        }
+        for name, text in files.items():
+            with open(os.path.join(fake, name), "w") as f:
+                f.write(text)
+        script = self.write("import torch\nimport memledger\nmemledger.step()\nprint('DONE')\n")
+        run_dir = os.path.join(self.tmpdir(), "run")
+        proc = self.traced(run_dir, [sys.executable, script], env=mltest.clean_env(PYTHONPATH=fake))
+        self.assertExit(proc, 0)
+        self.assertIn("DONE", proc.stdout)
+        self.assertNotIn("CUDNN LOADED", proc.stderr)
+        environment = self.load_report(run_dir)["environment"]
+        self.assertEqual(environment["frameworks"]["torch"]["cudnn"], "9.26.0 at build (not loaded by the program)")
+        self.assertIn("torch 9.9.9, cuda 13.2, cudnn 9.26.0 at build (not loaded by the program)",
+                      environment["lines"])
+
     def test_installed_layout(self):
         prefix = self.tmpdir()
         for sub in ("bin", "lib", "share/memledger/python"):

@@ -119,10 +119,19 @@ def _torch_build(torch):
     fields = {"version": getattr(torch, "__version__", None)}
     version = getattr(torch, "version", None)
     fields["cuda"] = getattr(version, "cuda", None)
-    backends = getattr(torch, "backends", None)
-    cudnn = getattr(backends, "cudnn", None)
-    if cudnn is not None:
-        fields["cudnn"] = cudnn.version()  # None on a build without cuDNN; loads nothing
+    # cuDNN's version as the program's torch found it, once it asked
+    # (torch.backends.cudnn keeps it); before that, the version the build was
+    # made with. torch.backends.cudnn.version() itself would load cuDNN 9's
+    # libraries into the program (50 MiB of them with PyTorch 2.15's wheel).
+    cudnn = sys.modules.get("torch.backends.cudnn")
+    asked = getattr(cudnn, "__cudnn_version", None) if cudnn is not None else None
+    built = getattr(getattr(torch, "_C", None), "_cudnn", None)
+    if asked is not None:
+        fields["cudnn"] = asked
+    elif built is not None:
+        fields["cudnn"] = "%d.%d.%d at build (not loaded by the program)" % tuple(built.getCompileVersion())
+    else:
+        fields["cudnn"] = None  # a build without cuDNN
     return fields
 
 
