@@ -565,10 +565,10 @@ ProcessReport analyze_events(const Trace& trace, const EventFeed& feed, const st
                       "; the peak leaves it out (memledger run --no-retention turns the walk off)");
   }
   if (leaks.scaled_from > 0) {
-    r.notes.push_back("live at exit: the sampled allocations stood for " + human_bytes(double(leaks.scaled_from)) +
-                      ", more than the " + human_bytes(double(leaks.scaled_to)) +
-                      " the exact host total leaves them; their estimates are scaled down to it (a short process "
-                      "gives few samples: run with --host full for exact figures)");
+    r.notes.push_back("live at exit: the sampled allocations' estimate (" + human_bytes(double(leaks.scaled_from)) +
+                      ") was more than the " + human_bytes(double(leaks.scaled_to)) +
+                      " that the exact host total leaves them; the exit-leak figures are scaled down to it (run "
+                      "with --host full for exact figures)");
   }
   const std::string rss = rss_without_live_note(r.steps, r.warmup_steps, r.window_seconds, !trace.python_codes.empty());
   if (!rss.empty()) r.notes.push_back(rss);
