@@ -4,7 +4,6 @@
 #include <link.h>
 #include <pthread.h>
 
-#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstddef>
@@ -75,22 +74,9 @@ uint64_t hash(const char* s) {
   return h;
 }
 
-// "-" and a hex hash, then ".so" (pip wheels' libcudart-1b201d85.so.11.0),
-// not a library of its own (libnvrtc-builtins.so.13.2: nvrtc's, with no
-// version call).
-bool hashed_name(const char* after_prefix) {
-  if (after_prefix[0] != '-') return false;
-  const char* p = after_prefix + 1;
-  while (std::isxdigit(static_cast<unsigned char>(*p))) ++p;
-  return p > after_prefix + 1 && std::strncmp(p, ".so", 3) == 0;
-}
-
 bool family_of(const char* path, Family* out) {
-  const char* slash = std::strrchr(path, '/');
-  const char* base = slash ? slash + 1 : path;
   for (const FamilyName& f : kFamilies) {
-    const size_t n = std::strlen(f.prefix);
-    if (std::strncmp(base, f.prefix, n) == 0 && (std::strncmp(base + n, ".so", 3) == 0 || hashed_name(base + n))) {
+    if (is_library_file(path, f.prefix)) {
       *out = f.family;
       return true;
     }
@@ -102,8 +88,7 @@ int collect(dl_phdr_info* info, size_t, void* data) {
   auto* scan = static_cast<Scan*>(data);
   Family family;
   if (info->dlpi_name == nullptr || info->dlpi_name[0] == '\0') return 0;
-  const char* slash = std::strrchr(info->dlpi_name, '/');
-  if (std::strncmp(slash ? slash + 1 : info->dlpi_name, "libcudnn_graph", 14) == 0) scan->cudnn_graph = true;
+  if (is_library_file(info->dlpi_name, "libcudnn_graph")) scan->cudnn_graph = true;
   if (!family_of(info->dlpi_name, &family)) return 0;
   if (scan->count >= kMaxLibraries || std::strlen(info->dlpi_name) >= kPathMax) return 0;
   Found& f = scan->found[scan->count++];

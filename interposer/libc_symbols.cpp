@@ -5,6 +5,7 @@
 #include <link.h>
 
 #include <atomic>
+#include <cctype>
 #include <cstdint>
 #include <cstring>
 
@@ -175,7 +176,15 @@ bool is_library_file(const char* path, const char* library) {
   const char* slash = strrchr(path, '/');
   const char* base = slash != nullptr ? slash + 1 : path;
   const size_t n = strlen(library);
-  return strncmp(base, library, n) == 0 && (base[n] == '.' || base[n] == '-');
+  if (strncmp(base, library, n) != 0) return false;
+  const char* rest = base + n;
+  if (strncmp(rest, ".so", 3) == 0) return true;
+  // "-" and a hex hash, then ".so" (pip wheels' libcudart-1b201d85.so.11.0),
+  // not a library of its own (libnvrtc-builtins.so.13.2).
+  if (rest[0] != '-') return false;
+  const char* p = rest + 1;
+  while (isxdigit(static_cast<unsigned char>(*p))) ++p;
+  return p > rest + 1 && strncmp(p, ".so", 3) == 0;
 }
 
 void* find_in_loaded_library(const char* name, const char* library) {

@@ -40,9 +40,9 @@ void* find_in_caller_scope(const char* name, const void* caller, const char* ver
 void* find_in_loaded_objects(const char* name, uintptr_t skip_base);
 
 // Whether the file `path` is the library `library` itself: its file name is
-// `library` then "." or "-" (libcudnn.so.9, pip's libcudnn-1a2b.so), not one
-// of its sub-libraries (libcudnn_graph.so.9) nor a longer name (libcudart
-// for libcuda).
+// `library` then ".so" or "-", a hex hash and ".so" (libcudnn.so.9, pip's
+// libcudnn-1a2b.so), not one of its sub-libraries (libcudnn_graph.so.9,
+// libnvrtc-builtins.so.13.2) nor a longer name (libcudart for libcuda).
 bool is_library_file(const char* path, const char* library);
 
 // `name` in the first loaded object that is `library` itself
