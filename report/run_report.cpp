@@ -761,7 +761,11 @@ std::string render_summary_line(const RunReport& run) {
   if (!p.allocator.traced) {
     out << "; the host heap was not traced (" << p.allocator.name << " comes before memledger in the lookup order)";
   }
-  if (!p.leak_suspects.empty()) {
+  if (run.processes.size() > 1) {
+    // The root of a job (a launcher, a shell, a main process with workers)
+    // is seldom the process that grows: the line gives the whole job's verdict.
+    out << "; whole job: " << summarize_job(run).conclusion;
+  } else if (!p.leak_suspects.empty()) {
     const LeakSuspect& s = p.leak_suspects.front();
     out << "; top growth: " << suspect_rate_text(s) << " at " << site_name(s.site);
   } else if (!p.steps.empty()) {

@@ -191,6 +191,21 @@ class WholeJob(mltest.TestCase):
     def test_golden(self):
         Golden.check_golden(self, "ranks", stable_report(self.report, {"leak_steps.cpp"}))
 
+    def test_summary_line_names_the_growing_rank(self):
+        # The launcher (here a shell) is the root and grows nothing: the
+        # summary line `memledger run` prints at the end gives the whole
+        # job's verdict, not the root's alone.
+        run_dir = os.path.join(self.tmpdir(), "ranks-summary")
+        script = " ".join("RANK=%d WORLD_SIZE=2 %s %d %d &" % (i, mltest.program("leak_steps"), STEPS, leak)
+                          for i, leak in enumerate([0, 8192])) + " wait"
+        proc = self.memledger("run", "-o", run_dir, "--host", "full", "--", "/bin/sh", "-c", script)
+        self.assertExit(proc, 0)
+        lines = [l for l in proc.stderr.splitlines() if l.startswith("memledger: exit") or "; whole job: " in l]
+        self.assertEqual(len(lines), 1, proc.stderr)
+        self.assertRegex(lines[0], r"; whole job: rank 1 \(pid \d+\) grows fastest: 8\.0 KiB/step in 1 suspect, "
+                                   r"top site .*leak_steps\.cpp:\d+; 1 of 5 processes grows$")
+        self.assertNotIn("no growth suspects", proc.stderr)
+
     def test_fork_exec_roles(self):
         # A fork that lands while the trace writer is inside dl_iterate_phdr can
         # hang the child (test_fork_deadlock.py): up to three tries, as test_processes.
