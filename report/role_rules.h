@@ -52,6 +52,12 @@ struct RoleRule {
   std::string kind;
   std::string why;     // what the rule recognises, for the reader
   std::string origin;  // "built-in", or the policy file's "file:line"
+  // The rule does not hold where a frame matching one of these patterns lies
+  // inside (is called by) the frame that matched `frames`: an optimizer's
+  // step that calls the program's closure (LBFGS, PyTorch Lightning's
+  // training step) runs the closure's forward and backward, whose tensors are
+  // activations and gradients, not optimizer state. Built-in rules only.
+  std::vector<std::string> unless_inside;
 };
 
 // The built-in table, in order.

@@ -26,6 +26,12 @@ const char* const kRoleNames[kRoleCount] = {"parameter", "gradient",  "optimizer
 // The buffers of XLA's arrays (PjRt's CPU and GPU clients).
 #define XLA_BUFFERS "native:*PjitFunction*", "native:xla::*Buffer*", "native:xla::CpuDeviceMemory::*", \
                     "native:stream_executor::*Allocat*", "native:tsl::BFCAllocator::*"
+// Code an optimizer's step does not run itself but may call back: the
+// program's closure (optimizer.step(closure), as LBFGS needs and PyTorch
+// Lightning does for every optimizer), with its forward and backward.
+#define CLOSURE "py:*closure*", "file:*/lightning/*", "file:*/pytorch_lightning/*", "file:*/lightning_fabric/*", \
+                "py:Module._call_impl", "py:Module.__call__", "file:*/torch/nn/functional.py", "py:Tensor.backward", \
+                "py:backward in */torch/autograd/*", "py:grad in */torch/autograd/*", "py:_engine_run_backward"
 #define BACKWARD "py:Tensor.backward", "file:*/torch/autograd/*", "native:torch::autograd::Engine::*", \
                  "native:torch::autograd::AccumulateGrad*", "file:*/tensorflow/python/eager/backprop.py", \
                  "py:GradientTape.gradient"
@@ -40,6 +46,7 @@ struct BuiltinRule {
   const char* lifetime;
   const char* kind;
   const char* why;
+  std::vector<std::string> unless_inside = {};
 };
 const std::vector<BuiltinRule> kBuiltinRules = {
     {Role::kOther, {"file:<frozen importlib._bootstrap*"}, "", "", "", "made while a module was being imported"},
@@ -64,9 +71,9 @@ const std::vector<BuiltinRule> kBuiltinRules = {
      "scratch space and caches of math libraries and compilers: cuBLAS, cuDNN, XLA, LLVM, TorchDynamo and "
      "Inductor, tracing a jitted function or a tf.function"},
     {Role::kOptimizerState, {TORCH_OPTIM, KERAS_OPTIM, OPTAX, "py:*apply_gradients*"}, "", "kept", "",
-     "made inside the optimizer (torch.optim, Keras optimizers, optax) and kept past its step"},
+     "made inside the optimizer (torch.optim, Keras optimizers, optax) and kept past its step", {CLOSURE}},
     {Role::kWorkspace, {TORCH_OPTIM, KERAS_OPTIM, OPTAX, "py:*apply_gradients*"}, "", "freed", "",
-     "temporaries of the optimizer's update"},
+     "temporaries of the optimizer's update", {CLOSURE}},
     {Role::kActivation, {"file:*/torch/utils/checkpoint.py"}, "", "", "",
      "activations recomputed by activation checkpointing"},
     {Role::kGradient, {BACKWARD}, "", "kept", "",
@@ -99,6 +106,7 @@ const std::vector<BuiltinRule> kBuiltinRules = {
 #undef OPTAX
 #undef XLA_BUFFERS
 #undef BACKWARD
+#undef CLOSURE
 
 // `*` matches any run of characters, `?` one character.
 bool glob(std::string_view pattern, std::string_view text) {
@@ -182,7 +190,7 @@ std::string role_names() {
 const std::vector<RoleRule>& builtin_role_rules() {
   static const std::vector<RoleRule> rules = [] {
     std::vector<RoleRule> out;
-    for (const BuiltinRule& b : kBuiltinRules) out.push_back({b.role, b.frames, b.phase, b.lifetime, b.kind, b.why, "built-in"});
+    for (const BuiltinRule& b : kBuiltinRules) out.push_back({b.role, b.frames, b.phase, b.lifetime, b.kind, b.why, "built-in", b.unless_inside});
     return out;
   }();
   return rules;
@@ -236,10 +244,21 @@ Role RoleTable::classify(const RoleSubject& subject, const FrameWalk& walk, size
       break;
     }
   }
+  // Rules that a frame inside their match rules out (RoleRule::unless_inside),
+  // by their place in `open`; frames come innermost first.
+  std::vector<bool> ruled_out(open.size(), false);
   walk([&](const Frame& f) {
-    for (size_t i : open) {
+    for (size_t k = 0; k < open.size(); ++k) {
+      const size_t i = open[k];
       if (i >= best) break;
-      for (const std::string& p : rules_[i].frames) {
+      if (ruled_out[k]) continue;
+      const RoleRule& r = rules_[i];
+      if (std::any_of(r.unless_inside.begin(), r.unless_inside.end(),
+                      [&](const std::string& p) { return frame_matches(p, f); })) {
+        ruled_out[k] = true;
+        continue;
+      }
+      for (const std::string& p : r.frames) {
         if (frame_matches(p, f)) {
           best = i;
           break;

@@ -127,6 +127,55 @@ TEST_CASE("roles: rules are tried in order and their conditions all hold", "[rol
   CHECK(table.classify(subject(Phase::kSteps, true), {py("main", "/tmp/train.py")}) == Role::kOther);
 }
 
+// optimizer.step(closure): LBFGS needs it, and PyTorch Lightning calls every
+// optimizer so, with the training step inside the closure. The stacks are
+// cut down from a Lightning 2.6 trace (torch 2.15) and an LBFGS loop.
+TEST_CASE("roles: what the program's closure makes inside an optimizer's step is not optimizer state", "[roles]") {
+  const RoleTable table;
+  const std::string lightning = "/venv/lib/python3.12/site-packages/lightning/pytorch/";
+  const std::vector<Frame> outer = {py("SGD.step", std::string(kTorch) + "optim/sgd.py"),
+                                    py("Optimizer.profile_hook_step.<locals>.wrapper", std::string(kTorch) + "optim/optimizer.py"),
+                                    py("Strategy.optimizer_step", lightning + "strategies/strategy.py"),
+                                    py("Trainer.fit", lightning + "trainer/trainer.py"), py("<module>", "/tmp/lit.py")};
+  auto inside = [&](std::vector<Frame> inner) {
+    inner.insert(inner.end(), outer.begin(), outer.end());
+    return inner;
+  };
+  // Lightning: the loss of a training step, kept in a list, made in forward.
+  const std::vector<Frame> lit_forward =
+      inside({py("Linear.forward", std::string(kTorch) + "nn/modules/linear.py"),
+              py("Module._call_impl", std::string(kTorch) + "nn/modules/module.py"), py("Model.training_step", "/tmp/lit.py"),
+              py("Strategy.training_step", lightning + "strategies/strategy.py"),
+              py("Closure.closure", lightning + "loops/optimization/automatic.py")});
+  CHECK(table.classify(subject(Phase::kSteps, true), lit_forward) == Role::kActivation);
+  // Made by the program's own line in the training step: not the optimizer's.
+  const std::vector<Frame> lit_own = inside({py("Model.training_step", "/tmp/lit.py"),
+                                             py("Strategy.training_step", lightning + "strategies/strategy.py"),
+                                             py("Closure.closure", lightning + "loops/optimization/automatic.py")});
+  CHECK(table.classify(subject(Phase::kSteps, true), lit_own) != Role::kOptimizerState);
+  CHECK(table.classify(subject(Phase::kSteps, false), lit_own) != Role::kWorkspace);
+  // LBFGS: backward inside the closure makes gradients.
+  const std::vector<Frame> lbfgs_backward = {
+      py("backward", std::string(kTorch) + "autograd/__init__.py"), py("Tensor.backward", std::string(kTorch) + "_tensor.py"),
+      py("main.<locals>.closure", "/tmp/train.py"), py("LBFGS.step", std::string(kTorch) + "optim/lbfgs.py"),
+      py("main", "/tmp/train.py")};
+  CHECK(table.classify(subject(Phase::kSteps, true), lbfgs_backward) == Role::kGradient);
+  const std::vector<Frame> lbfgs_loss = {py("main.<locals>.closure", "/tmp/train.py"),
+                                         py("LBFGS.step", std::string(kTorch) + "optim/lbfgs.py"), py("main", "/tmp/train.py")};
+  CHECK(table.classify(subject(Phase::kSteps, true), lbfgs_loss) != Role::kOptimizerState);
+  // What the optimizer makes itself stays its state, in torch.optim's code or
+  // in the program's own optimizer class, and whatever calls the step.
+  const std::vector<Frame> lbfgs_state = {native("at::empty", "/usr/lib/libtorch_cpu.so"),
+                                          py("LBFGS.step", std::string(kTorch) + "optim/lbfgs.py"), py("main", "/tmp/train.py")};
+  CHECK(table.classify(subject(Phase::kSteps, true), lbfgs_state) == Role::kOptimizerState);
+  const std::vector<Frame> own_optimizer = {
+      py("MyOptimizer.step", "/tmp/train.py"),
+      py("Optimizer.profile_hook_step.<locals>.wrapper", std::string(kTorch) + "optim/optimizer.py"), py("main", "/tmp/train.py")};
+  CHECK(table.classify(subject(Phase::kSteps, true), own_optimizer) == Role::kOptimizerState);
+  CHECK(table.classify(subject(Phase::kSteps, true), inside({py("SGD._init_group", std::string(kTorch) + "optim/sgd.py")})) ==
+        Role::kOptimizerState);
+}
+
 TEST_CASE("roles: a user's rules come first, with phase, lifetime and kind", "[roles]") {
   RoleRule cache;
   cache.role = Role::kData;
