@@ -617,8 +617,18 @@ bool is_cuda_api(const std::string& function) {
 // Python source that belongs to the interpreter or an installed package
 // (the standard library, site-packages, dist-packages, frozen modules), not
 // to the program being traced.
+bool is_memledger_python_file(const std::string& file) {
+  for (const char* module : {"__init__.py", "__main__.py", "_autoload.py", "_command.py", "_retention.py", "keras.py",
+                             "lightning.py", "pytest_plugin.py", "_boot/sitecustomize.py"}) {
+    const std::string tail = std::string("/memledger/") + module;
+    if (file.size() >= tail.size() && file.compare(file.size() - tail.size(), tail.size(), tail) == 0) return true;
+  }
+  return false;
+}
+
 bool is_library_python_file(const std::string& file) {
   if (file.empty() || file.front() == '<') return true;
+  if (is_memledger_python_file(file)) return true;
   if (file.find("/site-packages/") != std::string::npos || file.find("/dist-packages/") != std::string::npos) {
     return true;
   }

@@ -442,8 +442,15 @@ std::string signal_name(int signo);
 size_t user_frame_index(const std::vector<Frame>& frames);
 
 // Python source of the interpreter or an installed package (the standard
-// library, site-packages, dist-packages, frozen modules), not the program's.
+// library, site-packages, dist-packages, frozen modules, memledger's own
+// package wherever it lies), not the program's.
 bool is_library_python_file(const std::string& file);
+
+// A file of memledger's own Python package (tools/python/memledger), as the
+// run put it on the program's path or as pip installed it: its step hooks
+// wrap the frameworks' calls (a DataLoader's __next__, Keras callbacks), so
+// its frames lie between the program's line and what the framework made.
+bool is_memledger_python_file(const std::string& file);
 
 std::string human_bytes(double bytes);
 

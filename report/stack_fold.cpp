@@ -38,6 +38,7 @@ bool system_module(const std::string& path) {
 std::string frame_library(const Frame& f) {
   if (f.python) {
     if (!is_library_python_file(f.file)) return {};
+    if (is_memledger_python_file(f.file)) return "memledger";
     const std::string package = installed_package(f.file);
     return package.empty() ? "the Python standard library" : package;
   }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "analysis.h"
+#include "stack_fold.h"
 #include "symbolizer.h"
 #include "trace_encoding.h"
 #include "trace_file.h"
@@ -247,4 +248,19 @@ TEST_CASE("a suspect is named by the program's own Python line, not a framework'
   std::vector<Frame> frozen = {python("_call_with_frames_removed", "<frozen importlib._bootstrap>", 241),
                                python("<module>", "/srv/job/main.py", 3)};
   CHECK(user_frame_index(frozen) == 1);
+  // memledger's own step hooks wrap a DataLoader's __next__: from the run's
+  // build tree or from site-packages, they are not the program's line and
+  // fold as memledger's.
+  for (const char* file : {"/src/memledger/build/tools/python/memledger/_autoload.py",
+                           "/venv/lib/python3.12/site-packages/memledger/_autoload.py"}) {
+    std::vector<Frame> hooked = {python("_BaseDataLoaderIter.__next__", "/venv/lib/python3.12/site-packages/torch/utils/data/dataloader.py", 725),
+                                 python("_hook_dataloader.<locals>.__next__", file, 66),
+                                 python("<module>", "/home/me/train.py", 22)};
+    CHECK(user_frame_index(hooked) == 2);
+    CHECK(frame_library(hooked[1]) == "memledger");
+  }
+  // A program of the user's own named like one of memledger's modules, in
+  // a folder of another name, is the program.
+  CHECK(!is_library_python_file("/home/me/project/keras.py"));
+  CHECK(!is_library_python_file("/home/me/memledger-runs/train.py"));
 }
