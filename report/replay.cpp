@@ -61,6 +61,7 @@ std::optional<uint64_t> Replay::drop_inherited(uint64_t key) {
   if (it == inherited_.end()) return std::nullopt;
   const uint64_t weight = it->second.weight;
   total_[fmt::kind_index(it->second.kind)] -= static_cast<int64_t>(weight);
+  running_total_ -= static_cast<int64_t>(weight);
   inherited_.erase(it);
   return weight;
 }
@@ -69,7 +70,10 @@ void Replay::inherit(const std::vector<InheritedBlock>& blocks) {
   inherited_.reserve(blocks.size());
   for (const InheritedBlock& b : blocks) {
     if (!inherited_.try_emplace(b.key, b).second) continue;
+    // Live in the child as in its parent: they count in its totals and its
+    // peak, as in its step ends.
     total_[fmt::kind_index(b.kind)] += static_cast<int64_t>(b.weight);
+    running_total_ += static_cast<int64_t>(b.weight);
     ++out_.inherited_blocks;
     out_.inherited_bytes += b.weight;
   }
