@@ -84,7 +84,12 @@ void Replay::note_own_work() {
     const TraceInfo& info = trace_.info[info_seen_];
     auto key = trace_.strings.find(info.key);
     auto value = trace_.strings.find(info.value);
-    if (key == trace_.strings.end() || key->second != kOwnWorkKey || value == trace_.strings.end()) continue;
+    if (key == trace_.strings.end() || value == trace_.strings.end()) continue;
+    if (key->second == kProgramEndKey) {
+      program_end_seq_ = std::min<uint64_t>(program_end_seq_, std::strtoull(value->second.c_str(), nullptr, 10));
+      continue;
+    }
+    if (key->second != kOwnWorkKey) continue;
     const std::string& v = value->second;
     const bool begin = v.rfind("begin ", 0) == 0;
     if (!begin && v.rfind("end ", 0) != 0) continue;
@@ -138,6 +143,7 @@ void Replay::observe(const TraceEvent* events, size_t count) {
         on_free(e);
         break;
       case EvType::kStep:
+        if (e.flags == static_cast<uint8_t>(fmt::StepSource::kInterval) && e.seq > program_end_seq_) break;  // teardown
         on_step(e);
         break;
     }

@@ -121,6 +121,13 @@ struct ReplayOutput {
 // trace's sequence numbers then), and the events between them count in the
 // live totals but never make the peak.
 inline constexpr const char* kOwnWorkKey = "memledger.own_work";
+// The moment a Python program's work ended: its helper's atexit callback,
+// called before the interpreter's teardown frees the modules' objects,
+// records the trace's sequence number then (value "SEQ"). The steps that
+// --step-interval ends after it are teardown, not steps: a list a module
+// kept growing step after step is freed there, in what would be the last
+// step, and its growth was judged to have ended.
+inline constexpr const char* kProgramEndKey = "memledger.program_end";
 struct OwnWork {
   uint64_t begin_seq = 0, end_seq = UINT64_MAX;  // events in [begin_seq, end_seq)
   uint64_t begin_ts = 0, end_ts = UINT64_MAX;    // the records' moments (samples)
@@ -215,6 +222,7 @@ class Replay {
   int64_t unsampled_peak_other_ = 0;  // its unsampled kinds' part
   std::vector<OwnWork> own_work_;
   size_t info_seen_ = 0;  // trace_.info read by note_own_work
+  uint64_t program_end_seq_ = UINT64_MAX;  // kProgramEndKey's
   size_t own_cursor_ = 0;  // the first of own_work_ not yet over (own_work_at)
 };
 

@@ -4,6 +4,7 @@
 import json
 import os
 import stat
+import sys
 
 import mltest
 
@@ -214,6 +215,28 @@ class RunCommand(mltest.TestCase):
         self.assertEqual({s["source"] for s in r["steps"]}, {"interval"})
         self.assertGreaterEqual(len(r["steps"]), 5)
         self.assertLessEqual(len(r["steps"]), 15)
+
+    def test_step_interval_ends_before_python_teardown(self):
+        # A list a module keeps growing is freed by the interpreter's
+        # teardown, after the program's work; the writer goes on ending
+        # steps there. Those are not steps: with them the last step fell to
+        # nothing and the growth was judged to have stopped.
+        script = os.path.join(self.tmpdir(), "grower.py")
+        with open(script, "w") as f:
+            # The teardown clears the module's names in order: `kept` first,
+            # then `slow`, whose __del__ keeps the teardown going for steps.
+            f.write("import time\nkept = []\nfor i in range(40):\n"
+                    "    kept.append(bytearray(65536))  # GROWS\n    time.sleep(0.02)\n"
+                    "class Slow:\n    def __del__(self):\n        time.sleep(0.3)\nslow = Slow()\n")
+        run_dir = os.path.join(self.tmpdir(), "run")
+        proc = self.traced(run_dir, [sys.executable, script], options=("--host", "full", "--step-interval", "0.05"))
+        self.assertExit(proc, 0)
+        r = self.load_report(run_dir)
+        self.assertEqual(r["step_source"], "interval")
+        suspects = [s for s in r["leak_suspects"] if "grower.py:4" in s["site"]]
+        self.assertEqual(len(suspects), 1, [s["site"] for s in r["leak_suspects"]])
+        # The last step still holds the list: at least 30 of its 40 blocks.
+        self.assertGreater(r["steps"][-1]["live"]["host"], 30 * 65536, r["steps"][-1])
 
     def test_no_steps(self):
         run_dir = os.path.join(self.tmpdir(), "run")

@@ -161,6 +161,20 @@ class _PostImportHooks:
         return spec
 
 
+PROGRAM_END_KEY = "memledger.program_end"
+
+
+def _note_program_end():
+    """At exit, before the interpreter's teardown frees what the modules
+    hold: the steps --step-interval ends after this are teardown."""
+    try:
+        seq = memledger.live().seq
+        if seq:
+            memledger._note(PROGRAM_END_KEY, "%d" % seq)
+    except Exception:
+        pass
+
+
 def _retention_at_exit():
     if os.environ.get("MEMLEDGER_RETENTION", "1") == "0" or not memledger.active() or memledger._snapshot_taken:
         return
@@ -259,6 +273,7 @@ def _install():
     if _loader_step is None or not memledger.active():
         return
     atexit.register(_retention_at_exit)
+    atexit.register(_note_program_end)  # atexit runs the last registered first
     if os.environ.get("MEMLEDGER_RETENTION", "1") != "0":
         defer = memledger._c_function("memledger_defer_sigterm", [ctypes.c_int], ctypes.c_int)
         if defer is not None:
