@@ -159,6 +159,9 @@ def main():
         configs = [("untraced", None, {}),
                    ("sampled", "sampled", {}),
                    ("sampled, no Python frames", "sampled", {"MEMLEDGER_PYTHON_FRAMES": "0"}),
+                   # The Python helper's walk for retention paths at exit
+                   # (memledger run --no-retention turns it off).
+                   ("sampled, no retention walk", "sampled", {"MEMLEDGER_RETENTION": "0"}),
                    ("full", "full", {}),
                    ("full, no Python frames", "full", {"MEMLEDGER_PYTHON_FRAMES": "0"})]
         memray_env = {"PYTHONPATH": args.memray_path} if args.memray_path else {}
