@@ -29,7 +29,7 @@ const char* const kRoleNames[kRoleCount] = {"parameter", "gradient",  "optimizer
 // Code an optimizer's step does not run itself but may call back: the
 // program's closure (optimizer.step(closure), as LBFGS needs and PyTorch
 // Lightning does for every optimizer), with its forward and backward.
-#define CLOSURE "py:*closure*", "file:*/lightning/*", "file:*/pytorch_lightning/*", "file:*/lightning_fabric/*", \
+#define CLOSURE "py:closure", "py:*.closure", "file:*/lightning/*", "file:*/pytorch_lightning/*", "file:*/lightning_fabric/*", \
                 "py:Module._call_impl", "py:Module.__call__", "file:*/torch/nn/functional.py", "py:Tensor.backward", \
                 "py:backward in */torch/autograd/*", "py:grad in */torch/autograd/*", "py:_engine_run_backward"
 #define BACKWARD "py:Tensor.backward", "file:*/torch/autograd/*", "native:torch::autograd::Engine::*", \
