@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <string_view>
 
 #include "auto_steps.h"
 #include "device_memory.h"
@@ -618,10 +619,14 @@ bool is_cuda_api(const std::string& function) {
 // (the standard library, site-packages, dist-packages, frozen modules), not
 // to the program being traced.
 bool is_memledger_python_file(const std::string& file) {
-  for (const char* module : {"__init__.py", "__main__.py", "_autoload.py", "_command.py", "_retention.py", "keras.py",
-                             "lightning.py", "pytest_plugin.py", "_boot/sitecustomize.py"}) {
-    const std::string tail = std::string("/memledger/") + module;
-    if (file.size() >= tail.size() && file.compare(file.size() - tail.size(), tail.size(), tail) == 0) return true;
+  // Called for every frame the report names: one search, no copies.
+  constexpr std::string_view kPackage = "/memledger/";
+  const size_t at = file.rfind(kPackage);
+  if (at == std::string::npos) return false;
+  const std::string_view module = std::string_view(file).substr(at + kPackage.size());
+  for (std::string_view own : {"__init__.py", "__main__.py", "_autoload.py", "_command.py", "_retention.py", "keras.py",
+                               "lightning.py", "pytest_plugin.py", "_boot/sitecustomize.py"}) {
+    if (module == own) return true;
   }
   return false;
 }

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -259,6 +260,17 @@ TEST_CASE("a suspect is named by the program's own Python line, not a framework'
     CHECK(user_frame_index(hooked) == 2);
     CHECK(frame_library(hooked[1]) == "memledger");
   }
+  // Every file of the package, as the run puts it on the program's path.
+  const std::filesystem::path package = std::filesystem::path(MEMLEDGER_SOURCE_DIR) / "tools/python/memledger";
+  size_t files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(package)) {
+    if (entry.path().extension() != ".py") continue;
+    ++files;
+    const std::string file = "/run/python/memledger/" + entry.path().lexically_relative(package).string();
+    INFO(file);
+    CHECK(is_memledger_python_file(file));
+  }
+  CHECK(files >= 9);
   // A program of the user's own named like one of memledger's modules, in
   // a folder of another name, is the program.
   CHECK(!is_library_python_file("/home/me/project/keras.py"));
