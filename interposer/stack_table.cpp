@@ -73,6 +73,10 @@ constexpr uint32_t kLongWalk = 32;
 // before it is made again (find_far_child).
 constexpr uint32_t kStale = 64;
 
+// The children an index of `capacity` slots takes: three quarters of them,
+// so that a probe always ends at an empty slot.
+inline uint32_t index_room(uint32_t capacity) { return capacity / 4 * 3; }
+
 inline size_t slot_of_key(uint64_t key, uint32_t capacity) {
   return static_cast<size_t>((key * 0x9e3779b97f4a7c15ull) >> 32) & (capacity - 1);
 }
@@ -148,7 +152,7 @@ uint32_t* StackTable::make_index(FanEntry& entry, uint32_t head) {
 // that are looked through one by one until the index is made again.
 void StackTable::index_child(uint32_t* index, uint32_t id, uint64_t key, uint32_t below) {
   const uint32_t capacity = index[0];
-  if (std::atomic_ref<uint32_t>(index[2]).fetch_add(1, std::memory_order_relaxed) + 1 > capacity / 4 * 3) return;
+  if (std::atomic_ref<uint32_t>(index[2]).fetch_add(1, std::memory_order_relaxed) + 1 > index_room(capacity)) return;
   uint32_t* slots = index + kIndexHead;
   for (size_t i = slot_of_key(key, capacity);; i = (i + 1) & (capacity - 1)) {
     uint32_t empty = 0;
@@ -202,7 +206,7 @@ uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id
   // at once), only once an eighth more children came, as the memory of the
   // indexes left behind stays within a few times the last one's.
   const uint32_t held = std::atomic_ref<uint32_t>(here[2]).load(std::memory_order_relaxed);
-  index = newer > kStale && (held >= capacity / 4 * 3 || newer > held / 8) ? make_index(*entry, head) : here;
+  index = newer > kStale && (held >= index_room(capacity) || newer > held / 8) ? make_index(*entry, head) : here;
   return 0;
 }
 
