@@ -79,7 +79,7 @@ void Replay::inherit(const std::vector<InheritedBlock>& blocks) {
   }
 }
 
-void Replay::note_own_work() {
+void Replay::note_info() {
   for (; info_seen_ < trace_.info.size(); ++info_seen_) {
     const TraceInfo& info = trace_.info[info_seen_];
     auto key = trace_.strings.find(info.key);
@@ -118,7 +118,7 @@ OwnWork* Replay::own_work_at(uint64_t seq) {
 }
 
 void Replay::observe(const TraceEvent* events, size_t count) {
-  note_own_work();
+  note_info();
   for (size_t i = 0; i < count; ++i) {
     const TraceEvent& e = events[i];
     while (!keep_.empty() && e.seq >= keep_.back().seq) {

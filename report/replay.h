@@ -170,8 +170,9 @@ class Replay {
   void host_live_from_samples();
   void exact_step_totals();
   void copy_live_set(const KeepLiveSet& keep) const;
-  // Reads the OwnWork records that arrived since the last call.
-  void note_own_work();
+  // Reads the info records that arrived since the last call: OwnWork's,
+  // and the program's end (kProgramEndKey).
+  void note_info();
   // The own work an event of `seq` falls in, or nullptr.
   OwnWork* own_work_at(uint64_t seq);
   // Takes an inherited block out of the live totals: its bytes, or nothing
@@ -221,7 +222,7 @@ class Replay {
   Peak unsampled_peak_;
   int64_t unsampled_peak_other_ = 0;  // its unsampled kinds' part
   std::vector<OwnWork> own_work_;
-  size_t info_seen_ = 0;  // trace_.info read by note_own_work
+  size_t info_seen_ = 0;  // trace_.info read by note_info
   uint64_t program_end_seq_ = UINT64_MAX;  // kProgramEndKey's
   size_t own_cursor_ = 0;  // the first of own_work_ not yet over (own_work_at)
 };
