@@ -200,7 +200,7 @@ class WholeJob(mltest.TestCase):
                           for i, leak in enumerate([0, 8192])) + " wait"
         proc = self.memledger("run", "-o", run_dir, "--host", "full", "--", "/bin/sh", "-c", script)
         self.assertExit(proc, 0)
-        lines = [l for l in proc.stderr.splitlines() if l.startswith("memledger: exit") or "; whole job: " in l]
+        lines = [l for l in proc.stderr.splitlines() if l.startswith("memledger: ") and " steps (" in l]
         self.assertEqual(len(lines), 1, proc.stderr)
         self.assertRegex(lines[0], r"; whole job: rank 1 \(pid \d+\) grows fastest: 8\.0 KiB/step in 1 suspect, "
                                    r"top site .*leak_steps\.cpp:\d+; 1 of 5 processes grows$")
