@@ -37,18 +37,29 @@ bool holds(const dl_phdr_info* info, uint64_t pc) {
 void describe(const dl_phdr_info* info, ObjectLookup* out) {
   out->hdr = nullptr;
   out->segment_begin = out->segment_end = 0;
+  out->relro_begin = out->relro_end = 0;
   const ElfW(Phdr)* eh = nullptr;
+  const ElfW(Phdr)* relro = nullptr;
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     if (info->dlpi_phdr[i].p_type == PT_GNU_EH_FRAME) eh = &info->dlpi_phdr[i];
+    if (info->dlpi_phdr[i].p_type == PT_GNU_RELRO) relro = &info->dlpi_phdr[i];
   }
   if (eh == nullptr) return;
   out->hdr = reinterpret_cast<const uint8_t*>(info->dlpi_addr + eh->p_vaddr);
   if (info->dlpi_name != nullptr && strstr(info->dlpi_name, "linux-vdso") != nullptr) return;
+  if (has_text_relocations(info)) return;
+  const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+  if (relro != nullptr) {
+    // The pages the loader protects: from the page holding the part's
+    // start to the last whole page in it (glibc's _dl_protect_relro).
+    out->relro_begin = (info->dlpi_addr + relro->p_vaddr) & ~(page - 1);
+    out->relro_end = (info->dlpi_addr + relro->p_vaddr + relro->p_memsz) & ~(page - 1);
+    if (out->relro_end <= out->relro_begin) out->relro_begin = out->relro_end = 0;
+  }
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     const ElfW(Phdr)& ph = info->dlpi_phdr[i];
     if (ph.p_type != PT_LOAD || eh->p_vaddr < ph.p_vaddr || eh->p_vaddr >= ph.p_vaddr + ph.p_filesz) continue;
-    if ((ph.p_flags & PF_W) == 0 && ph.p_memsz == ph.p_filesz && !has_text_relocations(info)) {
-      const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+    if ((ph.p_flags & PF_W) == 0 && ph.p_memsz == ph.p_filesz) {
       out->segment_begin = (info->dlpi_addr + ph.p_vaddr) & ~(page - 1);
       out->segment_end = (info->dlpi_addr + ph.p_vaddr + ph.p_filesz + page - 1) & ~(page - 1);
     }
@@ -124,7 +135,8 @@ void ObjectIndex::add(const dl_phdr_info* info) {
   ObjectLookup described{0};
   describe(info, &described);
   const uint32_t id = objects_++;
-  object_[id] = {described.hdr, described.segment_begin, described.segment_end};
+  object_[id] = {described.hdr, described.segment_begin, described.segment_end, described.relro_begin,
+                 described.relro_end};
   for (int i = 0; i < info->dlpi_phnum; ++i) {
     const ElfW(Phdr)& ph = info->dlpi_phdr[i];
     if (ph.p_type != PT_LOAD || ph.p_memsz == 0) continue;
@@ -151,6 +163,8 @@ void ObjectIndex::search(ObjectLookup* lookup) const {
   lookup->hdr = o.hdr;
   lookup->segment_begin = o.segment_begin;
   lookup->segment_end = o.segment_end;
+  lookup->relro_begin = o.relro_begin;
+  lookup->relro_end = o.relro_end;
 }
 
 void ObjectIndex::find(ObjectLookup* lookup) {

@@ -27,11 +27,17 @@ namespace memledger::interposer {
 // object holds `pc`, or the one that does has none), and the page-aligned
 // read-only segment holding it, when its pages may be handed back to the
 // kernel (both 0 when not: the vDSO, a writable segment, text relocations).
+// Then the pages of the object's RELRO part (PT_GNU_RELRO: written by the
+// loader as it relocates, then made read-only), where some linkers put
+// .eh_frame (NVIDIA's libnvrtc): those the loader did not write to may be
+// handed back one by one (0 when not: the vDSO, text relocations).
 struct ObjectLookup {
   uint64_t pc;
   const uint8_t* hdr = nullptr;
   uintptr_t segment_begin = 0;
   uintptr_t segment_end = 0;
+  uintptr_t relro_begin = 0;
+  uintptr_t relro_end = 0;
 };
 
 // The reference: a scan of the loaded objects, up to the one holding
@@ -60,6 +66,8 @@ class ObjectIndex {
     const uint8_t* hdr;
     uintptr_t segment_begin;
     uintptr_t segment_end;
+    uintptr_t relro_begin;
+    uintptr_t relro_end;
   };
   struct Range {
     uint64_t begin;

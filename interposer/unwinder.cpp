@@ -1,10 +1,14 @@
 #include "unwinder.h"
 
+#include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <fcntl.h>
 #include <link.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define UNW_LOCAL_ONLY
@@ -323,13 +327,52 @@ bool parse_cie(const uint8_t* at, Cie& cie) {
   return cie.instructions <= cie.end;
 }
 
+// Hands back the pages of [low, high) (a private file mapping, read-only
+// now) that are still the file's, by `pagemap` (/proc/self/pagemap: a
+// word a page, bit 63 present, 62 swapped, 61 a page of the file): a run
+// of pages neither written to (present and not the file's) nor swapped
+// goes in one madvise. Returns the bytes of those runs.
+size_t hand_back_clean(int pagemap, uintptr_t low, uintptr_t high) {
+  constexpr uint64_t kPresent = uint64_t{1} << 63, kSwapped = uint64_t{1} << 62, kFilePage = uint64_t{1} << 61;
+  constexpr size_t kBatch = 128;
+  const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+  size_t bytes = 0;
+  uintptr_t run = 0;  // the start of the run of clean pages, 0: none
+  const auto end_run = [&](uintptr_t at) {
+    if (run != 0 && madvise(reinterpret_cast<void*>(run), at - run, MADV_DONTNEED) == 0) bytes += at - run;
+    run = 0;
+  };
+  uintptr_t at = low;
+  while (at < high) {
+    uint64_t entries[kBatch];
+    const size_t want = std::min<size_t>(kBatch, (high - at) / page);
+    const long got = syscall(SYS_pread64, pagemap, entries, want * sizeof(uint64_t), at / page * sizeof(uint64_t));
+    if (got <= 0 || got % sizeof(uint64_t) != 0) break;
+    for (size_t i = 0; i < static_cast<size_t>(got) / sizeof(uint64_t); ++i, at += page) {
+      const uint64_t e = entries[i];
+      const bool clean = (e & kPresent) ? (e & kFilePage) != 0 : (e & kSwapped) == 0;
+      if (!clean) {
+        end_run(at);
+      } else if (run == 0) {
+        run = at;
+      }
+    }
+  }
+  end_run(at);  // the range's end, or the first page pagemap did not answer for
+  return bytes;
+}
+
 // The pages of the unwind tables a rule was worked out from are handed back
 // to the kernel (madvise MADV_DONTNEED) every kEvery rules. They are clean
-// pages of a read-only file mapping, so what reads them next (a rule worked
-// out, the program's own exception unwinding) faults them in again from the
-// page cache: the tracer's resident memory does not grow by the tables it
-// has read, tens of megabytes in libraries such as libtorch. Each pending
-// range lies in one segment, between the lowest and highest page read.
+// pages of a file mapping, so what reads them next (a rule worked out, the
+// program's own exception unwinding) faults them in again from the page
+// cache: the tracer's resident memory does not grow by the tables it has
+// read, tens of megabytes in libraries such as libtorch. Each pending range
+// lies in one area, between the lowest and highest page read: a read-only
+// segment, whose pages are all clean, or a RELRO part (ObjectLookup), whose
+// pages are handed back only where /proc/self/pagemap says they are still
+// the file's (hand_back_clean()): dropping one the loader wrote to would
+// undo its relocations.
 class ReadPages {
  public:
   // What is pending now; the bytes of the ranges handed back.
@@ -343,28 +386,44 @@ class ReadPages {
     return release(flushed, count);
   }
 
-  void note(const ObjectLookup& object, uintptr_t low, uintptr_t high) {
-    if (object.segment_begin == 0 || low < object.segment_begin || high >= object.segment_end) return;
+  // A rule was read from the bytes [low, high] of each of `parts` (the
+  // search table's entry; the CIE and the FDE).
+  void note(const ObjectLookup& object, const uintptr_t (&parts)[2][2]) {
     const uintptr_t page = static_cast<uintptr_t>(getpagesize());
-    low &= ~(page - 1);
-    high = (high & ~(page - 1)) + page;
     Range flushed[kRanges];
     int count = 0;
     {
       SpinGuard guard(lock_);
-      Range* range = nullptr;
-      for (int i = 0; i < count_; ++i) {
-        if (ranges_[i].segment_begin == object.segment_begin) range = &ranges_[i];
-      }
-      if (range == nullptr && count_ < kRanges) {
-        range = &ranges_[count_++];
-        *range = {object.segment_begin, low, high};
-      }
-      if (range != nullptr) {
+      bool room = true;
+      for (const auto& part : parts) {
+        uintptr_t area = 0;
+        bool checked = false;
+        if (object.segment_begin != 0 && part[0] >= object.segment_begin && part[1] < object.segment_end) {
+          area = object.segment_begin;
+        } else if (object.relro_begin != 0 && part[0] >= object.relro_begin && part[1] < object.relro_end) {
+          area = object.relro_begin;
+          checked = true;
+        } else {
+          continue;
+        }
+        const uintptr_t low = part[0] & ~(page - 1);
+        const uintptr_t high = (part[1] & ~(page - 1)) + page;
+        Range* range = nullptr;
+        for (int i = 0; i < count_; ++i) {
+          if (ranges_[i].area == area) range = &ranges_[i];
+        }
+        if (range == nullptr && count_ < kRanges) {
+          range = &ranges_[count_++];
+          *range = {area, low, high, checked};
+        }
+        if (range == nullptr) {
+          room = false;
+          continue;
+        }
         range->low = low < range->low ? low : range->low;
         range->high = high > range->high ? high : range->high;
       }
-      if (range == nullptr || ++rules_ >= kEvery) count = take(flushed);
+      if (!room || ++rules_ >= kEvery) count = take(flushed);
     }
     release(flushed, count);
   }
@@ -373,7 +432,8 @@ class ReadPages {
   static constexpr int kRanges = 8;
   static constexpr int kEvery = 256;
   struct Range {
-    uintptr_t segment_begin, low, high;
+    uintptr_t area, low, high;
+    bool checked;  // a RELRO part's: clean pages only
   };
   // Moves the pending ranges to `out` (lock_ held); their count.
   int take(Range* out) {
@@ -385,12 +445,26 @@ class ReadPages {
   }
   // Hands the ranges back (no lock held: madvise may take a while).
   static size_t release(const Range* ranges, int count) {
+    if (count == 0) return 0;
+    const int saved_errno = errno;
     size_t bytes = 0;
+    int pagemap = -2;  // not opened yet
     for (int i = 0; i < count; ++i) {
-      if (madvise(reinterpret_cast<void*>(ranges[i].low), ranges[i].high - ranges[i].low, MADV_DONTNEED) == 0) {
-        bytes += ranges[i].high - ranges[i].low;
+      const Range& r = ranges[i];
+      if (!r.checked) {
+        if (madvise(reinterpret_cast<void*>(r.low), r.high - r.low, MADV_DONTNEED) == 0) bytes += r.high - r.low;
+        continue;
       }
+      // Opened for this hand-back only: a program that closes every
+      // descriptor it did not open would otherwise close it, and a file
+      // opened after would take its number. By the system calls: open,
+      // pread and close are where a thread may be cancelled, and this runs
+      // inside an allocation.
+      if (pagemap == -2) pagemap = static_cast<int>(syscall(SYS_openat, AT_FDCWD, "/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
+      if (pagemap >= 0) bytes += hand_back_clean(pagemap, r.low, r.high);
     }
+    if (pagemap >= 0) syscall(SYS_close, pagemap);
+    errno = saved_errno;
     return bytes;
   }
   SpinLock lock_;
@@ -455,10 +529,11 @@ Rule compute_rule(uint64_t pc) {
     // Everything this rule was read from: the search table's entry, the CIE, the FDE.
     const auto* entry = reinterpret_cast<const uint8_t*>(table + 2 * lo);
     const uint8_t* cie_at = id_at - cie_offset;
-    const uint8_t* low = entry < cie_at ? entry : cie_at;
     const uint8_t* high = fde_end > cie.end ? fde_end : cie.end;
-    g_read_pages.note(lookup, reinterpret_cast<uintptr_t>(low < fde ? low : fde),
-                      reinterpret_cast<uintptr_t>(high) - 1);
+    const uintptr_t parts[2][2] = {
+        {reinterpret_cast<uintptr_t>(entry), reinterpret_cast<uintptr_t>(entry + 8) - 1},
+        {reinterpret_cast<uintptr_t>(cie_at < fde ? cie_at : fde), reinterpret_cast<uintptr_t>(high) - 1}};
+    g_read_pages.note(lookup, parts);
   }
 
   if (s.ret.where == Where::kUndefined || s.rbp.where == Where::kUndefined) {

@@ -774,3 +774,87 @@ TEST_CASE("the object index under look-ups from several threads while another lo
   CHECK(index->counts().built >= 2);
   CHECK(index->counts().from_index > 0);
 }
+
+namespace {
+
+int relro_capture(void* arg) { return capture_here(*static_cast<Capture*>(arg)); }
+
+// Whether the page at `at` is present and not the file's (one the loader
+// wrote to), by /proc/self/pagemap; false when that cannot be read.
+bool written_page(uintptr_t at) {
+  const int fd = open("/proc/self/pagemap", O_RDONLY);
+  if (fd < 0) return false;
+  const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+  uint64_t entry = 0;
+  const bool read = pread(fd, &entry, sizeof entry, static_cast<off_t>(at / page * sizeof entry)) == sizeof entry;
+  close(fd);
+  return read && (entry >> 63 & 1) != 0 && (entry >> 61 & 1) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("unwind tables in a RELRO part: pages the loader did not write to are handed back, the others stay",
+          "[unwind]") {
+  using Function = int (*)(int (*)(void*), void*);
+  void* handle = dlopen(UNWIND_RELRO, RTLD_NOW | RTLD_LOCAL);
+  REQUIRE(handle != nullptr);
+  const auto* functions = static_cast<const void* const*>(dlsym(handle, "relro_functions"));
+  const auto* count = static_cast<const int*>(dlsym(handle, "relro_function_count"));
+  REQUIRE(functions != nullptr);
+  REQUIRE(count != nullptr);
+  REQUIRE(*count == 2048);
+  // What the loader relocated: each entry is its function's address.
+  const auto relocated = [&] {
+    for (int i = 0; i < *count; ++i) {
+      char name[32];
+      snprintf(name, sizeof name, "relro_function_%o", 01000 + i);
+      if (functions[i] != dlsym(handle, name)) return false;
+    }
+    return true;
+  };
+  REQUIRE(relocated());
+
+  ObjectLookup lookup{reinterpret_cast<uint64_t>(functions[0])};
+  memledger::interposer::find_object_by_scan(&lookup);
+  REQUIRE(lookup.hdr != nullptr);
+  REQUIRE(lookup.relro_end > lookup.relro_begin);
+  const uintptr_t table = reinterpret_cast<uintptr_t>(functions);
+  CHECK((table >= lookup.relro_begin && table < lookup.relro_end));
+
+  memledger::interposer::unwinder_hand_back_read_pages();  // what earlier cases left pending
+  const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+  for (uintptr_t p = lookup.relro_begin; p < lookup.relro_end; p += page) {
+    (void)*reinterpret_cast<const volatile char*>(p);
+  }
+  const long all = static_cast<long>((lookup.relro_end - lookup.relro_begin) / page);
+  const long before = present_pages(lookup.relro_begin, lookup.relro_end);
+  if (before < 0) {
+    WARN("/proc/self/pagemap cannot be read here: not checked");
+    dlclose(handle);
+    return;
+  }
+  REQUIRE(before == all);
+  REQUIRE(written_page(table));
+
+  // Rules worked out again, from FDEs spread over the whole .eh_frame: the
+  // stacks are libunwind's, and the pages read are handed back.
+  memledger::interposer::unwinder_modules_unloaded();
+  for (int i = 0; i < *count; i += 16) {
+    Capture c;
+    reinterpret_cast<Function>(const_cast<void*>(functions[i]))(relro_capture, &c);
+    INFO("function " << i);
+    check_same(c);
+  }
+  CHECK(memledger::interposer::unwinder_hand_back_read_pages() > 0);
+  CHECK(present_pages(lookup.relro_begin, lookup.relro_end) < all);
+  // The pages the loader wrote to were kept: its relocations are still there.
+  CHECK(written_page(table));
+  CHECK(relocated());
+
+  // What reads the tables next finds them again.
+  memledger::interposer::unwinder_modules_unloaded();
+  Capture again;
+  reinterpret_cast<Function>(const_cast<void*>(functions[*count - 1]))(relro_capture, &again);
+  check_same(again);
+  dlclose(handle);
+}
