@@ -238,9 +238,10 @@ bool PythonFrames::init() {
     return p == MAP_FAILED ? nullptr : p;
   };
   slots_ = static_cast<Slot*>(reserve(sizeof(Slot) * kSlots));
+  names_ = static_cast<CodeNames*>(reserve(sizeof(CodeNames) * (kMaxCodes + 1)));
   offsets_ = static_cast<std::atomic<uint64_t>*>(reserve(sizeof(std::atomic<uint64_t>) * (kMaxCodes + 1)));
   arena_ = static_cast<uint8_t*>(reserve(kArenaBytes));
-  return slots_ != nullptr && offsets_ != nullptr && arena_ != nullptr;
+  return slots_ != nullptr && names_ != nullptr && offsets_ != nullptr && arena_ != nullptr;
 }
 
 void PythonFrames::set_unsupported(const char* version, const char* module, const char* why) {
@@ -507,14 +508,14 @@ PythonFrames::CodeNames PythonFrames::names_of(const uint8_t* code) {
 // address reused by another code object gets an entry of its own.
 uint32_t PythonFrames::intern(const uint8_t* code, const CodeNames& names) {
   const uint64_t key = reinterpret_cast<uint64_t>(code);
-  uint32_t index = static_cast<uint32_t>(hash_code(code)) & (kSlots - 1);
+  uint32_t index = slot_of(key);
   for (uint32_t probe = 0; probe < kSlots; ++probe, index = (index + 1) & (kSlots - 1)) {
     Slot& slot = slots_[index];
     uint64_t seen = slot.code.load(std::memory_order_acquire);
     if (seen == 0) {
       if (slot.code.compare_exchange_strong(seen, key, std::memory_order_acq_rel)) {
-        slot.names = names;
         const uint32_t id = publish(names);
+        if (id != 0) names_[id] = names;
         slot.id.store(id == 0 ? UINT32_MAX : id, std::memory_order_release);
         return id;
       }
@@ -532,7 +533,7 @@ uint32_t PythonFrames::intern(const uint8_t* code, const CodeNames& names) {
       continue;
     }
     if (id == UINT32_MAX) continue;
-    if (slot.names == names) return id;
+    if (names_[id] == names) return id;
   }
   return 0;
 }

@@ -3,11 +3,13 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <unistd.h>
 #include <vector>
 
 #include "analysis.h"
+#include "python_frames.h"
 #include "stack_fold.h"
 #include "symbolizer.h"
 #include "trace_encoding.h"
@@ -275,4 +277,25 @@ TEST_CASE("a suspect is named by the program's own Python line, not a framework'
   // a folder of another name, is the program.
   CHECK(!is_library_python_file("/home/me/project/keras.py"));
   CHECK(!is_library_python_file("/home/me/memledger-runs/train.py"));
+}
+
+TEST_CASE("code objects near each other in memory share the pages of the interned table", "[python]") {
+  using memledger::interposer::PythonFrames;
+  constexpr uint64_t kSlotsPerPage = 4096 / 16;
+  // 256 code objects 256 bytes apart in one 64 KiB stretch of the heap:
+  // each its own slot, all on one page of the table.
+  const uint64_t stretch = 0x7f3a12340000ull;
+  std::set<uint32_t> slots, pages;
+  for (uint64_t i = 0; i < 256; ++i) {
+    const uint32_t slot = PythonFrames::slot_of(stretch + i * 256 + 48);
+    CHECK(slot < PythonFrames::kSlots);
+    slots.insert(slot);
+    pages.insert(static_cast<uint32_t>(slot / kSlotsPerPage));
+  }
+  CHECK(slots.size() == 256);
+  CHECK(pages.size() == 1);
+  // Stretches far apart go to pages spread over the table.
+  pages.clear();
+  for (uint64_t i = 0; i < 1000; ++i) pages.insert(PythonFrames::slot_of(stretch + i * 37 * 65536) / kSlotsPerPage);
+  CHECK(pages.size() > 800);
 }
