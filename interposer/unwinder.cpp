@@ -327,13 +327,35 @@ bool parse_cie(const uint8_t* at, Cie& cie) {
   return cie.instructions <= cie.end;
 }
 
+constexpr uint64_t kPagePresent = uint64_t{1} << 63, kPageSwapped = uint64_t{1} << 62,
+                   kPageOfFile = uint64_t{1} << 61;
+
+// `pagemap`'s word for the page holding `at`, 0 when it cannot be read.
+uint64_t page_word(int pagemap, uintptr_t at) {
+  const uintptr_t page = static_cast<uintptr_t>(getpagesize());
+  uint64_t word = 0;
+  if (syscall(SYS_pread64, pagemap, &word, sizeof word, at / page * sizeof word) != sizeof word) return 0;
+  return word;
+}
+
+// Whether `pagemap` tells a page the program wrote to from a page of a file,
+// as Linux's does: a page of this thread's stack (written, private) and one
+// of this function's code (the file's) must read so. An emulated /proc that
+// answers zeros would otherwise make every page look clean.
+__attribute__((noinline)) bool pagemap_tells_written_pages(int pagemap) {
+  volatile uint64_t on_stack = 1;
+  const uint64_t stack = page_word(pagemap, reinterpret_cast<uintptr_t>(&on_stack));
+  const uint64_t code = page_word(pagemap, reinterpret_cast<uintptr_t>(&pagemap_tells_written_pages));
+  constexpr uint64_t kKind = kPagePresent | kPageOfFile;
+  return (stack & kKind) == kPagePresent && (code & kKind) == kKind;
+}
+
 // Hands back the pages of [low, high) (a private file mapping, read-only
 // now) that are still the file's, by `pagemap` (/proc/self/pagemap: a
 // word a page, bit 63 present, 62 swapped, 61 a page of the file): a run
 // of pages neither written to (present and not the file's) nor swapped
 // goes in one madvise. Returns the bytes of those runs.
 size_t hand_back_clean(int pagemap, uintptr_t low, uintptr_t high) {
-  constexpr uint64_t kPresent = uint64_t{1} << 63, kSwapped = uint64_t{1} << 62, kFilePage = uint64_t{1} << 61;
   constexpr size_t kBatch = 128;
   const uintptr_t page = static_cast<uintptr_t>(getpagesize());
   size_t bytes = 0;
@@ -350,7 +372,7 @@ size_t hand_back_clean(int pagemap, uintptr_t low, uintptr_t high) {
     if (got <= 0 || got % sizeof(uint64_t) != 0) break;
     for (size_t i = 0; i < static_cast<size_t>(got) / sizeof(uint64_t); ++i, at += page) {
       const uint64_t e = entries[i];
-      const bool clean = (e & kPresent) ? (e & kFilePage) != 0 : (e & kSwapped) == 0;
+      const bool clean = (e & kPagePresent) ? (e & kPageOfFile) != 0 : (e & kPageSwapped) == 0;
       if (!clean) {
         end_run(at);
       } else if (run == 0) {
@@ -460,7 +482,13 @@ class ReadPages {
       // opened after would take its number. By the system calls: open,
       // pread and close are where a thread may be cancelled, and this runs
       // inside an allocation.
-      if (pagemap == -2) pagemap = static_cast<int>(syscall(SYS_openat, AT_FDCWD, "/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
+      if (pagemap == -2) {
+        pagemap = static_cast<int>(syscall(SYS_openat, AT_FDCWD, "/proc/self/pagemap", O_RDONLY | O_CLOEXEC));
+        if (pagemap >= 0 && !pagemap_tells_written_pages(pagemap)) {
+          syscall(SYS_close, pagemap);
+          pagemap = -1;
+        }
+      }
       if (pagemap >= 0) bytes += hand_back_clean(pagemap, r.low, r.high);
     }
     if (pagemap >= 0) syscall(SYS_close, pagemap);
