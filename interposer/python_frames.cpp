@@ -144,11 +144,6 @@ inline bool plausible(const uint8_t* p) {
   return v >= 4096 && v < (uintptr_t{1} << 47) && (v & 7) == 0;
 }
 
-uint64_t hash_code(const uint8_t* code) {
-  uint64_t h = reinterpret_cast<uintptr_t>(code) * 0x9e3779b97f4a7c15ull;
-  return h ^ (h >> 29);
-}
-
 using DlsymFn = void* (*)(void*, const char*);
 
 void* find_symbol(void* handle, const char* name) {
