@@ -426,6 +426,7 @@ def find(budget_s=BUDGET_S):
     start = time.monotonic()
     gc_was_enabled = gc.isenabled()
     gc.disable()  # no collection (and no finalizer) while walking
+    walk = None
     try:
         walk = _Walk(start + budget_s)
         found, parents = walk.owners()
@@ -540,6 +541,12 @@ def find(budget_s=BUDGET_S):
                 "budget_s": budget_s, "skipped": walk.skipped, "owners": owners, "paths": table,
                 "objects": len(walk.objects)}
     finally:
+        if walk is not None:
+            # The walk's lists (every tracked object, their sorted addresses:
+            # megabytes) go now: a reference cycle through the walk would
+            # keep them until the program's next collection, counted as the
+            # program's.
+            walk.__dict__.clear()
         if gc_was_enabled:
             gc.enable()
 
