@@ -32,6 +32,18 @@ JAX = os.path.join(clients.CLIENTS_DIR, "retention_jax_client.py")
 SIGTERM = os.path.join(clients.CLIENTS_DIR, "retention_sigterm_client.py")
 
 
+# A program of 300,000 tracked objects, which the walk at exit or at a
+# snapshot lists and sorts.
+MANY_OBJECTS = textwrap.dedent("""
+    import memledger
+
+    class Node:
+        pass
+
+    kept = [Node() for _ in range(300_000)]
+""")
+
+
 def leak_line(mode, script=SCRIPT):
     """The client's line marked `# LEAK_SITE(mode)`."""
     with open(script) as f:
@@ -144,13 +156,7 @@ class Retention(clients.ClientTestCase):
         # integers, the addresses took 17.3 MiB.
         script = os.path.join(self.tmpdir(), "many_objects.py")
         with open(script, "w") as f:
-            f.write(textwrap.dedent("""
-                import memledger
-
-                class Node:
-                    pass
-
-                kept = [Node() for _ in range(300_000)]
+            f.write(MANY_OBJECTS + textwrap.dedent("""
                 for step in range(5):
                     buffer = bytearray(2 << 20)
                     del buffer
@@ -186,13 +192,9 @@ class Retention(clients.ClientTestCase):
         # exit and the end.
         script = os.path.join(self.tmpdir(), "after_walk.py")
         with open(script, "w") as f:
-            f.write(textwrap.dedent("""
-                import json, memledger
+            f.write(MANY_OBJECTS + textwrap.dedent("""
+                import json
 
-                class Node:
-                    pass
-
-                kept = [Node() for _ in range(300_000)]
                 memledger.snapshot()  # the first one imports what the walk needs
                 before = memledger.live().live["host"]
                 memledger.snapshot()
