@@ -610,23 +610,31 @@ int find_tables(dl_phdr_info* info, size_t, void* data) {
   return 1;  // the program is the first object
 }
 
-// Pages of [begin, end) mapped in this process now (/proc/self/pagemap,
-// bit 63), or -1 when that cannot be read.
-long present_pages(uintptr_t begin, uintptr_t end) {
+// /proc/self/pagemap's word for each page of [begin, end), or nothing when
+// it cannot be read.
+std::vector<uint64_t> page_words(uintptr_t begin, uintptr_t end) {
   const int fd = open("/proc/self/pagemap", O_RDONLY);
-  if (fd < 0) return -1;
+  if (fd < 0) return {};
   const uintptr_t page = static_cast<uintptr_t>(getpagesize());
-  long present = 0;
+  std::vector<uint64_t> words;
   for (uintptr_t p = begin; p < end; p += page) {
-    uint64_t entry = 0;
-    if (pread(fd, &entry, sizeof entry, static_cast<off_t>(p / page * sizeof entry)) != sizeof entry) {
-      present = -1;
+    uint64_t word = 0;
+    if (pread(fd, &word, sizeof word, static_cast<off_t>(p / page * sizeof word)) != sizeof word) {
+      words.clear();
       break;
     }
-    present += static_cast<long>(entry >> 63);
+    words.push_back(word);
   }
   close(fd);
-  return present;
+  return words;
+}
+
+// Pages of [begin, end) mapped in this process now (bit 63), or -1 when
+// pagemap cannot be read.
+long present_pages(uintptr_t begin, uintptr_t end) {
+  const std::vector<uint64_t> words = page_words(begin, end);
+  if (words.empty()) return -1;
+  return std::count_if(words.begin(), words.end(), [](uint64_t word) { return (word >> 63) != 0; });
 }
 
 }  // namespace
@@ -777,18 +785,11 @@ TEST_CASE("the object index under look-ups from several threads while another lo
 
 namespace {
 
-int relro_capture(void* arg) { return capture_here(*static_cast<Capture*>(arg)); }
-
 // Whether the page at `at` is present and not the file's (one the loader
-// wrote to), by /proc/self/pagemap; false when that cannot be read.
+// wrote to), by pagemap; false when that cannot be read.
 bool written_page(uintptr_t at) {
-  const int fd = open("/proc/self/pagemap", O_RDONLY);
-  if (fd < 0) return false;
-  const uintptr_t page = static_cast<uintptr_t>(getpagesize());
-  uint64_t entry = 0;
-  const bool read = pread(fd, &entry, sizeof entry, static_cast<off_t>(at / page * sizeof entry)) == sizeof entry;
-  close(fd);
-  return read && (entry >> 63 & 1) != 0 && (entry >> 61 & 1) == 0;
+  const std::vector<uint64_t> words = page_words(at, at + 1);
+  return !words.empty() && (words[0] >> 63 & 1) != 0 && (words[0] >> 61 & 1) == 0;
 }
 
 }  // namespace
@@ -841,7 +842,7 @@ TEST_CASE("unwind tables in a RELRO part: pages the loader did not write to are 
   memledger::interposer::unwinder_modules_unloaded();
   for (int i = 0; i < *count; i += 16) {
     Capture c;
-    reinterpret_cast<Function>(const_cast<void*>(functions[i]))(relro_capture, &c);
+    reinterpret_cast<Function>(const_cast<void*>(functions[i]))(leaf_capture, &c);
     INFO("function " << i);
     check_same(c);
   }
@@ -854,7 +855,7 @@ TEST_CASE("unwind tables in a RELRO part: pages the loader did not write to are 
   // What reads the tables next finds them again.
   memledger::interposer::unwinder_modules_unloaded();
   Capture again;
-  reinterpret_cast<Function>(const_cast<void*>(functions[*count - 1]))(relro_capture, &again);
+  reinterpret_cast<Function>(const_cast<void*>(functions[*count - 1]))(leaf_capture, &again);
   check_same(again);
   dlclose(handle);
 }
