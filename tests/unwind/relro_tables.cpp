@@ -1,7 +1,7 @@
 // A library whose .eh_frame lies in its RELRO part, as in NVIDIA's
 // libnvrtc: the build marks the section writable (objcopy), so the linker
 // puts it in the writable segment, which the loader relocates and then
-// makes read-only. 2048 functions give it some 20 pages of unwind tables,
+// makes read-only. 2048 functions give it some 12 pages of unwind tables,
 // and a table of their addresses after it (in .data.rel.ro) pages the
 // loader wrote to.
 using Callback = int (*)(void*);
