@@ -55,18 +55,51 @@ uint64_t pack(const Rule& r, uint32_t generation) {
          static_cast<uint64_t>(static_cast<uint32_t>(r.cfa_offset)) << 32;
 }
 
-// The rules, shared by every thread: open addressing on the address, slots
-// claimed once and never freed. A full neighbourhood leaves the address
+// The rules, shared by every thread, one word a slot: open addressing on a
+// hash of the address, a slot claimed once (a compare-and-swap from 0) and
+// changed after only to a newer generation's rule for the same address. A
+// full neighbourhood, or a rule too wide for a slot, leaves the address
 // uncached (its rule is worked out at each walk): correct, only slower.
-struct Slot {
-  std::atomic<uint64_t> pc;
-  std::atomic<uint64_t> rule;
-};
-constexpr size_t kSlots = size_t{1} << 17;  // 2 MiB, touched as used
-constexpr int kProbes = 16;
-Slot g_slots[kSlots];
+//
+// The hash is a bijection of the address's 47 bits (a multiplication by an
+// odd number modulo 2^47), whose top kSlotBits bits are the address's home
+// slot: a slot keeps the hash's other bits and how far past the home slot it
+// lies, which with the slot's place give the address back. A slot:
+//   bits 0..4    its distance from the home slot (below kProbes)
+//   bits 5..33   the hash's low kTagBits bits
+//   bits 34..63  the rule, narrowed (narrow_rule)
+// An `import torch` (PyTorch 2.15) asks for the rules of 196,000 return
+// addresses; with two slots of 16 bytes for each (address, rule) in the same
+// 2 MiB, a fifth of them found their neighbourhood full and were worked out
+// again at each walk that reached them, 970,000 times in all (BENCHMARKS.md).
+constexpr uint32_t kAddressBits = 47;  // user-space addresses on x86-64; others are not cached
+constexpr uint32_t kSlotBits = 18;
+constexpr uint32_t kTagBits = kAddressBits - kSlotBits;
+constexpr size_t kSlots = size_t{1} << kSlotBits;  // 2 MiB, touched as used
+constexpr uint32_t kProbes = 32;
+constexpr uint32_t kDistanceBits = 5;
+constexpr uint32_t kRuleShift = kDistanceBits + kTagBits;
+static_assert(kProbes <= (1u << kDistanceBits) && kRuleShift == 34);
+constexpr uint64_t kSlotKeyMask = (uint64_t{1} << kRuleShift) - 1;
+std::atomic<uint64_t> g_slots[kSlots];
 
-inline size_t slot_of(uint64_t pc) { return static_cast<size_t>((pc * 0x9e3779b97f4a7c15ull) >> 47) & (kSlots - 1); }
+// pack()'s rule in the 30 bits of a slot: bits 0..4 as they are, the
+// generation (bits 5..12), the saved rbp's offset in 8-byte words (bits
+// 13..17, signed) and the CFA's offset in 8-byte words (bits 18..29). Where
+// a call is made the stack is 16-byte aligned, so a compiler's CFA offsets
+// at return addresses are multiples of 16 and its rbp is saved in a word.
+// widen_rule(narrow_rule(r)) == r where the rule fits.
+inline uint64_t narrow_rule(uint64_t r) {
+  const auto rbp_words = static_cast<uint64_t>(static_cast<int16_t>(r >> 16) >> 3) & 0x1f;
+  const auto cfa_words = static_cast<uint64_t>(static_cast<uint32_t>(r >> 32) >> 3) & 0xfff;
+  return (r & 0x1f) | ((r >> 8) & 0xff) << 5 | rbp_words << 13 | cfa_words << 18;
+}
+inline uint64_t widen_rule(uint64_t n) {
+  const auto rbp_offset = static_cast<int16_t>(static_cast<int16_t>(static_cast<int16_t>((n >> 13) & 0x1f) << 11) >> 8);
+  const auto cfa_offset = static_cast<uint32_t>((n >> 18) & 0xfff) << 3;
+  return (n & 0x1f) | ((n >> 5) & 0xff) << 8 | static_cast<uint64_t>(static_cast<uint16_t>(rbp_offset)) << 16 |
+         static_cast<uint64_t>(cfa_offset) << 32;
+}
 
 // --- Reading .eh_frame (DWARF 5 section 6.4, LSB "Exception Frames") -----
 
@@ -610,27 +643,41 @@ class LoaderUse {
 // when it must be worked out and the loader section is refused.
 inline uint64_t rule_of(uint64_t pc, LoaderUse& loader) {
   const uint32_t generation = g_generation.load(std::memory_order_relaxed) & 0xff;
-  size_t i = slot_of(pc);
-  for (int probe = 0; probe < kProbes; ++probe, i = (i + 1) & (kSlots - 1)) {
-    Slot& slot = g_slots[i];
-    uint64_t seen = slot.pc.load(std::memory_order_acquire);
-    if (seen == pc) {
-      const uint64_t rule = slot.rule.load(std::memory_order_acquire);
-      if (rule != 0 && ((rule >> 8) & 0xff) == generation) return rule;
-      if (!loader.enter()) return 0;
-      const uint64_t fresh = pack(compute_rule(pc), generation);
-      slot.rule.store(fresh, std::memory_order_release);
+  if (__builtin_expect(pc >> kAddressBits != 0, 0)) return loader.enter() ? pack(compute_rule(pc), generation) : 0;
+  const uint64_t hash = (pc * 0x9e3779b97f4a7c15ull) & ((uint64_t{1} << kAddressBits) - 1);
+  const size_t home = static_cast<size_t>(hash >> kTagBits);
+  const uint64_t tag = (hash & ((uint64_t{1} << kTagBits) - 1)) << kDistanceBits;
+  for (uint32_t distance = 0; distance < kProbes; ++distance) {
+    std::atomic<uint64_t>& slot = g_slots[(home + distance) & (kSlots - 1)];
+    const uint64_t key = tag | distance;
+    uint64_t seen = slot.load(std::memory_order_acquire);
+    if (seen != 0 && (seen & kSlotKeyMask) != key) continue;
+    if (seen != 0) {
+      const uint64_t rule = widen_rule(seen >> kRuleShift);
+      if (((rule >> 8) & 0xff) == generation) return rule;
+    }
+    if (!loader.enter()) return 0;
+    const uint64_t fresh = pack(compute_rule(pc), generation);
+    const uint64_t narrow = narrow_rule(fresh);
+    if (widen_rule(narrow) != fresh) return fresh;  // too wide for a slot
+    if (seen != 0) {
+      slot.store(key | narrow << kRuleShift, std::memory_order_release);  // an older generation's
       return fresh;
     }
-    if (seen == 0) {
-      if (!loader.enter()) return 0;
-      const uint64_t fresh = pack(compute_rule(pc), generation);
-      if (slot.pc.compare_exchange_strong(seen, pc, std::memory_order_acq_rel)) {
-        slot.rule.store(fresh, std::memory_order_release);
+    if (slot.compare_exchange_strong(seen, key | narrow << kRuleShift, std::memory_order_acq_rel)) return fresh;
+    // Another thread took the slot: for this address (then it holds the
+    // same rule), or for another (then look on past it, this rule in hand).
+    if ((seen & kSlotKeyMask) == key) return fresh;
+    for (++distance; distance < kProbes; ++distance) {
+      std::atomic<uint64_t>& next = g_slots[(home + distance) & (kSlots - 1)];
+      uint64_t there = next.load(std::memory_order_acquire);
+      if (there == 0 &&
+          next.compare_exchange_strong(there, (tag | distance) | narrow << kRuleShift, std::memory_order_acq_rel)) {
         return fresh;
       }
-      if (seen == pc) return fresh;  // another thread took it for the same address
+      if ((there & kSlotKeyMask) == (tag | distance)) return fresh;
     }
+    return fresh;
   }
   if (!loader.enter()) return 0;
   return pack(compute_rule(pc), generation);

@@ -585,6 +585,62 @@ TEST_CASE("a walk takes a loader section only to work a rule out", "[unwind]") {
   }
 }
 
+extern "C" {
+int many_call_sites(int site, int (*f)(void*), void* arg);  // many_sites.S
+int large_frame(int (*f)(void*), void* arg);
+extern const int many_call_site_count;
+}
+
+TEST_CASE("the rule table keeps the rules of 160,000 return addresses", "[unwind]") {
+  // A walk from each call site of many_call_sites works out the rule of its
+  // return address; walked again, every rule is in the table and no walk
+  // takes a loader section. (Two slots of 16 bytes an address, in the same
+  // 2 MiB, held 131,072 at most.)
+  const int sites = many_call_site_count;
+  REQUIRE(sites > 150000);
+  g_refuse = false;
+  LoaderCapture c{&kCountingLoader, {}};
+  for (int round = 0; round < 2; ++round) {
+    g_entered = g_left = 0;
+    int walked = 0;
+    for (int site = 0; site < sites; ++site) {
+      many_call_sites(site, loader_leaf, &c);
+      if (c.frames.size() > 3) ++walked;
+    }
+    INFO("round " << round);
+    CHECK(walked == sites);
+    CHECK(g_entered == g_left);
+    if (round == 0) {
+      CHECK(g_entered >= sites);
+    } else {
+      // Those whose neighbourhood of the table was full, if any.
+      CHECK(g_entered <= sites / 200);
+    }
+  }
+  // The stacks are libunwind's, from the first site, the last and some between.
+  for (int site : {0, 1, sites / 3, sites / 2 + 7, sites - 1}) {
+    Capture check;
+    many_call_sites(site, leaf_capture, &check);
+    INFO("site " << site);
+    check_same(check);
+  }
+}
+
+TEST_CASE("a rule too wide for the rule table is worked out at each walk, and gives libunwind's stack", "[unwind]") {
+  // large_frame's CFA is 40,016 bytes above its stack pointer.
+  for (int walk = 0; walk < 3; ++walk) {
+    Capture check;
+    large_frame(leaf_capture, &check);
+    INFO("walk " << walk);
+    check_same(check);
+    g_entered = g_left = 0;
+    LoaderCapture c{&kCountingLoader, {}};
+    large_frame(loader_leaf, &c);
+    CHECK(c.frames.size() > 3);
+    CHECK(g_entered == 1);
+  }
+}
+
 namespace {
 
 // The read-only segment of this program that holds its .eh_frame_hdr, page-aligned.
