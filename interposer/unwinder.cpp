@@ -639,48 +639,51 @@ class LoaderUse {
   State state_ = kNone;
 };
 
-// The rule for return address `pc`, from the table or worked out now; 0
-// when it must be worked out and the loader section is refused.
-inline uint64_t rule_of(uint64_t pc, LoaderUse& loader) {
-  const uint32_t generation = g_generation.load(std::memory_order_relaxed) & 0xff;
-  if (__builtin_expect(pc >> kAddressBits != 0, 0)) return loader.enter() ? pack(compute_rule(pc), generation) : 0;
-  const uint64_t hash = (pc * 0x9e3779b97f4a7c15ull) & ((uint64_t{1} << kAddressBits) - 1);
-  const size_t home = static_cast<size_t>(hash >> kTagBits);
-  const uint64_t tag = (hash & ((uint64_t{1} << kTagBits) - 1)) << kDistanceBits;
+// rule_of()'s slow part: works the rule for `pc` out and keeps it in its
+// slot (`hash` from there on: the home slot, `tag` the slot's key at distance 0).
+__attribute__((noinline)) uint64_t learn_rule(uint64_t pc, LoaderUse& loader, uint32_t generation, size_t home,
+                                              uint64_t tag) {
+  if (!loader.enter()) return 0;
+  const uint64_t fresh = pack(compute_rule(pc), generation);
+  const uint64_t narrow = narrow_rule(fresh);
+  if (pc >> kAddressBits != 0 || widen_rule(narrow) != fresh) return fresh;  // not for the table
   for (uint32_t distance = 0; distance < kProbes; ++distance) {
     std::atomic<uint64_t>& slot = g_slots[(home + distance) & (kSlots - 1)];
     const uint64_t key = tag | distance;
     uint64_t seen = slot.load(std::memory_order_acquire);
-    if (seen != 0 && (seen & kSlotKeyMask) != key) continue;
-    if (seen != 0) {
-      const uint64_t rule = widen_rule(seen >> kRuleShift);
-      if (((rule >> 8) & 0xff) == generation) return rule;
-    }
-    if (!loader.enter()) return 0;
-    const uint64_t fresh = pack(compute_rule(pc), generation);
-    const uint64_t narrow = narrow_rule(fresh);
-    if (widen_rule(narrow) != fresh) return fresh;  // too wide for a slot
-    if (seen != 0) {
-      slot.store(key | narrow << kRuleShift, std::memory_order_release);  // an older generation's
+    if (seen == 0 && slot.compare_exchange_strong(seen, key | narrow << kRuleShift, std::memory_order_acq_rel)) {
       return fresh;
     }
-    if (slot.compare_exchange_strong(seen, key | narrow << kRuleShift, std::memory_order_acq_rel)) return fresh;
-    // Another thread took the slot: for this address (then it holds the
-    // same rule), or for another (then look on past it, this rule in hand).
-    if ((seen & kSlotKeyMask) == key) return fresh;
-    for (++distance; distance < kProbes; ++distance) {
-      std::atomic<uint64_t>& next = g_slots[(home + distance) & (kSlots - 1)];
-      uint64_t there = next.load(std::memory_order_acquire);
-      if (there == 0 &&
-          next.compare_exchange_strong(there, (tag | distance) | narrow << kRuleShift, std::memory_order_acq_rel)) {
-        return fresh;
-      }
-      if ((there & kSlotKeyMask) == (tag | distance)) return fresh;
+    // Taken: by this address (an older generation's rule, or another
+    // thread's of this one), or by another address (look on).
+    if ((seen & kSlotKeyMask) == key) {
+      slot.store(key | narrow << kRuleShift, std::memory_order_release);
+      return fresh;
     }
-    return fresh;
   }
-  if (!loader.enter()) return 0;
-  return pack(compute_rule(pc), generation);
+  return fresh;  // a full neighbourhood
+}
+
+// The rule for return address `pc`, from the table or worked out now; 0
+// when it must be worked out and the loader section is refused.
+inline uint64_t rule_of(uint64_t pc, LoaderUse& loader) {
+  const uint32_t generation = g_generation.load(std::memory_order_relaxed) & 0xff;
+  const uint64_t hash = (pc * 0x9e3779b97f4a7c15ull) & ((uint64_t{1} << kAddressBits) - 1);
+  const size_t home = static_cast<size_t>(hash >> kTagBits);
+  const uint64_t tag = (hash & ((uint64_t{1} << kTagBits) - 1)) << kDistanceBits;
+  if (__builtin_expect(pc >> kAddressBits == 0, 1)) {
+    for (uint32_t distance = 0; distance < kProbes; ++distance) {
+      const uint64_t seen = g_slots[(home + distance) & (kSlots - 1)].load(std::memory_order_acquire);
+      // A slot's rule has its bit 0 set: an empty slot is never a match.
+      constexpr uint64_t kStored = uint64_t{1} << kRuleShift;
+      if ((seen & (kSlotKeyMask | kStored)) == (tag | distance | kStored)) {
+        if (((seen >> (kRuleShift + 5)) & 0xff) == generation) return widen_rule(seen >> kRuleShift);
+        break;
+      }
+      if (seen == 0) break;
+    }
+  }
+  return learn_rule(pc, loader, generation, home, tag);
 }
 
 enum class Mode : uint8_t { kFast, kLibunwind, kCheck };
