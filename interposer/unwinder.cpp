@@ -56,10 +56,13 @@ uint64_t pack(const Rule& r, uint32_t generation) {
 }
 
 // The rules, shared by every thread, one word a slot: open addressing on a
-// hash of the address, a slot claimed once (a compare-and-swap from 0) and
-// changed after only to a newer generation's rule for the same address. A
-// full neighbourhood, or a rule too wide for a slot, leaves the address
-// uncached (its rule is worked out at each walk): correct, only slower.
+// hash of the address, a slot claimed by a compare-and-swap from 0 and never
+// emptied again (a look-up ends at the first empty slot). A new rule whose
+// neighbourhood is full takes the place of one of its rules, chosen in turn:
+// the table is a cache, and the rules of addresses walked again (a training
+// loop's) are learnt again and stay, where those met once (most of an
+// import's) give way. A rule too wide for a slot is not kept (it is worked
+// out at each walk): correct, only slower.
 //
 // The hash is a bijection of the address's 47 bits (a multiplication by an
 // odd number modulo 2^47), whose top kSlotBits bits are the address's home
@@ -82,6 +85,9 @@ constexpr uint32_t kRuleShift = kDistanceBits + kTagBits;
 static_assert(kProbes <= (1u << kDistanceBits) && kRuleShift == 34);
 constexpr uint64_t kSlotKeyMask = (uint64_t{1} << kRuleShift) - 1;
 std::atomic<uint64_t> g_slots[kSlots];
+// Rules that took another's place (learn_rule): which of a full
+// neighbourhood's slots the next one takes.
+std::atomic<uint32_t> g_replaced{0};
 
 // pack()'s rule in the 30 bits of a slot: bits 0..4 as they are, the
 // generation (bits 5..12), the saved rbp's offset in 8-byte words (bits
@@ -661,7 +667,12 @@ __attribute__((noinline)) uint64_t learn_rule(uint64_t pc, LoaderUse& loader, ui
       return fresh;
     }
   }
-  return fresh;  // a full neighbourhood
+  // A full neighbourhood: the rule takes the place of one of its rules.
+  // (Two threads that learn one address at once may each keep it: either
+  // copy holds its rule.)
+  const uint32_t distance = g_replaced.fetch_add(1, std::memory_order_relaxed) % kProbes;
+  g_slots[(home + distance) & (kSlots - 1)].store((tag | distance) | narrow << kRuleShift, std::memory_order_release);
+  return fresh;
 }
 
 // The rule for return address `pc`, from the table or worked out now; 0

@@ -1,10 +1,10 @@
 // Return addresses by the hundred thousand, for the unwinder's rule table:
 // many_call_sites(site, f, arg) calls f(arg) from call site `site` of
-// MANY_CALL_SITES, all in one function whose CFA is rbp-based (each return
-// address needs a rule of its own, and all have the same). large_frame(f,
-// arg) calls f(arg) from a frame of 40,016 bytes, a CFA offset wider than
-// the rule table keeps.
-#define MANY_CALL_SITES 163840
+// MANY_CALL_SITES (1.25 times the table's slots), all in one function whose
+// CFA is rbp-based (each return address needs a rule of its own, and all
+// have the same). large_frame(f, arg) calls f(arg) from a frame of 40,016
+// bytes, a CFA offset wider than the rule table keeps.
+#define MANY_CALL_SITES 327680
 
         .text
         .globl  many_call_sites
