@@ -68,9 +68,9 @@ uint64_t pack(const Rule& r, uint32_t generation) {
 // odd number modulo 2^47), whose top kSlotBits bits are the address's home
 // slot: a slot keeps the hash's other bits and how far past the home slot it
 // lies, which with the slot's place give the address back. A slot:
-//   bits 0..4    its distance from the home slot (below kProbes)
-//   bits 5..33   the hash's low kTagBits bits
-//   bits 34..63  the rule, narrowed (narrow_rule)
+//   bits 0..29   the rule, narrowed (narrow_rule; its bit 0 is set)
+//   bits 30..34  its distance from the home slot (below kProbes)
+//   bits 35..63  the hash's low kTagBits bits
 // An `import torch` (PyTorch 2.15) asks for the rules of 196,000 return
 // addresses; with two slots of 16 bytes for each (address, rule) in the same
 // 2 MiB, a fifth of them found their neighbourhood full and were worked out
@@ -80,21 +80,28 @@ constexpr uint32_t kSlotBits = 18;
 constexpr uint32_t kTagBits = kAddressBits - kSlotBits;
 constexpr size_t kSlots = size_t{1} << kSlotBits;  // 2 MiB, touched as used
 constexpr uint32_t kProbes = 32;
+constexpr uint32_t kRuleBits = 30;
 constexpr uint32_t kDistanceBits = 5;
-constexpr uint32_t kRuleShift = kDistanceBits + kTagBits;
-static_assert(kProbes <= (1u << kDistanceBits) && kRuleShift == 34);
-constexpr uint64_t kSlotKeyMask = (uint64_t{1} << kRuleShift) - 1;
+static_assert(kProbes <= (1u << kDistanceBits) && kRuleBits + kDistanceBits + kTagBits == 64);
+constexpr uint64_t kRuleMask = (uint64_t{1} << kRuleBits) - 1;
+// A slot's key (tag, distance) and the rule's bit 0, set in every used slot.
+constexpr uint64_t kSlotKeyMask = ~kRuleMask | 1;
+// A slot's key from the address's hash and the slot's distance from home.
+inline uint64_t slot_key(uint64_t hash, uint32_t distance) {
+  return hash << (64 - kTagBits) | uint64_t{distance} << kRuleBits | 1;
+}
 std::atomic<uint64_t> g_slots[kSlots];
 // Rules that took another's place (learn_rule): which of a full
 // neighbourhood's slots the next one takes.
 std::atomic<uint32_t> g_replaced{0};
 
-// pack()'s rule in the 30 bits of a slot: bits 0..4 as they are, the
+// pack()'s rule in the 30 bits of a slot: bits 0..4 as they are (bit 0 set), the
 // generation (bits 5..12), the saved rbp's offset in 8-byte words (bits
 // 13..17, signed) and the CFA's offset in 8-byte words (bits 18..29). Where
 // a call is made the stack is 16-byte aligned, so a compiler's CFA offsets
 // at return addresses are multiples of 16 and its rbp is saved in a word.
-// widen_rule(narrow_rule(r)) == r where the rule fits.
+// widen_rule(narrow_rule(r)) == r where the rule fits; widen_rule reads
+// bits 0..29 alone, so it takes a slot as it is.
 inline uint64_t narrow_rule(uint64_t r) {
   const auto rbp_words = static_cast<uint64_t>(static_cast<int16_t>(r >> 16) >> 3) & 0x1f;
   const auto cfa_words = static_cast<uint64_t>(static_cast<uint32_t>(r >> 32) >> 3) & 0xfff;
@@ -646,24 +653,24 @@ class LoaderUse {
 };
 
 // rule_of()'s slow part: works the rule for `pc` out and keeps it in its
-// slot (`hash` from there on: the home slot, `tag` the slot's key at distance 0).
-__attribute__((noinline)) uint64_t learn_rule(uint64_t pc, LoaderUse& loader, uint32_t generation, size_t home,
-                                              uint64_t tag) {
+// slot (`hash`: the address's, as rule_of made it).
+__attribute__((noinline)) uint64_t learn_rule(uint64_t pc, LoaderUse& loader, uint32_t generation, uint64_t hash) {
   if (!loader.enter()) return 0;
   const uint64_t fresh = pack(compute_rule(pc), generation);
   const uint64_t narrow = narrow_rule(fresh);
   if (pc >> kAddressBits != 0 || widen_rule(narrow) != fresh) return fresh;  // not for the table
+  const size_t home = static_cast<size_t>(hash >> kTagBits);
   for (uint32_t distance = 0; distance < kProbes; ++distance) {
     std::atomic<uint64_t>& slot = g_slots[(home + distance) & (kSlots - 1)];
-    const uint64_t key = tag | distance;
+    const uint64_t key = slot_key(hash, distance);
     uint64_t seen = slot.load(std::memory_order_acquire);
-    if (seen == 0 && slot.compare_exchange_strong(seen, key | narrow << kRuleShift, std::memory_order_acq_rel)) {
+    if (seen == 0 && slot.compare_exchange_strong(seen, (key & ~kRuleMask) | narrow, std::memory_order_acq_rel)) {
       return fresh;
     }
     // Taken: by this address (an older generation's rule, or another
     // thread's of this one), or by another address (look on).
     if ((seen & kSlotKeyMask) == key) {
-      slot.store(key | narrow << kRuleShift, std::memory_order_release);
+      slot.store((key & ~kRuleMask) | narrow, std::memory_order_release);
       return fresh;
     }
   }
@@ -671,7 +678,8 @@ __attribute__((noinline)) uint64_t learn_rule(uint64_t pc, LoaderUse& loader, ui
   // (Two threads that learn one address at once may each keep it: either
   // copy holds its rule.)
   const uint32_t distance = g_replaced.fetch_add(1, std::memory_order_relaxed) % kProbes;
-  g_slots[(home + distance) & (kSlots - 1)].store((tag | distance) | narrow << kRuleShift, std::memory_order_release);
+  g_slots[(home + distance) & (kSlots - 1)].store((slot_key(hash, distance) & ~kRuleMask) | narrow,
+                                                  std::memory_order_release);
   return fresh;
 }
 
@@ -680,21 +688,20 @@ __attribute__((noinline)) uint64_t learn_rule(uint64_t pc, LoaderUse& loader, ui
 inline uint64_t rule_of(uint64_t pc, LoaderUse& loader) {
   const uint32_t generation = g_generation.load(std::memory_order_relaxed) & 0xff;
   const uint64_t hash = (pc * 0x9e3779b97f4a7c15ull) & ((uint64_t{1} << kAddressBits) - 1);
-  const size_t home = static_cast<size_t>(hash >> kTagBits);
-  const uint64_t tag = (hash & ((uint64_t{1} << kTagBits) - 1)) << kDistanceBits;
   if (__builtin_expect(pc >> kAddressBits == 0, 1)) {
-    for (uint32_t distance = 0; distance < kProbes; ++distance) {
+    const size_t home = static_cast<size_t>(hash >> kTagBits);
+    uint64_t key = slot_key(hash, 0);
+    for (uint32_t distance = 0; distance < kProbes; ++distance, key += uint64_t{1} << kRuleBits) {
       const uint64_t seen = g_slots[(home + distance) & (kSlots - 1)].load(std::memory_order_acquire);
-      // A slot's rule has its bit 0 set: an empty slot is never a match.
-      constexpr uint64_t kStored = uint64_t{1} << kRuleShift;
-      if ((seen & (kSlotKeyMask | kStored)) == (tag | distance | kStored)) {
-        if (((seen >> (kRuleShift + 5)) & 0xff) == generation) return widen_rule(seen >> kRuleShift);
+      // The key holds the rule's bit 0: an empty slot is never a match.
+      if (((seen ^ key) & kSlotKeyMask) == 0) {
+        if (((seen >> 5) & 0xff) == generation) return widen_rule(seen);
         break;
       }
       if (seen == 0) break;
     }
   }
-  return learn_rule(pc, loader, generation, home, tag);
+  return learn_rule(pc, loader, generation, hash);
 }
 
 enum class Mode : uint8_t { kFast, kLibunwind, kCheck };
