@@ -30,12 +30,15 @@ import unittest
 from mltest import MEMLEDGER, TestCase, clean_env
 
 # Keeps 8 MiB blocks, written so that every page is resident, until killed.
+# 8 MiB every 20 ms: several of the writer's samples (every 100 ms) fall
+# while it grows, where at full speed it reached a 200 MiB limit between two.
 GROW = textwrap.dedent("""
-    import sys
+    import time
     print("READY", flush=True)
     kept = []
     while True:
         kept.append(b"x" * (8 << 20))
+        time.sleep(0.02)
 """)
 
 # A working set of 256 MiB, touched page by page for 8 s: with a 64 MiB
@@ -244,9 +247,13 @@ class OomKiller(TestCase):
         rss = re.search(r"last RSS ([\d.]+) MiB", summary)
         self.assertIsNotNone(rss, summary)
         # The last sample (every 100 ms) comes before the final allocations:
-        # on a loaded machine it can lag well behind the kill.
+        # on a loaded machine it can lag well behind the kill. It may also
+        # come while the kernel reclaims at the limit, before it kills: RSS
+        # then holds the whole heap and the pages of mapped files (the
+        # interpreter, the libraries), which the cgroup's limit does not
+        # count where another cgroup read them first.
         self.assertGreater(float(rss.group(1)), 20, summary)
-        self.assertLessEqual(float(rss.group(1)), 200, summary)
+        self.assertLessEqual(float(rss.group(1)), 200 + 32, summary)
         pid = report["pid"]
         with open(os.path.join(run_dir, "run.json")) as f:
             kernel = json.load(f)["kernel"]
