@@ -87,6 +87,7 @@ void Replay::note_info() {
     if (key == trace_.strings.end() || value == trace_.strings.end()) continue;
     if (key->second == kProgramEndKey) {
       program_end_seq_ = std::min<uint64_t>(program_end_seq_, std::strtoull(value->second.c_str(), nullptr, 10));
+      program_end_ts_ = std::min<uint64_t>(program_end_ts_, info.ts);
       continue;
     }
     if (key->second != kOwnWorkKey) continue;
@@ -387,6 +388,7 @@ void Replay::apply_samples() {
     }
   }
   if (!sampled_) return;
+  note_info();
   host_live_from_samples();
   // The peak: the samples' (below), a step end above it (exact_step_totals),
   // or a moment of an allocation that is never sampled above both.
@@ -411,6 +413,10 @@ void Replay::apply_samples() {
       continue;
     }
     before_own_work = live;
+    // After a Python program's end (memledger.program_end: its own atexit
+    // handlers have run) come memledger's walk, what the walk's module
+    // keeps, and the interpreter's teardown: none of it the program's peak.
+    if (s.ts > program_end_ts_) continue;
     if (live > peak.bytes) {
       peak.bytes = live;
       out_.peak_unsampled = live - s.host_live;

@@ -224,6 +224,7 @@ class Replay {
   std::vector<OwnWork> own_work_;
   size_t info_seen_ = 0;  // trace_.info read by note_info
   uint64_t program_end_seq_ = UINT64_MAX;  // kProgramEndKey's
+  uint64_t program_end_ts_ = UINT64_MAX;   // the time of its record
   size_t own_cursor_ = 0;  // the first of own_work_ not yet over (own_work_at)
 };
 

@@ -221,6 +221,36 @@ TEST_CASE("replay: samples give held host bytes and RSS at step ends", "[replay]
   CHECK(sampled.peak.step == 3);
 }
 
+TEST_CASE("replay: in sampled mode no sample after a Python program's end makes the peak", "[replay]") {
+  // The program ends at 4000 (memledger.program_end); a sample after it
+  // holds what memledger's walk left (its module) on top of the program's.
+  Trace trace;
+  trace.strings[1] = kProgramEndKey;
+  trace.strings[2] = "3";
+  trace.info.push_back(TraceInfo{4000, 1, 2});
+  TraceSample during;
+  during.ts = 2500;
+  during.host_live = 1000;
+  TraceSample after = during;
+  after.ts = 5000;
+  after.host_live = 1200;
+  trace.samples = {during, after};
+  EventBuilder b;
+  b.alloc(0x1000, 1000, 1, 0, static_cast<uint8_t>(fmt::kAllocSampled));  // ts 1000
+  b.step();                                                               // ts 2000
+  b.step();                                                               // ts 3000
+  ReplayOutput out = replay(trace, b.events, true);
+  CHECK(out.peak.bytes == 1000);
+  CHECK(out.peak.ts_ns == 2500);
+  CHECK(out.peak.step == 2);
+  SECTION("without the mark, the last sample is the peak") {
+    trace.info.clear();
+    ReplayOutput unmarked = replay(trace, b.events, true);
+    CHECK(unmarked.peak.bytes == 1200);
+    CHECK(unmarked.peak.ts_ns == 5000);
+  }
+}
+
 TEST_CASE("replay: sampled host live at each step end, between samples and before the teardown", "[replay]") {
   // Ten steps, each keeping 1000 bytes, with two samples among them (the
   // writer samples every 100 ms, inferred steps come far more often), then
