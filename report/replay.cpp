@@ -236,6 +236,9 @@ void Replay::on_alloc(const TraceEvent& e) {
       return;  // memledger's own memory never makes the peak
     }
   }
+  // After a Python program's end come memledger's walk, what the walk's
+  // module keeps and the interpreter's teardown: not the program's peak.
+  if (e.seq > program_end_seq_) return;
   if (sampled_ && e.kind != static_cast<uint8_t>(fmt::Kind::kHost)) {
     const int64_t live = running_total_ + (totals_offset_ != kNoOffset ? totals_offset_ : 0);
     if (live > unsampled_peak_.bytes) {
@@ -415,7 +418,8 @@ void Replay::apply_samples() {
     before_own_work = live;
     // After a Python program's end (memledger.program_end: its own atexit
     // handlers have run) come memledger's walk, what the walk's module
-    // keeps, and the interpreter's teardown: none of it the program's peak.
+    // keeps, and the interpreter's teardown: none of it the program's peak
+    // (the events' replay stops there too).
     if (s.ts > program_end_ts_) continue;
     if (live > peak.bytes) {
       peak.bytes = live;

@@ -184,6 +184,33 @@ class Retention(clients.ClientTestCase):
                             for row in process["steps"])
             self.assertLess(peak["bytes"], step_ends + (3 << 20), (mode, peak, step_ends))
 
+    def test_a_program_that_grows_to_its_end_peaks_in_its_last_step(self):
+        # What follows the program's end (memledger's walk at exit, the
+        # module it imports, the interpreter's teardown) is not its peak: a
+        # program whose memory is highest at its end peaks in its last step.
+        script = os.path.join(self.tmpdir(), "grow_to_end.py")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent("""
+                import memledger
+                kept = []
+                for step in range(5):
+                    kept.append(bytearray(1 << 20))
+                    memledger.step()
+                print("DONE")
+            """))
+        for mode in ("full", "sampled"):
+            run_dir = os.path.join(self.tmpdir(), mode)
+            proc = self.memledger("run", "-q", "-o", run_dir, "--host", mode, "--", "/usr/bin/python3", script,
+                                  env=mltest.clean_env(), timeout=240)
+            self.assertExit(proc, 0)
+            process = self.load_report(run_dir)["processes"][0]
+            self.assertEqual(process["stats"]["retention"]["when"], "exit", mode)
+            peak = process["peak"]
+            self.assertEqual(peak["phase"], "in step 5", (mode, peak))
+            last = process["steps"][-1]
+            live = sum(last["live"].values()) if isinstance(last["live"], dict) else last["live"]
+            self.assertLess(peak["bytes"], live + (1 << 20), (mode, peak, live))
+
     def test_the_walk_leaves_nothing_behind(self):
         # The walk's lists (every tracked object, their sorted addresses)
         # must go when it ends: left to a reference cycle, 300,000 objects'

@@ -221,6 +221,26 @@ TEST_CASE("replay: samples give held host bytes and RSS at step ends", "[replay]
   CHECK(sampled.peak.step == 3);
 }
 
+TEST_CASE("replay: no allocation after a Python program's end makes the peak", "[replay]") {
+  Trace trace;
+  trace.strings[1] = kProgramEndKey;
+  trace.strings[2] = "2";
+  trace.info.push_back(TraceInfo{2500, 1, 2});
+  EventBuilder b;
+  b.alloc(0x1000, 1000, 1);  // seq 1
+  b.step();                  // seq 2: the program ends here
+  b.alloc(0x2000, 200, 2);   // seq 3: the walk's module, kept
+  ReplayOutput out = replay(trace, b.events);
+  CHECK(out.peak.bytes == 1000);
+  CHECK(out.peak.step == 1);
+  CHECK(out.live.size() == 2);  // still live at the end, as it is
+  SECTION("without the mark, it does") {
+    trace.info.clear();
+    ReplayOutput unmarked = replay(trace, b.events);
+    CHECK(unmarked.peak.bytes == 1200);
+  }
+}
+
 TEST_CASE("replay: in sampled mode no sample after a Python program's end makes the peak", "[replay]") {
   // The program ends at 4000 (memledger.program_end); a sample after it
   // holds what memledger's walk left (its module) on top of the program's.
