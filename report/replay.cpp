@@ -518,7 +518,9 @@ void Replay::exact_step_totals() {
     }
     before = &*it;
     const int64_t live = total_live(st);
-    if (live > peak.bytes) {
+    // The peak is the first moment it was reached: the writer's sample at a
+    // step's end (taken just after its marker) holds the same total.
+    if (live > peak.bytes || (live == peak.bytes && st.end_ns < peak.ts_ns)) {
       peak.bytes = live;
       out_.peak_unsampled = live - st.live[0];
       peak.ts_ns = st.end_ns;

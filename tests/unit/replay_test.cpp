@@ -271,6 +271,27 @@ TEST_CASE("replay: in sampled mode no sample after a Python program's end makes 
   }
 }
 
+TEST_CASE("replay: in sampled mode a step end and the writer's sample just after it are one peak, the step's",
+          "[replay]") {
+  // The writer samples at each marked step end, just after the marker: the
+  // same exact total, a moment later, in the next phase.
+  Trace trace;
+  EventBuilder b;
+  b.alloc(0x1000, 1000, 1, 0, static_cast<uint8_t>(fmt::kAllocSampled));  // seq 1, ts 1000
+  b.step();                                                               // seq 2, ts 2000
+  trace.host_totals.push_back(TraceHostTotals{2, 1500, 1, 0});
+  TraceSample at_end;
+  at_end.ts = 2001;
+  at_end.host_live = 1500;
+  trace.samples = {at_end};
+  ReplayOutput out = replay(trace, b.events, true);
+  REQUIRE(out.steps.size() == 1);
+  CHECK(out.steps[0].live[0] == 1500);
+  CHECK(out.peak.bytes == 1500);
+  CHECK(out.peak.ts_ns == 2000);
+  CHECK(out.peak.step == 1);
+}
+
 TEST_CASE("replay: sampled host live at each step end, between samples and before the teardown", "[replay]") {
   // Ten steps, each keeping 1000 bytes, with two samples among them (the
   // writer samples every 100 ms, inferred steps come far more often), then
