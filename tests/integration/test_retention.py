@@ -149,6 +149,18 @@ class Retention(clients.ClientTestCase):
                          "list `history` (40 items), global in __main__ (retention_client.py)")
         self.assertNotIn("fakes", json.dumps(suspect["kept_by"]))
 
+    def walked_at_exit(self, script):
+        """`script` run in full and in sampled mode, each with the walk at
+        exit: (mode, the report's process) for each."""
+        for mode in ("full", "sampled"):
+            run_dir = os.path.join(self.tmpdir(), mode)
+            proc = self.memledger("run", "-q", "-o", run_dir, "--host", mode, "--", "/usr/bin/python3", script,
+                                  env=mltest.clean_env(), timeout=240)
+            self.assertExit(proc, 0)
+            process = self.load_report(run_dir)["processes"][0]
+            self.assertEqual(process["stats"]["retention"]["when"], "exit", mode)
+            yield mode, process
+
     def test_the_walk_is_not_the_programs_peak(self):
         # 300,000 tracked objects: the walk's list of them and their sorted
         # addresses take about 8 MiB at exit, after the program's own peak
@@ -163,13 +175,7 @@ class Retention(clients.ClientTestCase):
                     memledger.step()
                 print("DONE")
             """))
-        for mode in ("full", "sampled"):
-            run_dir = os.path.join(self.tmpdir(), mode)
-            proc = self.memledger("run", "-q", "-o", run_dir, "--host", mode, "--", "/usr/bin/python3", script,
-                                  env=mltest.clean_env(), timeout=240)
-            self.assertExit(proc, 0)
-            process = self.load_report(run_dir)["processes"][0]
-            self.assertEqual(process["stats"]["retention"]["when"], "exit", mode)
+        for mode, process in self.walked_at_exit(script):
             notes = [n for n in process["notes"] if n.startswith("memledger's own walk of the Python heap")]
             self.assertEqual(len(notes), 1, (mode, process["notes"]))
             held = re.search(r"held up to ([\d.]+) MiB", notes[0])
@@ -198,13 +204,7 @@ class Retention(clients.ClientTestCase):
                     memledger.step()
                 print("DONE")
             """))
-        for mode in ("full", "sampled"):
-            run_dir = os.path.join(self.tmpdir(), mode)
-            proc = self.memledger("run", "-q", "-o", run_dir, "--host", mode, "--", "/usr/bin/python3", script,
-                                  env=mltest.clean_env(), timeout=240)
-            self.assertExit(proc, 0)
-            process = self.load_report(run_dir)["processes"][0]
-            self.assertEqual(process["stats"]["retention"]["when"], "exit", mode)
+        for mode, process in self.walked_at_exit(script):
             peak = process["peak"]
             self.assertEqual(peak["phase"], "in step 5", (mode, peak))
             last = process["steps"][-1]

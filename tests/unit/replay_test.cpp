@@ -221,11 +221,21 @@ TEST_CASE("replay: samples give held host bytes and RSS at step ends", "[replay]
   CHECK(sampled.peak.step == 3);
 }
 
+namespace {
+
+// The Python helper's record of the program's end (memledger.program_end):
+// at `ts`, after the event numbered `seq`.
+void mark_program_end(Trace& trace, const char* seq, uint64_t ts) {
+  trace.strings[1] = kProgramEndKey;
+  trace.strings[2] = seq;
+  trace.info.push_back(TraceInfo{ts, 1, 2});
+}
+
+}  // namespace
+
 TEST_CASE("replay: no allocation after a Python program's end makes the peak", "[replay]") {
   Trace trace;
-  trace.strings[1] = kProgramEndKey;
-  trace.strings[2] = "2";
-  trace.info.push_back(TraceInfo{2500, 1, 2});
+  mark_program_end(trace, "2", 2500);
   EventBuilder b;
   b.alloc(0x1000, 1000, 1);  // seq 1
   b.step();                  // seq 2: the program ends here
@@ -245,9 +255,7 @@ TEST_CASE("replay: in sampled mode no sample after a Python program's end makes 
   // The program ends at 4000 (memledger.program_end); a sample after it
   // holds what memledger's walk left (its module) on top of the program's.
   Trace trace;
-  trace.strings[1] = kProgramEndKey;
-  trace.strings[2] = "3";
-  trace.info.push_back(TraceInfo{4000, 1, 2});
+  mark_program_end(trace, "3", 4000);
   TraceSample during;
   during.ts = 2500;
   during.host_live = 1000;
