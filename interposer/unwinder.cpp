@@ -72,8 +72,8 @@ uint64_t pack(const Rule& r, uint32_t generation) {
 //   bits 30..34  its distance from the home slot (below kProbes)
 //   bits 35..63  the hash's low kTagBits bits
 // An `import torch` (PyTorch 2.15) asks for the rules of 196,000 return
-// addresses; with two slots of 16 bytes for each (address, rule) in the same
-// 2 MiB, a fifth of them found their neighbourhood full and were worked out
+// addresses; with a slot of 16 bytes for each (its address and its rule),
+// 2^17 of them in the same 2 MiB, a fifth of them found their neighbourhood full and were worked out
 // again at each walk that reached them, 970,000 times in all (BENCHMARKS.md).
 constexpr uint32_t kAddressBits = 47;  // user-space addresses on x86-64; others are not cached
 constexpr uint32_t kSlotBits = 18;
@@ -86,7 +86,8 @@ static_assert(kProbes <= (1u << kDistanceBits) && kRuleBits + kDistanceBits + kT
 constexpr uint64_t kRuleMask = (uint64_t{1} << kRuleBits) - 1;
 // A slot's key (tag, distance) and the rule's bit 0, set in every used slot.
 constexpr uint64_t kSlotKeyMask = ~kRuleMask | 1;
-// A slot's key from the address's hash and the slot's distance from home.
+// A slot's key from the address's hash and the slot's distance from home,
+// with the rule's bit 0 (a slot is its key | the narrowed rule).
 inline uint64_t slot_key(uint64_t hash, uint32_t distance) {
   return hash << (64 - kTagBits) | uint64_t{distance} << kRuleBits | 1;
 }
@@ -664,13 +665,13 @@ __attribute__((noinline)) uint64_t learn_rule(uint64_t pc, LoaderUse& loader, ui
     std::atomic<uint64_t>& slot = g_slots[(home + distance) & (kSlots - 1)];
     const uint64_t key = slot_key(hash, distance);
     uint64_t seen = slot.load(std::memory_order_acquire);
-    if (seen == 0 && slot.compare_exchange_strong(seen, (key & ~kRuleMask) | narrow, std::memory_order_acq_rel)) {
+    if (seen == 0 && slot.compare_exchange_strong(seen, key | narrow, std::memory_order_acq_rel)) {
       return fresh;
     }
     // Taken: by this address (an older generation's rule, or another
     // thread's of this one), or by another address (look on).
     if ((seen & kSlotKeyMask) == key) {
-      slot.store((key & ~kRuleMask) | narrow, std::memory_order_release);
+      slot.store(key | narrow, std::memory_order_release);
       return fresh;
     }
   }
@@ -678,8 +679,7 @@ __attribute__((noinline)) uint64_t learn_rule(uint64_t pc, LoaderUse& loader, ui
   // (Two threads that learn one address at once may each keep it: either
   // copy holds its rule.)
   const uint32_t distance = g_replaced.fetch_add(1, std::memory_order_relaxed) % kProbes;
-  g_slots[(home + distance) & (kSlots - 1)].store((slot_key(hash, distance) & ~kRuleMask) | narrow,
-                                                  std::memory_order_release);
+  g_slots[(home + distance) & (kSlots - 1)].store(slot_key(hash, distance) | narrow, std::memory_order_release);
   return fresh;
 }
 
