@@ -803,7 +803,7 @@ inline int walk_again(const UnwindMemo::State* last, uint32_t last_count, uint64
   return 0;
 }
 
-// A state as a walk records it (check_at and check_want are prepare_whole's).
+// A state as a walk records it.
 inline void set_state(UnwindMemo::State& s, uint64_t rip, uint64_t rsp, uint64_t rbp, uint64_t rule) {
   s.rip = rip;
   s.rsp = rsp;
@@ -811,21 +811,19 @@ inline void set_state(UnwindMemo::State& s, uint64_t rip, uint64_t rsp, uint64_t
   s.rule = rule;
 }
 
-// A prepared walk again from its states' stack words alone (UnwindMemo::
-// whole), from its first state on, which the caller found the stack at:
-// each frame's return address where the walk read it, and its rbp where a
-// rule after reads it. What walk_again compares, less what cannot differ
-// when this matches (a rule's CFA from a rbp already compared), in one
-// pattern for every frame. True with `count` frames in `frames` (the
-// first, the first state's, is the caller's to write).
-inline bool follow_whole(const UnwindMemo::State* last, uint32_t count, void** frames) {
-  for (uint32_t i = 1; i < count; ++i) {
-    const UnwindMemo::State& s = last[i];
-    if (*reinterpret_cast<const uint64_t*>(s.rsp - 8) != s.rip ||
-        *reinterpret_cast<const uint64_t*>(s.check_at) != s.check_want) {
-      return false;
-    }
-    frames[i] = reinterpret_cast<void*>(s.rip);
+// A prepared walk again from its stack words alone (UnwindMemo::whole),
+// from one of its states on, which the caller found the stack at: the
+// compares of the states after it (UnwindMemo::checks), each frame's return
+// address where the walk read it, and its rbp where a rule after reads it.
+// What walk_again compares, less what cannot differ when this matches (a
+// rule's CFA from a rbp already compared). In stack order, each one read
+// only once those before it held: every word read is one the walk itself
+// would read. True where the stack holds them all; the caller copies the
+// frames (UnwindMemo::returns).
+inline bool follow_whole(const UnwindMemo::Check* check, const UnwindMemo::Check* end) {
+#pragma GCC unroll 2
+  for (; check < end; ++check) {
+    if (*reinterpret_cast<const uint64_t*>(check->at) != check->want) return false;
   }
   return true;
 }
@@ -845,47 +843,71 @@ inline bool followable_from(const UnwindMemo::State* states, uint32_t from) {
   return true;
 }
 
-// Prepares the walk `states[0..count)` (marks set) to be made again by
-// follow_whole: its frame count, or 0 where walk_again would not follow it
-// to its end, or where a rule reads a rbp that no compare made sure of.
-// `cut`: it stopped at the frame limit. `prepared_from`, when less than
-// `count`: the states from there on are a prepared walk's (copied with
-// their marks and compares) that ended at its outermost frame, and this
-// walk reached them through followable_from. They are prepared once this
-// walk's own states are: followable_from held there, so either that state
-// reads rbp (and the loop below returned 0 unless a compare made sure of
-// it) or no rule after it reads rbp before one restores it from the stack
-// (and from then on every compare is that walk's).
-inline uint32_t prepare_whole(UnwindMemo::State* states, uint32_t count, bool* cut,
-                              uint32_t prepared_from = UINT32_MAX) {
+// Prepares the walk in slot `slot` (`count` states, marks set) to be made
+// again by follow_whole: writes its compares and returns its frame count,
+// or 0 where walk_again would not follow it to its end, or where a rule
+// reads a rbp that no compare made sure of. `cut`: it stopped at the frame
+// limit. `prepared_from`, when less than `count`: the states from there on
+// are those of slot `copied_slot`'s prepared walk from its state
+// `copied_from` on (copied with their marks), which ended at its outermost
+// frame, and this walk reached them through followable_from. They are
+// prepared once this walk's own states are: followable_from held there,
+// so either that state reads rbp (and the loop below returned 0 unless a
+// compare made sure of it) or no rule after it reads rbp before one
+// restores it from the stack (and from then on every compare is that
+// walk's, copied).
+inline uint32_t prepare_whole(UnwindMemo& memo, uint32_t slot, uint32_t count, bool* cut,
+                              uint32_t prepared_from = UINT32_MAX, uint32_t copied_slot = 0,
+                              uint32_t copied_from = 0) {
   *cut = false;
+  const UnwindMemo::State* states = memo.states[slot];
   if (count == 0 || states[0].rule == 0) return 0;
+  UnwindMemo::Check* checks = memo.checks[slot];
+  // Until the end is known, to_end holds where each state's compares begin.
+  uint16_t* to_end = memo.to_end[slot];
+  uint32_t n = 0;
+  const auto finish = [&](uint32_t own, uint32_t end) {
+    for (uint32_t i = 1; i <= own; ++i) to_end[i] = static_cast<uint16_t>(end - to_end[i]);
+    memo.check_end[slot] = static_cast<uint16_t>(end);
+  };
   // Whether the rbp of the state reached is the one the memo holds, once
   // the compares so far matched (at_state compares the first's where it matters).
   bool known = (states[0].rule & kRbpMatters) != 0;
   uint32_t k = 0;
   while (states[k].rule & kFollowable) {
-    if (k >= prepared_from) return count;
+    if (k >= prepared_from) {
+      // The rest is the other walk's, from its state copied_from + 1 on.
+      const uint16_t* theirs = memo.to_end[copied_slot] + copied_from + 1;
+      const uint32_t tail = theirs[0];
+      memcpy(checks + n, memo.checks[copied_slot] + memo.check_end[copied_slot] - tail,
+             tail * sizeof(UnwindMemo::Check));
+      memcpy(to_end + k + 1, theirs, (count - k) * sizeof(uint16_t));
+      finish(k, n + tail);
+      return count;
+    }
     const uint64_t rule = states[k].rule;
-    UnwindMemo::State& then = states[k + 1];
-    then.check_at = then.rsp - 8;
-    then.check_want = then.rip;
+    const UnwindMemo::State& then = states[k + 1];
+    to_end[k + 1] = static_cast<uint16_t>(n);
+    checks[n++] = {then.rsp - 8, then.rip};
     if (rule & 16) {
       known = (then.rule & kRbpMatters) != 0;
-      if (known) {
-        then.check_at = then.rsp + static_cast<int16_t>(rule >> 16);
-        then.check_want = then.rbp;
-      }
+      if (known) checks[n++] = {then.rsp + static_cast<int16_t>(rule >> 16), then.rbp};
     } else if ((then.rule & kRbpMatters) && !known) {
       return 0;
     }
     ++k;
   }
   const Kind kind = static_cast<Kind>((states[k].rule >> 1) & 3);
-  if (kind == Kind::kOutermost && k + 1 == count) return k + 1;
+  if (kind == Kind::kOutermost && k + 1 == count) {
+    to_end[k + 1] = 0;
+    finish(k, n);
+    return k + 1;
+  }
   if (kind == Kind::kStandard && k + 2 == count && states[k + 1].rule == 0 && (!(states[k].rule & 8) || known)) {
-    states[k + 1].check_at = states[k + 1].rsp - 8;
-    states[k + 1].check_want = states[k + 1].rip;
+    to_end[k + 1] = static_cast<uint16_t>(n);
+    checks[n++] = {states[k + 1].rsp - 8, states[k + 1].rip};
+    finish(k + 1, n);
+    to_end[k + 2] = 0;
     *cut = true;
     return k + 2;
   }
@@ -901,7 +923,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
   if (max <= 0) return 0;
   frames[depth++] = reinterpret_cast<void*>(rip);
   const UnwindMemo::State* last = nullptr;
-  uint32_t last_count = 0, last_whole = 0;
+  uint32_t last_slot = 0, last_count = 0, last_whole = 0;
   UnwindMemo::State* out = nullptr;
   uint32_t generation = 0, next = 0;
   if (memo != nullptr) {
@@ -918,7 +940,12 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       if (const uint32_t whole = memo->whole[k]; whole != 0) {
         // As walk_again: the frame limit the walk stopped at, or room for its frames.
         if (memo->whole_cut[k] ? whole != static_cast<uint32_t>(max) : whole > static_cast<uint32_t>(max)) continue;
-        again = follow_whole(held, whole, frames) ? static_cast<int>(whole) : 0;
+        const UnwindMemo::Check* checks = memo->checks[k];
+        again = 0;
+        if (follow_whole(checks, checks + memo->check_end[k])) {
+          memcpy(frames + 1, memo->returns[k] + 1, (whole - 1) * sizeof(void*));
+          again = static_cast<int>(whole);
+        }
       } else {
         again = walk_again(held, memo->count[k], rbp, frames, max);
       }
@@ -937,6 +964,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       }
     }
     if (memo->generation[current] == generation) {
+      last_slot = current;
       last = memo->states[current];
       last_count = memo->count[current];
       // Prepared to its outermost frame: a walk that reaches one of its
@@ -960,8 +988,9 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
   // their kRbpMatters bits still hold (they depend only on what follows).
   constexpr uint32_t kNone = UINT32_MAX;
   uint32_t seen = 0, written = 0, same_from = kNone;
-  // The state from which on this walk's states are the prepared last walk's, compared by follow_whole.
-  uint32_t compared_from = kNone;
+  // The state from which on this walk's states are the prepared last walk's
+  // from its state `compared_seen` on, compared by follow_whole.
+  uint32_t compared_from = kNone, compared_seen = 0;
   bool stopped = true;  // by the frame limit
   uint64_t looked_up_rip = 0, looked_up_rule = 0;
   while (depth < max) {
@@ -974,10 +1003,14 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       // state's return address).
       const uint32_t rest = last_whole - seen;
       if (seen < last_whole && static_cast<uint32_t>(depth) - 1 + rest <= static_cast<uint32_t>(max) &&
-          followable_from(last, seen) && follow_whole(last + seen, rest, frames + depth - 1)) {
+          followable_from(last, seen) &&
+          follow_whole(memo->checks[last_slot] + memo->check_end[last_slot] - memo->to_end[last_slot][seen + 1],
+                       memo->checks[last_slot] + memo->check_end[last_slot])) {
+        memcpy(frames + depth, memo->returns[last_slot] + seen + 1, (rest - 1) * sizeof(void*));
         memcpy(out + written, last + seen, rest * sizeof(UnwindMemo::State));
         out[written].rbp = rbp;
         compared_from = written;
+        compared_seen = seen;
         written += rest;
         depth += static_cast<int>(rest) - 1;
         stopped = false;
@@ -1071,7 +1104,11 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       read_after = read;
     }
     bool cut = false;
-    memo->whole[next] = prepare_whole(out, written, &cut, compared_from);
+    // Each state's return address is a frame: the walk made again copies them.
+    memo->whole[next] = static_cast<uint32_t>(depth) == written
+                            ? prepare_whole(*memo, next, written, &cut, compared_from, last_slot, compared_seen)
+                            : 0;
+    if (memo->whole[next] != 0) memcpy(memo->returns[next], frames, written * sizeof(void*));
     memo->whole_cut[next] = cut;
     memo->count[next] = written;
     memo->first_rsp[next] = written > 0 ? out[0].rsp : 0;

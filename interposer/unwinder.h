@@ -42,15 +42,14 @@ struct UnwindMemo {
     uint64_t rsp;
     uint64_t rbp;
     uint64_t rule;  // 0: the walk stopped here (enough frames)
-    // A stack word the walk made again (`whole`) compares, not the first
-    // state's (at_state compares that one), and the value it must hold:
-    // where this state's rbp was saved (its callee's rule restored it from
-    // there) while a rule after reads it, else the return address's word
-    // (rsp - 8) and `rip`, which that compare reads anyway. Stack
-    // addresses both: a state copied to another slot keeps them.
-    uint64_t check_at;
-    uint64_t check_want;
   };
+  // A stack word a walk made again from stack words alone compares, and
+  // the value it must hold.
+  struct Check {
+    uint64_t at;
+    uint64_t want;
+  };
+  static constexpr int kChecks = 2 * kStates;
   // Set while a walk uses it: a signal handler that walks on the same
   // thread in the middle of that goes without.
   volatile uint32_t busy;
@@ -74,6 +73,19 @@ struct UnwindMemo {
   uint32_t tick;
   uint32_t used[kWalks];
   State states[kWalks][kStates];
+  // Each slot's walk made again from stack words alone (`whole`): what it
+  // compares, in stack order. Each state after the first (at_state compares
+  // that one) has its return address's word (rsp - 8, which must hold
+  // `rip`), then, where its callee's rule restored rbp from the stack and a
+  // rule after reads it, the word it was restored from. They end at
+  // `check_end`; `to_end`: how many there are from each state's first to
+  // the end (0 at `whole`), which a walk that copies another's last states
+  // copies with them. `returns`: the walk's frames, each state's return
+  // address.
+  Check checks[kWalks][kChecks];
+  uint16_t check_end[kWalks];
+  uint16_t to_end[kWalks][kStates + 1];
+  uint64_t returns[kWalks][kStates];
 };
 
 // How a walk enters and leaves a loader section (Recorder::

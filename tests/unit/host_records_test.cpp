@@ -202,3 +202,26 @@ TEST_CASE("host records: stack 0 and the stacks whose bit is set are in the trac
   CHECK_FALSE(stack_in_trace(bits, 2, 128));  // past the words
   CHECK_FALSE(stack_in_trace(bits, 1, 127));
 }
+
+TEST_CASE("host records: a varint's bytes are format::put_varint()'s at every length", "[host_records]") {
+  using memledger::format::put_varint;
+  using memledger::interposer::put_varint_at;
+  std::vector<uint64_t> values = {0, 1, UINT64_MAX, UINT64_MAX - 1};
+  for (int bits = 1; bits < 64; ++bits) {
+    const uint64_t edge = uint64_t{1} << bits;
+    for (uint64_t v : {edge - 2, edge - 1, edge, edge + 1, edge | (edge >> 1)}) values.push_back(v);
+  }
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 10000; ++i) values.push_back(rng() >> (rng() % 64));
+  for (uint64_t v : values) {
+    INFO("value " << v);
+    uint8_t want[16], got[16];
+    const size_t n = put_varint(want, v);
+    // Room for 10 bytes, and a guard past them that must stay as it was.
+    memset(got, 0xee, sizeof got);
+    const uint8_t* end = put_varint_at(got, v);
+    REQUIRE(static_cast<size_t>(end - got) == n);
+    CHECK(memcmp(got, want, n) == 0);
+    for (size_t k = 10; k < sizeof got; ++k) CHECK(got[k] == 0xee);
+  }
+}

@@ -370,7 +370,7 @@ TEST_CASE("a walk that reaches the last walk's frames compares the rest; where t
 TEST_CASE("a walk made again compares the saved frame pointers a later rule reads", "[unwind]") {
   // A walk through frames whose CFA is rbp-based, made again: each such
   // frame's rbp is compared with the stack word its callee saved it to
-  // (UnwindMemo::State::check_at, where it is not the return address's).
+  // (UnwindMemo::checks: a second compare after the return address's).
   // Here the memo's value for one of them no longer matches the stack: the
   // walk is not the held one again (a new number), and still libunwind's.
   static UnwindMemo memo;
@@ -382,13 +382,17 @@ TEST_CASE("a walk made again compares the saved frame pointers a later rule read
       const uint32_t current = memo.current;
       REQUIRE(current < UnwindMemo::kWalks);
       REQUIRE(memo.whole[current] == memo.count[current]);
+      // A state's second compare is its saved frame pointer's.
       uint32_t checked = 0;
       for (uint32_t i = 1; i < memo.count[current] && checked == 0; ++i) {
-        const UnwindMemo::State& s = memo.states[current][i];
-        if (s.check_at != s.rsp - 8) checked = i;
+        if (memo.to_end[current][i] - memo.to_end[current][i + 1] == 2) {
+          checked = memo.check_end[current] - memo.to_end[current][i] + 1;
+          CHECK(memo.checks[current][checked].at != memo.states[current][i].rsp - 8);
+          CHECK(memo.checks[current][checked].want == memo.states[current][i].rbp);
+        }
       }
       REQUIRE(checked > 0);
-      memo.states[current][checked].check_want ^= 0x10;
+      memo.checks[current][checked].want ^= 0x10;
     }
     const uint32_t serial = memo.serial;
     chain_fp("vfvf", memo_leaf, c);
