@@ -487,7 +487,7 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
   // the same memo slot was made from (the same frames): the same stack.
   uint64_t key = 0;
   volatile uint64_t* made = nullptr;
-  if (own != nullptr) made = &own->walk_stacks[own->unwind_memo.current % UnwindMemo::kWalks];
+  if (own != nullptr) made = &own->walk_stacks[own->unwind_memo.made % (UnwindMemo::kWalks + UnwindMemo::kKnown)];
   if (made != nullptr && python == 0 && serial != 0 && n < 512 && skip_extra < 8) {
     key = (serial & 0xfffffffu) | static_cast<uint64_t>(n) << 28 | static_cast<uint64_t>(skip_extra) << 37;
     const uint64_t last = *made;

@@ -914,6 +914,48 @@ inline uint32_t prepare_whole(UnwindMemo& memo, uint32_t slot, uint32_t count, b
   return 0;
 }
 
+// The first entry of the set of UnwindMemo::known where walks that start
+// at this return address and stack pointer are kept.
+inline uint32_t known_set(uint64_t rip, uint64_t rsp) {
+  return static_cast<uint32_t>(((rsp ^ rip * 0x9e3779b97f4a7c15ull) * 0xff51afd7ed558ccdull) >>
+                               (64 - UnwindMemo::kKnownSetBits)) *
+         UnwindMemo::kKnownWays;
+}
+
+// Keeps the walk just made in slot `slot` (prepared: `whole` set) in
+// UnwindMemo::known, in the place of the one of its set kept first (whose
+// compares and frames are the next to be written over).
+inline void keep_walk(UnwindMemo& memo, uint32_t slot) {
+  const uint32_t whole = memo.whole[slot];
+  const uint32_t checks = memo.check_end[slot];
+  const uint64_t units = checks + (whole + 1) / 2;
+  uint64_t at = memo.kept_end;
+  // Each walk's units in one piece: the end of the round left unused.
+  if (at % UnwindMemo::kKept + units > UnwindMemo::kKept) at += UnwindMemo::kKept - at % UnwindMemo::kKept;
+  memo.kept_end = at + units;
+  UnwindMemo::Check* to = memo.kept + at % UnwindMemo::kKept;
+  memcpy(to, memo.checks[slot], checks * sizeof(UnwindMemo::Check));
+  memcpy(to + checks, memo.returns[slot], whole * sizeof(uint64_t));
+  const UnwindMemo::State& first = memo.states[slot][0];
+  UnwindMemo::Known* const set = memo.known + known_set(first.rip, first.rsp);
+  UnwindMemo::Known* oldest = set;
+  for (uint32_t way = 1; way < UnwindMemo::kKnownWays; ++way) {
+    if (set[way].rsp == 0 || set[way].kept_at < oldest->kept_at) oldest = set + way;
+    if (oldest->rsp == 0) break;
+  }
+  UnwindMemo::Known& known = *oldest;
+  known.rip = first.rip;
+  known.rsp = first.rsp;
+  known.rbp = first.rbp;
+  known.kept_at = at;
+  known.generation = memo.generation[slot];
+  known.serial = memo.serials[slot];
+  known.whole = static_cast<uint16_t>(whole);
+  known.checks = static_cast<uint16_t>(checks);
+  known.rbp_read = (first.rule & kRbpMatters) != 0;
+  known.cut = memo.whole_cut[slot];
+}
+
 // `walk_serial`: set to the serial of the memo walk whose frames these are.
 // Inlined into its callers: the entry points' checks and the walk are one
 // function on the hooks' path.
@@ -951,6 +993,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       }
       if (again > 0) {
         memo->current = k;
+        memo->made = k;
         memo->used[k] = ++memo->tick;
         // A walk held long gets a new number: every number handed out stays
         // within 2^27 walks of the newest (Recorder::capture_stack keeps
@@ -961,6 +1004,30 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
         }
         if (walk_serial != nullptr) *walk_serial = memo->serials[k];
         return again;
+      }
+    }
+    // A walk made before, kept beyond the eight: one of those that start
+    // here (callers that call the same function from the same depth at
+    // different call sites, a loop unrolled).
+    UnwindMemo::Known* const set = memo->known + known_set(rip, rsp);
+    for (uint32_t way = 0; way < UnwindMemo::kKnownWays; ++way) {
+      UnwindMemo::Known& known = set[way];
+      if (known.rsp != rsp || known.rip != rip || known.generation != generation ||
+          (known.rbp_read && known.rbp != rbp) || memo->kept_end - known.kept_at > UnwindMemo::kKept ||
+          (known.cut ? known.whole != static_cast<uint32_t>(max) : known.whole > static_cast<uint32_t>(max))) {
+        continue;
+      }
+      const UnwindMemo::Check* checks = memo->kept + known.kept_at % UnwindMemo::kKept;
+      if (follow_whole(checks, checks + known.checks)) {
+        memcpy(frames + 1, reinterpret_cast<const uint64_t*>(checks + known.checks) + 1,
+               (known.whole - 1) * sizeof(void*));
+        memo->made = UnwindMemo::kWalks + static_cast<uint32_t>(&known - memo->known);
+        if (memo->serial - known.serial >= (1u << 27)) {
+          if (++memo->serial == 0) memo->serial = 1;
+          known.serial = memo->serial;
+        }
+        if (walk_serial != nullptr) *walk_serial = known.serial;
+        return static_cast<int>(known.whole);
       }
     }
     if (memo->generation[current] == generation) {
@@ -1114,10 +1181,12 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
     memo->first_rsp[next] = written > 0 ? out[0].rsp : 0;
     memo->generation[next] = generation;
     memo->current = next;
+    memo->made = next;
     memo->used[next] = ++memo->tick;
     if (++memo->serial == 0) memo->serial = 1;  // 0 is never a walk's
     memo->serials[next] = memo->serial;
     if (walk_serial != nullptr) *walk_serial = memo->serial;
+    if (memo->whole[next] != 0) keep_walk(*memo, next);
   }
   return depth;
 }

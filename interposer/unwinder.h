@@ -86,6 +86,39 @@ struct UnwindMemo {
   uint16_t check_end[kWalks];
   uint16_t to_end[kWalks][kStates + 1];
   uint64_t returns[kWalks][kStates];
+
+  // Walks made before, beyond the eight held: each walk made again from
+  // stack words alone is also kept here, by its first frame's return
+  // address and stack pointer, its compares and frames in `kept` (written
+  // in turn, round and round). A walk that none of the eight held starts
+  // is looked up here before it is made: a loop that calls more sites, or
+  // reaches them at more depths, than eight walks hold makes each of its
+  // stacks again from compares alone. A walk is known by its first state
+  // (as at_state), its compares and frames are where `kept_at` says (a
+  // count of 16-byte units written so far: gone once `kept_end` is more
+  // than kKept units past it).
+  static constexpr uint32_t kKnownSetBits = 9;
+  static constexpr uint32_t kKnownWays = 4;
+  static constexpr uint32_t kKnown = kKnownWays << kKnownSetBits;
+  static constexpr uint32_t kKept = 32768;  // 512 KiB
+  struct Known {
+    uint64_t rip;
+    uint64_t rsp;  // 0: empty
+    uint64_t rbp;
+    uint64_t kept_at;
+    uint32_t generation;
+    uint32_t serial;  // as `serials`
+    uint16_t whole;   // its frames
+    uint16_t checks;  // its compares, then (whole + 1) / 2 units of frames
+    bool rbp_read;    // its first state's rbp is read (kRbpMatters)
+    bool cut;         // as `whole_cut`
+  };
+  Known known[kKnown];
+  uint64_t kept_end;
+  Check kept[kKept];
+  // Which walk gave the last frames: a slot of the eight held (below
+  // kWalks), else kWalks plus its entry in `known`.
+  uint32_t made;
 };
 
 // How a walk enters and leaves a loader section (Recorder::

@@ -251,6 +251,12 @@ __attribute__((noinline)) int two_sites(int which, const char* pattern, void* ar
   return chain_nofp(pattern, memo_leaf, arg) + 2;
 }
 
+// Walks kept beyond the eight held (UnwindMemo::known) forgotten: the next
+// walk is one of the eight again, or made.
+void forget_known(UnwindMemo& memo) {
+  for (UnwindMemo::Known& known : memo.known) known.rsp = 0;
+}
+
 }  // namespace
 
 TEST_CASE("walks that follow the last one give libunwind's stacks", "[unwind]") {
@@ -328,6 +334,7 @@ TEST_CASE("a frame found in the last walk takes its rule from there", "[unwind]"
       REQUIRE(memo.count[current] > 6);
       memo.states[current][4].rule = 1 | 1u << 1;
       memo.whole[current] = 0;
+      forget_known(memo);
     }
     chain_nofp("nvfn", memo_leaf, &c[i]);
   }
@@ -359,6 +366,7 @@ TEST_CASE("a walk that reaches the last walk's frames compares the rest; where t
   // compares fail, and the walk goes on from where it parts by the rules.
   REQUIRE(memo.count[current] > 8);
   memo.states[current][7].rip ^= 1;
+  forget_known(memo);
   two_sites(1, "nvfnv", &c);
   check_memo(c);
   // The chain and the return into two_sites are the first walk's (the
@@ -373,7 +381,11 @@ TEST_CASE("a walk made again compares the saved frame pointers a later rule read
   // (UnwindMemo::checks: a second compare after the return address's).
   // Here the memo's value for one of them no longer matches the stack: the
   // walk is not the held one again (a new number), and still libunwind's.
+  // The same for the walk kept beyond the eight held (UnwindMemo::known).
   static UnwindMemo memo;
+  const bool kept = GENERATE(false, true);
+  INFO((kept ? "the walk kept beyond the eight" : "the walk held"));
+  memset(&memo, 0, sizeof memo);
   MemoCapture first{&memo, kMax, {}, {}, true};
   MemoCapture again{&memo, kMax, {}, {}, true};
   MemoCapture changed{&memo, kMax, {}, {}, true};
@@ -392,7 +404,24 @@ TEST_CASE("a walk made again compares the saved frame pointers a later rule read
         }
       }
       REQUIRE(checked > 0);
-      memo.checks[current][checked].want ^= 0x10;
+      if (!kept) {
+        memo.checks[current][checked].want ^= 0x10;
+        forget_known(memo);
+      } else {
+        // The kept copy of the walk: the same compares.
+        uint32_t changed_kept = 0;
+        for (UnwindMemo::Known& known : memo.known) {
+          if (known.rsp != memo.states[current][0].rsp || known.rip != memo.states[current][0].rip) continue;
+          REQUIRE(known.checks == memo.check_end[current]);
+          UnwindMemo::Check& check = memo.kept[known.kept_at % UnwindMemo::kKept + checked];
+          CHECK(check.want == memo.checks[current][checked].want);
+          check.want ^= 0x10;
+          ++changed_kept;
+        }
+        REQUIRE(changed_kept == 1);
+        // None of the eight held starts there now.
+        for (uint64_t& rsp : memo.first_rsp) rsp = 0;
+      }
     }
     const uint32_t serial = memo.serial;
     chain_fp("vfvf", memo_leaf, c);
@@ -953,4 +982,35 @@ TEST_CASE("unwind tables in a RELRO part: pages the loader did not write to are 
   reinterpret_cast<Function>(const_cast<void*>(functions[*count - 1]))(leaf_capture, &again);
   check_same(again);
   dlclose(handle);
+}
+
+TEST_CASE("walks beyond the eight held are made again from their stack words alone", "[unwind]") {
+  // Twelve stacks of different depths, walked in turn: the eight walks
+  // held are always the wrong ones (the least recently used goes first),
+  // and from the second round on each walk is the one kept for its first
+  // frame (UnwindMemo::known): no new walk (the memo's serial stays), and
+  // libunwind's stack. Two of them may share an entry of the 256 (their
+  // stack addresses differ from run to run): each such pair makes its two
+  // walks anew in every round.
+  static UnwindMemo memo;
+  constexpr int kStacks = 12;
+  std::string patterns[kStacks];
+  for (int k = 0; k < kStacks; ++k) patterns[k] = std::string(static_cast<size_t>(k + 1), "nvf"[k % 3]);
+  for (int round = 0; round < 4; ++round) {
+    int made = 0;
+    for (int k = 0; k < kStacks; ++k) {
+      MemoCapture c{&memo, kMax, {}, {}, true};
+      INFO("round " << round << " pattern '" << patterns[k] << "'");
+      const uint32_t serial = memo.serial;
+      chain_nofp(patterns[k].c_str(), memo_leaf, &c);
+      check_memo(c);
+      made += memo.serial != serial;
+    }
+    INFO("round " << round << ": " << made << " walks made");
+    if (round == 0) {
+      CHECK(made == kStacks);
+    } else {
+      CHECK(made <= 6);
+    }
+  }
 }
