@@ -1137,6 +1137,7 @@ size_t TraceWriter::cycle(bool final) {
 
   // 6. Events, in sequence order.
   st.heads.resize(st.runs.size());
+  const bool deposit = fast_bit_deposit();
   const size_t drained = merge_runs(st.runs.data(), st.runs.size(), st.heads.data(),
                                     [&](const Event* events, size_t n) {
     const Event* const last = events + n;
@@ -1147,10 +1148,12 @@ size_t TraceWriter::cycle(bool final) {
       const uint64_t* const written = st.stack_written.data();
       const size_t written_words = st.stack_written.size();
       uint8_t* out = enc.begin(batch * kMaxHostRecord);
-      const Event* const stop = encode_host_records(next, next + batch, st.start_mono_ns, enc.deltas(), out,
-                                                    [written, written_words](uint32_t id) {
+      const auto in_trace = [written, written_words](uint32_t id) {
         return stack_in_trace(written, written_words, id);
-      });
+      };
+      const Event* const stop =
+          deposit ? encode_host_records<true>(next, next + batch, st.start_mono_ns, enc.deltas(), out, in_trace)
+                  : encode_host_records<false>(next, next + batch, st.start_mono_ns, enc.deltas(), out, in_trace);
       enc.end(out);
       if (stop != next) {
         next = stop;
