@@ -477,8 +477,13 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
   static constexpr LoaderAccess kLoader = {[] { return recorder().enter_loader_section(); },
                                            [] { recorder().leave_loader_section(); }};
   uint32_t serial = 0;
+  // Native frames alone: the walk may find the stack this thread made of
+  // it last (walk_stacks, below) and leave the frames unwritten.
+  WalkReuse reuse{own != nullptr ? own->walk_stacks : nullptr, static_cast<uint64_t>(skip_extra) << 37, 0};
+  const bool may_reuse = own != nullptr && python == 0 && skip_extra < 8;
   n = fast_backtrace(frames, want, self_begin_, self_end_, own != nullptr ? &own->unwind_memo : nullptr, &kLoader,
-                     &serial, hook_frame);
+                     &serial, hook_frame, may_reuse ? &reuse : nullptr);
+  if (reuse.reused != 0) return static_cast<uint32_t>(reuse.reused >> 40);
   const int first = static_cast<int>(skip_extra);
   uint32_t depth = first < n ? static_cast<uint32_t>(n - first) : 0;
   if (depth > config_.stack_depth) depth = config_.stack_depth;
@@ -488,10 +493,10 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
   uint64_t key = 0;
   volatile uint64_t* made = nullptr;
   if (own != nullptr) made = &own->walk_stacks[own->unwind_memo.made % (UnwindMemo::kWalks + UnwindMemo::kKnown)];
-  if (made != nullptr && python == 0 && serial != 0 && n < 512 && skip_extra < 8) {
-    key = (serial & 0xfffffffu) | static_cast<uint64_t>(n) << 28 | static_cast<uint64_t>(skip_extra) << 37;
+  if (made != nullptr && may_reuse && serial != 0 && n < 512) {
+    key = walk_key(serial, static_cast<uint32_t>(n), static_cast<uint64_t>(skip_extra) << 37);
     const uint64_t last = *made;
-    if ((last & 0xffffffffffull) == key) return static_cast<uint32_t>(last >> 40);
+    if ((last & kWalkKeyMask) == key) return static_cast<uint32_t>(last >> 40);
   }
   if (first > 0) memmove(words + python, words + python + first, depth * sizeof(uintptr_t));
   const uint32_t id = stacks_.intern(words, python + depth, python, own != nullptr ? &own->path_cache : nullptr);

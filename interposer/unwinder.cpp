@@ -956,11 +956,23 @@ inline void keep_walk(UnwindMemo& memo, uint32_t slot) {
   known.cut = memo.whole_cut[slot];
 }
 
+// Whether the caller's word for memo walk `made` says it made something of
+// this walk's frames before (WalkReuse): then `reuse->reused` holds it, and
+// the frames need not be written.
+inline bool reused(WalkReuse* reuse, uint32_t made, uint32_t serial, uint32_t count) {
+  if (reuse == nullptr) return false;
+  const uint64_t word = reuse->words[made];
+  if ((word & kWalkKeyMask) != walk_key(serial, count, reuse->bits)) return false;
+  reuse->reused = word;
+  return true;
+}
+
 // `walk_serial`: set to the serial of the memo walk whose frames these are.
 // Inlined into its callers: the entry points' checks and the walk are one
 // function on the hooks' path.
 __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint64_t rbp, void** frames, int max,
-                                               UnwindMemo* memo, LoaderUse& loader, uint32_t* walk_serial = nullptr) {
+                                               UnwindMemo* memo, LoaderUse& loader, uint32_t* walk_serial = nullptr,
+                                               WalkReuse* reuse = nullptr) {
   int depth = 0;
   if (max <= 0) return 0;
   frames[depth++] = reinterpret_cast<void*>(rip);
@@ -979,15 +991,12 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       // An empty slot's first stack pointer is 0, never a walk's.
       if (memo->first_rsp[k] != rsp || memo->generation[k] != generation || !at_state(held[0], rip, rsp, rbp)) continue;
       int again;
-      if (const uint32_t whole = memo->whole[k]; whole != 0) {
+      const uint32_t whole = memo->whole[k];
+      if (whole != 0) {
         // As walk_again: the frame limit the walk stopped at, or room for its frames.
         if (memo->whole_cut[k] ? whole != static_cast<uint32_t>(max) : whole > static_cast<uint32_t>(max)) continue;
         const UnwindMemo::Check* checks = memo->checks[k];
-        again = 0;
-        if (follow_whole(checks, checks + memo->check_end[k])) {
-          memcpy(frames + 1, memo->returns[k] + 1, (whole - 1) * sizeof(void*));
-          again = static_cast<int>(whole);
-        }
+        again = follow_whole(checks, checks + memo->check_end[k]) ? static_cast<int>(whole) : 0;
       } else {
         again = walk_again(held, memo->count[k], rbp, frames, max);
       }
@@ -1003,6 +1012,9 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
           memo->serials[k] = memo->serial;
         }
         if (walk_serial != nullptr) *walk_serial = memo->serials[k];
+        if (whole != 0 && !reused(reuse, k, memo->serials[k], whole)) {
+          memcpy(frames + 1, memo->returns[k] + 1, (whole - 1) * sizeof(void*));
+        }
         return again;
       }
     }
@@ -1019,14 +1031,16 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       }
       const UnwindMemo::Check* checks = memo->kept + known.kept_at % UnwindMemo::kKept;
       if (follow_whole(checks, checks + known.checks)) {
-        memcpy(frames + 1, reinterpret_cast<const uint64_t*>(checks + known.checks) + 1,
-               (known.whole - 1) * sizeof(void*));
         memo->made = UnwindMemo::kWalks + static_cast<uint32_t>(&known - memo->known);
         if (memo->serial - known.serial >= (1u << 27)) {
           if (++memo->serial == 0) memo->serial = 1;
           known.serial = memo->serial;
         }
         if (walk_serial != nullptr) *walk_serial = known.serial;
+        if (!reused(reuse, memo->made, known.serial, known.whole)) {
+          memcpy(frames + 1, reinterpret_cast<const uint64_t*>(checks + known.checks) + 1,
+                 (known.whole - 1) * sizeof(void*));
+        }
         return static_cast<int>(known.whole);
       }
     }
@@ -1255,8 +1269,10 @@ __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(
                                                                               UnwindMemo* memo,
                                                                               const LoaderAccess* access,
                                                                               uint32_t* walk_serial,
-                                                                              const void* from_frame) {
+                                                                              const void* from_frame,
+                                                                              WalkReuse* reuse) {
   if (walk_serial != nullptr) *walk_serial = 0;
+  if (reuse != nullptr) reuse->reused = 0;
   if (max > kMaxFrames) max = kMaxFrames;
   LoaderUse loader(access);
   if (g_mode == Mode::kLibunwind) return loader.enter() ? libunwind_backtrace(frames, max, skip_begin, skip_end) : 0;
@@ -1265,7 +1281,7 @@ __attribute__((noinline, optimize("no-omit-frame-pointer"))) int fast_backtrace(
   OwnedUse use(memo);
   if (g_mode == Mode::kFast) {
     if (skip_own_frames(fp, skip_begin, skip_end, &rip, &rsp, &rbp)) {
-      const int walked = walk(rip, rsp, rbp, frames, max, memo, loader, walk_serial);
+      const int walked = walk(rip, rsp, rbp, frames, max, memo, loader, walk_serial, reuse);
       if (walked >= 0) return walked;
     }
     return loader.enter() ? libunwind_backtrace(frames, max, skip_begin, skip_end) : 0;

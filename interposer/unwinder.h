@@ -131,6 +131,23 @@ struct LoaderAccess {
   void (*leave)();
 };
 
+// What a caller made of a memo walk's frames before (Recorder::
+// capture_stack: the stack's id), in one word per walk that it keeps,
+// indexed by UnwindMemo::made: the walk's serial (bits 0..27), its frame
+// count (28..36), the caller's own `bits` (37..39) and what it made
+// (40..63). Where a walk is made again from stack words alone and its word
+// says so, fast_backtrace() leaves the frames unwritten and sets `reused`
+// to the word (else 0).
+struct WalkReuse {
+  const volatile uint64_t* words;
+  uint64_t bits;  // in bits 37..39
+  uint64_t reused;
+};
+inline constexpr uint64_t kWalkKeyMask = 0xffffffffffull;
+inline uint64_t walk_key(uint32_t serial, uint32_t count, uint64_t bits) {
+  return (serial & 0xfffffffu) | static_cast<uint64_t>(count) << 28 | bits;
+}
+
 // Fills `frames` with up to `max` return addresses, innermost first,
 // starting with the one into the caller of this function: the array
 // unw_backtrace() would give if called in its place, less its leading
@@ -142,12 +159,14 @@ struct LoaderAccess {
 // are (the walk just written, or the last one followed again frame for
 // frame), else 0. Two walks with the same serial gave the same frames: a
 // caller may reuse what it made of the first.
+// `reuse`, when given: see WalkReuse.
 // `from_frame`, when given: the frame pointer of a function of memledger's
 // further up this thread's stack (a hook), where the walk starts instead
 // of at this function's frame: the frames in between are memledger's.
 int fast_backtrace(void** frames, int max, uintptr_t skip_begin = 0, uintptr_t skip_end = 0,
                    UnwindMemo* memo = nullptr, const LoaderAccess* loader = nullptr,
-                   uint32_t* walk_serial = nullptr, const void* from_frame = nullptr);
+                   uint32_t* walk_serial = nullptr, const void* from_frame = nullptr,
+                   WalkReuse* reuse = nullptr);
 
 // The walk alone, for tests: -1 where fast_backtrace() hands over to
 // libunwind.

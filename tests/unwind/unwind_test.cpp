@@ -1014,3 +1014,78 @@ TEST_CASE("walks beyond the eight held are made again from their stack words alo
     }
   }
 }
+
+namespace {
+
+// A walk with a caller's words (WalkReuse), as Recorder::capture_stack
+// makes it: the frames start filled with a mark, to see which are written.
+struct ReuseCapture {
+  UnwindMemo* memo;
+  uint64_t* words;
+  uint64_t bits;
+  std::vector<void*> libunwind, frames;
+  int count = 0;
+  uint32_t serial = 0;
+  uint64_t reused = 0;
+};
+
+__attribute__((noinline)) int reuse_leaf(void* arg) {
+  auto& c = *static_cast<ReuseCapture*>(arg);
+  void* a[kMax];
+  void* b[kMax];
+  const int na = unw_backtrace(a, kMax);
+  for (void*& frame : b) frame = reinterpret_cast<void*>(0x5a5a);
+  memledger::interposer::WalkReuse reuse{c.words, c.bits, 0};
+  c.count = fast_backtrace(b, kMax, 0, 0, c.memo, nullptr, &c.serial, nullptr, &reuse);
+  c.reused = reuse.reused;
+  c.libunwind.assign(a + (na > 0 ? 1 : 0), a + na);
+  c.frames.assign(b + 1, b + kMax);
+  return na + c.count;
+}
+
+}  // namespace
+
+TEST_CASE("a walk made again leaves its frames unwritten where the caller's word says what it made of them",
+          "[unwind]") {
+  using memledger::interposer::walk_key;
+  static UnwindMemo memo;
+  static uint64_t words[UnwindMemo::kWalks + UnwindMemo::kKnown];
+  constexpr uint64_t kBits = uint64_t{2} << 37;
+  constexpr uint64_t kMade = uint64_t{12345} << 40;
+  // Rounds 4 and 5: none of the eight walks held starts there, the walk
+  // is the one kept beyond them (UnwindMemo::known), with a word of its own.
+  for (int round = 0; round < 6; ++round) {
+    INFO("round " << round);
+    ReuseCapture c{&memo, words, kBits, {}, {}};
+    if (round >= 4) {
+      for (uint64_t& rsp : memo.first_rsp) rsp = 0;
+    }
+    chain_nofp("nvfnv", reuse_leaf, &c);
+    REQUIRE(c.count > 4);
+    REQUIRE(c.serial != 0);
+    const uint32_t made = memo.made;
+    REQUIRE(made < UnwindMemo::kWalks + UnwindMemo::kKnown);
+    CHECK((made >= UnwindMemo::kWalks) == (round >= 4));
+    const auto n = static_cast<size_t>(c.count - 1);
+    if (round == 0 || round == 4) {
+      // Made: its frames, libunwind's; nothing to reuse yet.
+      CHECK(c.reused == 0);
+      REQUIRE(c.libunwind.size() == n);
+      CHECK(std::equal(c.libunwind.begin(), c.libunwind.end(), c.frames.begin()));
+      words[made] = walk_key(c.serial, static_cast<uint32_t>(c.count), kBits) | kMade;
+    } else if (round != 2) {
+      // The same walk, made again: the word is returned, no frame written.
+      CHECK(c.reused == words[made]);
+      CHECK(c.reused >> 40 == kMade >> 40);
+      CHECK(std::all_of(c.frames.begin(), c.frames.end(), [](void* f) { return f == reinterpret_cast<void*>(0x5a5a); }));
+      // Next round: the word of another caller's bits, not this one's.
+      if (round == 1) words[made] ^= uint64_t{1} << 37;
+    } else {
+      // The word no longer says so: the frames are written, libunwind's.
+      CHECK(c.reused == 0);
+      REQUIRE(c.libunwind.size() == n);
+      CHECK(std::equal(c.libunwind.begin(), c.libunwind.end(), c.frames.begin()));
+      words[made] = walk_key(c.serial, static_cast<uint32_t>(c.count), kBits) | kMade;
+    }
+  }
+}
