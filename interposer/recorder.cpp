@@ -301,6 +301,9 @@ ThreadRing* Recorder::acquire_ring(ThreadState& t) {
     int expected = static_cast<int>(RingState::kFree);
     if (ring->state.load(std::memory_order_relaxed) == expected &&
         ring->state.compare_exchange_strong(expected, static_cast<int>(RingState::kOwned))) {
+      // The last thread's walks kept beyond the eight: gone, their pages
+      // handed back (a ring starts again at its first slot, and so do they).
+      unwinder_release_kept(ring->unwind_memo);
       t.ring = ring;
       break;
     }
@@ -870,7 +873,8 @@ void Recorder::after_fork_child() {
       // Its thread did not come along, maybe in the middle of a walk or an
       // intern: the next thread to take the ring starts with an empty path
       // cache (a half-written one would give wrong ids) and a free memo (a
-      // walk replaces it only whole).
+      // walk replaces one of the eight it holds only whole, and those kept
+      // beyond them go when the ring is taken: acquire_ring).
       ring->path_cache.clear();
       ring->code_cache.clear();
       for (volatile uint64_t& made : ring->walk_stacks) made = 0;

@@ -713,6 +713,23 @@ static_assert(kMaxFrames <= UnwindMemo::kStates);
 
 }  // namespace
 
+void unwinder_release_kept(UnwindMemo& memo) {
+  memo.walks_made = 0;
+  if (memo.kept_end == 0) return;  // nothing kept since the last release
+  const auto begin = reinterpret_cast<uintptr_t>(&memo.known[0]);
+  const auto end = reinterpret_cast<uintptr_t>(memo.kept + UnwindMemo::kKept);
+  const auto page = static_cast<uintptr_t>(getpagesize());
+  const uintptr_t first = (begin + page - 1) & ~(page - 1);
+  const uintptr_t last = end & ~(page - 1);
+  if (first < last && madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) == 0) {
+    memset(reinterpret_cast<void*>(begin), 0, first - begin);
+    memset(reinterpret_cast<void*>(last), 0, end - last);
+  } else {
+    memset(reinterpret_cast<void*>(begin), 0, end - begin);
+  }
+  memo.kept_end = 0;
+}
+
 void unwinder_modules_unloaded() { g_generation.fetch_add(1, std::memory_order_release); }
 
 size_t unwinder_hand_back_read_pages() { return g_read_pages.hand_back(); }
@@ -860,11 +877,11 @@ inline uint32_t prepare_whole(UnwindMemo& memo, uint32_t slot, uint32_t count, b
                               uint32_t prepared_from = UINT32_MAX, uint32_t copied_slot = 0,
                               uint32_t copied_from = 0) {
   *cut = false;
-  const UnwindMemo::State* states = memo.states[slot];
+  const UnwindMemo::State* states = memo.slots[slot].states();
   if (count == 0 || states[0].rule == 0) return 0;
-  UnwindMemo::Check* checks = memo.checks[slot];
+  UnwindMemo::Check* checks = memo.slots[slot].checks(count);
   // Until the end is known, to_end holds where each state's compares begin.
-  uint16_t* to_end = memo.to_end[slot];
+  uint16_t* to_end = memo.slots[slot].to_end(count);
   uint32_t n = 0;
   const auto finish = [&](uint32_t own, uint32_t end) {
     for (uint32_t i = 1; i <= own; ++i) to_end[i] = static_cast<uint16_t>(end - to_end[i]);
@@ -877,9 +894,11 @@ inline uint32_t prepare_whole(UnwindMemo& memo, uint32_t slot, uint32_t count, b
   while (states[k].rule & kFollowable) {
     if (k >= prepared_from) {
       // The rest is the other walk's, from its state copied_from + 1 on.
-      const uint16_t* theirs = memo.to_end[copied_slot] + copied_from + 1;
+      const UnwindMemo::Slot& copied = memo.slots[copied_slot];
+      const uint32_t copied_count = memo.count[copied_slot];
+      const uint16_t* theirs = copied.to_end(copied_count) + copied_from + 1;
       const uint32_t tail = theirs[0];
-      memcpy(checks + n, memo.checks[copied_slot] + memo.check_end[copied_slot] - tail,
+      memcpy(checks + n, copied.checks(copied_count) + memo.check_end[copied_slot] - tail,
              tail * sizeof(UnwindMemo::Check));
       memcpy(to_end + k + 1, theirs, (count - k) * sizeof(uint16_t));
       finish(k, n + tail);
@@ -934,9 +953,10 @@ inline void keep_walk(UnwindMemo& memo, uint32_t slot) {
   if (at % UnwindMemo::kKept + units > UnwindMemo::kKept) at += UnwindMemo::kKept - at % UnwindMemo::kKept;
   memo.kept_end = at + units;
   UnwindMemo::Check* to = memo.kept + at % UnwindMemo::kKept;
-  memcpy(to, memo.checks[slot], checks * sizeof(UnwindMemo::Check));
-  memcpy(to + checks, memo.returns[slot], whole * sizeof(uint64_t));
-  const UnwindMemo::State& first = memo.states[slot][0];
+  const UnwindMemo::Slot& held = memo.slots[slot];
+  memcpy(to, held.checks(memo.count[slot]), checks * sizeof(UnwindMemo::Check));
+  memcpy(to + checks, held.returns(memo.count[slot]), whole * sizeof(uint64_t));
+  const UnwindMemo::State& first = held.states()[0];
   UnwindMemo::Known* const set = memo.known + known_set(first.rip, first.rsp);
   UnwindMemo::Known* oldest = set;
   for (uint32_t way = 1; way < UnwindMemo::kKnownWays; ++way) {
@@ -987,7 +1007,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
     // walk or one made shortly before.
     for (uint32_t j = 0; j < UnwindMemo::kWalks; ++j) {
       const uint32_t k = (current + j) % UnwindMemo::kWalks;
-      const UnwindMemo::State* held = memo->states[k];
+      const UnwindMemo::State* held = memo->slots[k].states();
       // An empty slot's first stack pointer is 0, never a walk's.
       if (memo->first_rsp[k] != rsp || memo->generation[k] != generation || !at_state(held[0], rip, rsp, rbp)) continue;
       int again;
@@ -995,7 +1015,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       if (whole != 0) {
         // As walk_again: the frame limit the walk stopped at, or room for its frames.
         if (memo->whole_cut[k] ? whole != static_cast<uint32_t>(max) : whole > static_cast<uint32_t>(max)) continue;
-        const UnwindMemo::Check* checks = memo->checks[k];
+        const UnwindMemo::Check* checks = memo->slots[k].checks(memo->count[k]);
         again = follow_whole(checks, checks + memo->check_end[k]) ? static_cast<int>(whole) : 0;
       } else {
         again = walk_again(held, memo->count[k], rbp, frames, max);
@@ -1013,7 +1033,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
         }
         if (walk_serial != nullptr) *walk_serial = memo->serials[k];
         if (whole != 0 && !reused(reuse, k, memo->serials[k], whole)) {
-          memcpy(frames + 1, memo->returns[k] + 1, (whole - 1) * sizeof(void*));
+          memcpy(frames + 1, memo->slots[k].returns(memo->count[k]) + 1, (whole - 1) * sizeof(void*));
         }
         return again;
       }
@@ -1022,7 +1042,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
     // here (callers that call the same function from the same depth at
     // different call sites, a loop unrolled).
     UnwindMemo::Known* const set = memo->known + known_set(rip, rsp);
-    for (uint32_t way = 0; way < UnwindMemo::kKnownWays; ++way) {
+    for (uint32_t way = 0; way < (memo->kept_end != 0 ? UnwindMemo::kKnownWays : 0); ++way) {
       UnwindMemo::Known& known = set[way];
       if (known.rsp != rsp || known.rip != rip || known.generation != generation ||
           (known.rbp_read && known.rbp != rbp) || memo->kept_end - known.kept_at > UnwindMemo::kKept ||
@@ -1046,7 +1066,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
     }
     if (memo->generation[current] == generation) {
       last_slot = current;
-      last = memo->states[current];
+      last = memo->slots[current].states();
       last_count = memo->count[current];
       // Prepared to its outermost frame: a walk that reaches one of its
       // frames may compare the rest (follow_whole).
@@ -1058,7 +1078,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       const uint32_t k = (current + j) % UnwindMemo::kWalks;
       if (memo->tick - memo->used[k] > memo->tick - memo->used[next]) next = k;
     }
-    out = memo->states[next];
+    out = memo->slots[next].states();
     // Empty until this walk is whole: one given up half way leaves no
     // states of two walks in one slot.
     memo->count[next] = 0;
@@ -1085,9 +1105,10 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       const uint32_t rest = last_whole - seen;
       if (seen < last_whole && static_cast<uint32_t>(depth) - 1 + rest <= static_cast<uint32_t>(max) &&
           followable_from(last, seen) &&
-          follow_whole(memo->checks[last_slot] + memo->check_end[last_slot] - memo->to_end[last_slot][seen + 1],
-                       memo->checks[last_slot] + memo->check_end[last_slot])) {
-        memcpy(frames + depth, memo->returns[last_slot] + seen + 1, (rest - 1) * sizeof(void*));
+          follow_whole(memo->slots[last_slot].checks(last_count) + memo->check_end[last_slot] -
+                           memo->slots[last_slot].to_end(last_count)[seen + 1],
+                       memo->slots[last_slot].checks(last_count) + memo->check_end[last_slot])) {
+        memcpy(frames + depth, memo->slots[last_slot].returns(last_count) + seen + 1, (rest - 1) * sizeof(void*));
         memcpy(out + written, last + seen, rest * sizeof(UnwindMemo::State));
         out[written].rbp = rbp;
         compared_from = written;
@@ -1189,7 +1210,7 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
     memo->whole[next] = static_cast<uint32_t>(depth) == written
                             ? prepare_whole(*memo, next, written, &cut, compared_from, last_slot, compared_seen)
                             : 0;
-    if (memo->whole[next] != 0) memcpy(memo->returns[next], frames, written * sizeof(void*));
+    if (memo->whole[next] != 0) memcpy(memo->slots[next].returns(written), frames, written * sizeof(void*));
     memo->whole_cut[next] = cut;
     memo->count[next] = written;
     memo->first_rsp[next] = written > 0 ? out[0].rsp : 0;
@@ -1200,7 +1221,13 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
     if (++memo->serial == 0) memo->serial = 1;  // 0 is never a walk's
     memo->serials[next] = memo->serial;
     if (walk_serial != nullptr) *walk_serial = memo->serial;
-    if (memo->whole[next] != 0) keep_walk(*memo, next);
+    if (memo->whole[next] != 0) {
+      if (memo->walks_made >= UnwindMemo::kKeepAfter) {
+        keep_walk(*memo, next);
+      } else {
+        ++memo->walks_made;
+      }
+    }
   }
   return depth;
 }

@@ -53,7 +53,7 @@ struct UnwindMemo {
   // Set while a walk uses it: a signal handler that walks on the same
   // thread in the middle of that goes without.
   volatile uint32_t busy;
-  uint32_t current;  // which of `states` holds the last walk made or followed again
+  uint32_t current;  // which slot holds the last walk made or followed again
   uint32_t count[kWalks];
   // Each slot's walk made again from the stack words alone: its frame count
   // (0: it cannot be, walk_again follows its rules) and whether it stopped
@@ -64,7 +64,7 @@ struct UnwindMemo {
   // Each slot's first stack pointer (0: empty), compared before the rest.
   uint64_t first_rsp[kWalks];
   uint32_t generation[kWalks];
-  // Numbers the walks that wrote `states` (fast_backtrace's `walk_serial`):
+  // Numbers the walks that wrote the slots (fast_backtrace's `walk_serial`):
   // `serial` the last one handed out, `serials` each slot's.
   uint32_t serial;
   uint32_t serials[kWalks];
@@ -72,20 +72,43 @@ struct UnwindMemo {
   // a new walk takes the place of the one least recently used.
   uint32_t tick;
   uint32_t used[kWalks];
-  State states[kWalks][kStates];
-  // Each slot's walk made again from stack words alone (`whole`): what it
-  // compares, in stack order. Each state after the first (at_state compares
-  // that one) has its return address's word (rsp - 8, which must hold
-  // `rip`), then, where its callee's rule restored rbp from the stack and a
-  // rule after reads it, the word it was restored from. They end at
-  // `check_end`; `to_end`: how many there are from each state's first to
-  // the end (0 at `whole`), which a walk that copies another's last states
-  // copies with them. `returns`: the walk's frames, each state's return
-  // address.
-  Check checks[kWalks][kChecks];
+  // Where each slot's compares end (Slot::checks).
   uint16_t check_end[kWalks];
-  uint16_t to_end[kWalks][kStates + 1];
-  uint64_t returns[kWalks][kStates];
+  // Each slot's walk: its states (every frame's registers and rule) and,
+  // for a walk made again from stack words alone (`whole`), what it
+  // compares, in stack order (`checks`). Each state after the first
+  // (at_state compares that one) has its return address's word (rsp - 8,
+  // which must hold `rip`), then, where its callee's rule restored rbp from
+  // the stack and a rule after reads it, the word it was restored from.
+  // `to_end`: how many compares there are from each state's first to the
+  // end (0 at `whole`), which a walk that copies another's last states
+  // copies with them. `returns`: the walk's frames, each state's return
+  // address. One after the other, placed by the walk's state count (`count`
+  // of the slot, or the count being written): a walk of a few dozen frames
+  // touches a page or two of its slot, as many as its states alone would.
+  struct Slot {
+    static constexpr size_t kBytes = kStates * (sizeof(State) + 2 * sizeof(Check) + 8 + 2) + 64;
+    alignas(64) unsigned char bytes[kBytes];
+    State* states() { return reinterpret_cast<State*>(bytes); }
+    const State* states() const { return reinterpret_cast<const State*>(bytes); }
+    Check* checks(uint32_t count) { return reinterpret_cast<Check*>(bytes + sizeof(State) * count); }
+    const Check* checks(uint32_t count) const {
+      return reinterpret_cast<const Check*>(bytes + sizeof(State) * count);
+    }
+    uint64_t* returns(uint32_t count) {
+      return reinterpret_cast<uint64_t*>(bytes + (sizeof(State) + 2 * sizeof(Check)) * count);
+    }
+    const uint64_t* returns(uint32_t count) const {
+      return reinterpret_cast<const uint64_t*>(bytes + (sizeof(State) + 2 * sizeof(Check)) * count);
+    }
+    uint16_t* to_end(uint32_t count) {
+      return reinterpret_cast<uint16_t*>(bytes + (sizeof(State) + 2 * sizeof(Check) + 8) * count);
+    }
+    const uint16_t* to_end(uint32_t count) const {
+      return reinterpret_cast<const uint16_t*>(bytes + (sizeof(State) + 2 * sizeof(Check) + 8) * count);
+    }
+  };
+  Slot slots[kWalks];
 
   // Walks made before, beyond the eight held: each walk made again from
   // stack words alone is also kept here, by its first frame's return
@@ -114,7 +137,12 @@ struct UnwindMemo {
     bool cut;         // as `whole_cut`
   };
   Known known[kKnown];
-  uint64_t kept_end;
+  uint64_t kept_end;  // 0: none kept yet
+  // Walks made since the memo was taken (unwinder_release_kept): walks are
+  // kept from the kKeepAfter-th on, so that a thread that makes few (one of
+  // a pool's) touches none of this memory.
+  static constexpr uint32_t kKeepAfter = 256;
+  uint32_t walks_made;
   Check kept[kKept];
   // Which walk gave the last frames: a slot of the eight held (below
   // kWalks), else kWalks plus its entry in `known`.
@@ -171,6 +199,15 @@ int fast_backtrace(void** frames, int max, uintptr_t skip_begin = 0, uintptr_t s
 // The walk alone, for tests: -1 where fast_backtrace() hands over to
 // libunwind.
 int fast_backtrace_no_fallback(void** frames, int max, UnwindMemo* memo = nullptr);
+
+// Forgets the walks `memo` keeps beyond the eight it holds and hands their
+// memory back to the kernel (its pages read as zeros again, an empty store):
+// for a memo that a new thread takes over, whose last thread may have
+// stopped half way through keeping a walk (one a fork() left behind), and
+// which would otherwise go on writing where that thread stopped, so that a
+// program that starts thousands of threads in turn would touch all of it
+// in each ring.
+void unwinder_release_kept(UnwindMemo& memo);
 
 // Loaded objects went away (dlclose): rules learnt for their addresses
 // must not be applied to what is loaded there next.

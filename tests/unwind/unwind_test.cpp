@@ -253,9 +253,10 @@ __attribute__((noinline)) int two_sites(int which, const char* pattern, void* ar
 
 // Walks kept beyond the eight held (UnwindMemo::known) forgotten: the next
 // walk is one of the eight again, or made.
-void forget_known(UnwindMemo& memo) {
-  for (UnwindMemo::Known& known : memo.known) known.rsp = 0;
-}
+void forget_known(UnwindMemo& memo) { memledger::interposer::unwinder_release_kept(memo); }
+
+// A memo past its first walks, which are not kept (UnwindMemo::kKeepAfter).
+void keep_from_now(UnwindMemo& memo) { memo.walks_made = UnwindMemo::kKeepAfter; }
 
 }  // namespace
 
@@ -332,7 +333,7 @@ TEST_CASE("a frame found in the last walk takes its rule from there", "[unwind]"
       const uint32_t current = memo.current;
       REQUIRE(current < UnwindMemo::kWalks);
       REQUIRE(memo.count[current] > 6);
-      memo.states[current][4].rule = 1 | 1u << 1;
+      memo.slots[current].states()[4].rule = 1 | 1u << 1;
       memo.whole[current] = 0;
       forget_known(memo);
     }
@@ -365,7 +366,7 @@ TEST_CASE("a walk that reaches the last walk's frames compares the rest; where t
   // where the next walk reaches it (a stack that changed there): the
   // compares fail, and the walk goes on from where it parts by the rules.
   REQUIRE(memo.count[current] > 8);
-  memo.states[current][7].rip ^= 1;
+  memo.slots[current].states()[7].rip ^= 1;
   forget_known(memo);
   two_sites(1, "nvfnv", &c);
   check_memo(c);
@@ -386,6 +387,7 @@ TEST_CASE("a walk made again compares the saved frame pointers a later rule read
   const bool kept = GENERATE(false, true);
   INFO((kept ? "the walk kept beyond the eight" : "the walk held"));
   memset(&memo, 0, sizeof memo);
+  keep_from_now(memo);
   MemoCapture first{&memo, kMax, {}, {}, true};
   MemoCapture again{&memo, kMax, {}, {}, true};
   MemoCapture changed{&memo, kMax, {}, {}, true};
@@ -397,24 +399,24 @@ TEST_CASE("a walk made again compares the saved frame pointers a later rule read
       // A state's second compare is its saved frame pointer's.
       uint32_t checked = 0;
       for (uint32_t i = 1; i < memo.count[current] && checked == 0; ++i) {
-        if (memo.to_end[current][i] - memo.to_end[current][i + 1] == 2) {
-          checked = memo.check_end[current] - memo.to_end[current][i] + 1;
-          CHECK(memo.checks[current][checked].at != memo.states[current][i].rsp - 8);
-          CHECK(memo.checks[current][checked].want == memo.states[current][i].rbp);
+        if (memo.slots[current].to_end(memo.count[current])[i] - memo.slots[current].to_end(memo.count[current])[i + 1] == 2) {
+          checked = memo.check_end[current] - memo.slots[current].to_end(memo.count[current])[i] + 1;
+          CHECK(memo.slots[current].checks(memo.count[current])[checked].at != memo.slots[current].states()[i].rsp - 8);
+          CHECK(memo.slots[current].checks(memo.count[current])[checked].want == memo.slots[current].states()[i].rbp);
         }
       }
       REQUIRE(checked > 0);
       if (!kept) {
-        memo.checks[current][checked].want ^= 0x10;
+        memo.slots[current].checks(memo.count[current])[checked].want ^= 0x10;
         forget_known(memo);
       } else {
         // The kept copy of the walk: the same compares.
         uint32_t changed_kept = 0;
         for (UnwindMemo::Known& known : memo.known) {
-          if (known.rsp != memo.states[current][0].rsp || known.rip != memo.states[current][0].rip) continue;
+          if (known.rsp != memo.slots[current].states()[0].rsp || known.rip != memo.slots[current].states()[0].rip) continue;
           REQUIRE(known.checks == memo.check_end[current]);
           UnwindMemo::Check& check = memo.kept[known.kept_at % UnwindMemo::kKept + checked];
-          CHECK(check.want == memo.checks[current][checked].want);
+          CHECK(check.want == memo.slots[current].checks(memo.count[current])[checked].want);
           check.want ^= 0x10;
           ++changed_kept;
         }
@@ -996,7 +998,17 @@ TEST_CASE("walks beyond the eight held are made again from their stack words alo
   constexpr int kStacks = 12;
   std::string patterns[kStacks];
   for (int k = 0; k < kStacks; ++k) patterns[k] = std::string(static_cast<size_t>(k + 1), "nvf"[k % 3]);
-  for (int round = 0; round < 4; ++round) {
+  // Round 4: the walks kept are released (a new thread takes the memo), and
+  // each is made anew; none is kept before the memo has made kKeepAfter.
+  keep_from_now(memo);
+  for (int round = 0; round < 5; ++round) {
+    if (round == 4) {
+      memledger::interposer::unwinder_release_kept(memo);
+      CHECK(memo.kept_end == 0);
+      CHECK(memo.walks_made == 0);
+      CHECK(std::all_of(std::begin(memo.known), std::end(memo.known),
+                        [](const UnwindMemo::Known& known) { return known.rsp == 0; }));
+    }
     int made = 0;
     for (int k = 0; k < kStacks; ++k) {
       MemoCapture c{&memo, kMax, {}, {}, true};
@@ -1007,12 +1019,15 @@ TEST_CASE("walks beyond the eight held are made again from their stack words alo
       made += memo.serial != serial;
     }
     INFO("round " << round << ": " << made << " walks made");
-    if (round == 0) {
+    if (round == 0 || round == 4) {
       CHECK(made == kStacks);
     } else {
       CHECK(made <= 6);
     }
   }
+  // After the release: the twelve walks counted, none kept.
+  CHECK(memo.walks_made == static_cast<uint32_t>(kStacks));
+  CHECK(memo.kept_end == 0);
 }
 
 namespace {
@@ -1050,6 +1065,7 @@ TEST_CASE("a walk made again leaves its frames unwritten where the caller's word
   using memledger::interposer::walk_key;
   static UnwindMemo memo;
   static uint64_t words[UnwindMemo::kWalks + UnwindMemo::kKnown];
+  keep_from_now(memo);
   constexpr uint64_t kBits = uint64_t{2} << 37;
   constexpr uint64_t kMade = uint64_t{12345} << 40;
   // Rounds 4 and 5: none of the eight walks held starts there, the walk
