@@ -88,11 +88,11 @@ struct ThreadRing {
   // The code objects of the owning thread's Python frames (PythonFrames::capture).
   PythonFrames::CodeCache code_cache;
   // By memo walk (UnwindMemo::made after the walk): the stack its thread
-  // made last from that slot's walk, when it was of native frames alone (0
+  // made last from that walk's frames, when it was of native frames alone (0
   // otherwise), in one word (a signal handler on the same thread replaces it
   // whole, never in part): the serial of the walk that gave the frames (bits
   // 0..27), their count (28..36), the frames skipped (37..39) and the
-  // stack's id (40..63). Recorder::capture_stack.
+  // stack's id (40..63): WalkReuse. Recorder::capture_stack.
   volatile uint64_t walk_stacks[UnwindMemo::kWalks + UnwindMemo::kKnown];
   // Until when (monotonic ns) the writer counts this ring's thread as
   // allocating without pause (Recorder::allocating_threads): the writer's
