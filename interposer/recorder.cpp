@@ -491,15 +491,13 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
   uint32_t depth = first < n ? static_cast<uint32_t>(n - first) : 0;
   if (depth > config_.stack_depth) depth = config_.stack_depth;
   if (python + depth == 0) return 0;
-  // Native frames alone, from the walk the thread's last such stack from
-  // the same memo slot was made from (the same frames): the same stack.
+  // Native frames alone, from a memo walk: the stack is kept under the
+  // walk's key, for the walk to find next time (WalkReuse).
   uint64_t key = 0;
   volatile uint64_t* made = nullptr;
   if (own != nullptr) made = &own->walk_stacks[own->unwind_memo.made % (UnwindMemo::kWalks + UnwindMemo::kKnown)];
   if (made != nullptr && may_reuse && serial != 0 && n < 512) {
     key = walk_key(serial, static_cast<uint32_t>(n), static_cast<uint64_t>(skip_extra) << 37);
-    const uint64_t last = *made;
-    if ((last & kWalkKeyMask) == key) return static_cast<uint32_t>(last >> 40);
   }
   if (first > 0) memmove(words + python, words + python + first, depth * sizeof(uintptr_t));
   const uint32_t id = stacks_.intern(words, python + depth, python, own != nullptr ? &own->path_cache : nullptr);

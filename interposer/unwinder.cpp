@@ -976,6 +976,20 @@ inline void keep_walk(UnwindMemo& memo, uint32_t slot) {
   known.cut = memo.whole_cut[slot];
 }
 
+// A new walk number (0 is never one).
+inline uint32_t next_serial(UnwindMemo& memo) {
+  if (++memo.serial == 0) memo.serial = 1;
+  return memo.serial;
+}
+
+// A walk found again, numbered `serial`: held long, it gets a new number,
+// so that every number handed out stays within 2^27 walks of the newest
+// (WalkReuse keeps the low 28 bits of one).
+inline uint32_t recent_serial(UnwindMemo& memo, uint32_t& serial) {
+  if (memo.serial - serial >= (1u << 27)) serial = next_serial(memo);
+  return serial;
+}
+
 // Whether the caller's word for memo walk `made` says it made something of
 // this walk's frames before (WalkReuse): then `reuse->reused` holds it, and
 // the frames need not be written.
@@ -1024,15 +1038,11 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
         memo->current = k;
         memo->made = k;
         memo->used[k] = ++memo->tick;
-        // A walk held long gets a new number: every number handed out stays
-        // within 2^27 walks of the newest (Recorder::capture_stack keeps
-        // the low 28 bits of one).
-        if (memo->serial - memo->serials[k] >= (1u << 27)) {
-          if (++memo->serial == 0) memo->serial = 1;
-          memo->serials[k] = memo->serial;
-        }
-        if (walk_serial != nullptr) *walk_serial = memo->serials[k];
-        if (whole != 0 && !reused(reuse, k, memo->serials[k], whole)) {
+        const uint32_t serial = recent_serial(*memo, memo->serials[k]);
+        if (walk_serial != nullptr) *walk_serial = serial;
+        // walk_again wrote the frames as it went; a walk made from stack
+        // words alone copies them unless the caller has their stack.
+        if (!reused(reuse, k, serial, static_cast<uint32_t>(again)) && whole != 0) {
           memcpy(frames + 1, memo->slots[k].returns(memo->count[k]) + 1, (whole - 1) * sizeof(void*));
         }
         return again;
@@ -1052,12 +1062,9 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
       const UnwindMemo::Check* checks = memo->kept + known.kept_at % UnwindMemo::kKept;
       if (follow_whole(checks, checks + known.checks)) {
         memo->made = UnwindMemo::kWalks + static_cast<uint32_t>(&known - memo->known);
-        if (memo->serial - known.serial >= (1u << 27)) {
-          if (++memo->serial == 0) memo->serial = 1;
-          known.serial = memo->serial;
-        }
-        if (walk_serial != nullptr) *walk_serial = known.serial;
-        if (!reused(reuse, memo->made, known.serial, known.whole)) {
+        const uint32_t serial = recent_serial(*memo, known.serial);
+        if (walk_serial != nullptr) *walk_serial = serial;
+        if (!reused(reuse, memo->made, serial, known.whole)) {
           memcpy(frames + 1, reinterpret_cast<const uint64_t*>(checks + known.checks) + 1,
                  (known.whole - 1) * sizeof(void*));
         }
@@ -1218,9 +1225,8 @@ __attribute__((always_inline)) inline int walk(uint64_t rip, uint64_t rsp, uint6
     memo->current = next;
     memo->made = next;
     memo->used[next] = ++memo->tick;
-    if (++memo->serial == 0) memo->serial = 1;  // 0 is never a walk's
-    memo->serials[next] = memo->serial;
-    if (walk_serial != nullptr) *walk_serial = memo->serial;
+    memo->serials[next] = next_serial(*memo);
+    if (walk_serial != nullptr) *walk_serial = memo->serials[next];
     if (memo->whole[next] != 0) {
       if (memo->walks_made >= UnwindMemo::kKeepAfter) {
         keep_walk(*memo, next);
