@@ -49,7 +49,6 @@ struct UnwindMemo {
     uint64_t at;
     uint64_t want;
   };
-  static constexpr int kChecks = 2 * kStates;
   // Set while a walk uses it: a signal handler that walks on the same
   // thread in the middle of that goes without.
   volatile uint32_t busy;
@@ -87,25 +86,24 @@ struct UnwindMemo {
   // of the slot, or the count being written): a walk of a few dozen frames
   // touches a page or two of its slot, as many as its states alone would.
   struct Slot {
-    static constexpr size_t kBytes = kStates * (sizeof(State) + 2 * sizeof(Check) + 8 + 2) + 64;
+    // Bytes per state of each part before the next: a state, at most two
+    // compares, a frame; then the counts to the end (one more than states).
+    static constexpr size_t kChecksAt = sizeof(State);
+    static constexpr size_t kReturnsAt = kChecksAt + 2 * sizeof(Check);
+    static constexpr size_t kToEndAt = kReturnsAt + sizeof(uint64_t);
+    static constexpr size_t kBytes = kStates * (kToEndAt + sizeof(uint16_t)) + 64;
     alignas(64) unsigned char bytes[kBytes];
     State* states() { return reinterpret_cast<State*>(bytes); }
     const State* states() const { return reinterpret_cast<const State*>(bytes); }
-    Check* checks(uint32_t count) { return reinterpret_cast<Check*>(bytes + sizeof(State) * count); }
-    const Check* checks(uint32_t count) const {
-      return reinterpret_cast<const Check*>(bytes + sizeof(State) * count);
-    }
-    uint64_t* returns(uint32_t count) {
-      return reinterpret_cast<uint64_t*>(bytes + (sizeof(State) + 2 * sizeof(Check)) * count);
-    }
+    Check* checks(uint32_t count) { return reinterpret_cast<Check*>(bytes + kChecksAt * count); }
+    const Check* checks(uint32_t count) const { return reinterpret_cast<const Check*>(bytes + kChecksAt * count); }
+    uint64_t* returns(uint32_t count) { return reinterpret_cast<uint64_t*>(bytes + kReturnsAt * count); }
     const uint64_t* returns(uint32_t count) const {
-      return reinterpret_cast<const uint64_t*>(bytes + (sizeof(State) + 2 * sizeof(Check)) * count);
+      return reinterpret_cast<const uint64_t*>(bytes + kReturnsAt * count);
     }
-    uint16_t* to_end(uint32_t count) {
-      return reinterpret_cast<uint16_t*>(bytes + (sizeof(State) + 2 * sizeof(Check) + 8) * count);
-    }
+    uint16_t* to_end(uint32_t count) { return reinterpret_cast<uint16_t*>(bytes + kToEndAt * count); }
     const uint16_t* to_end(uint32_t count) const {
-      return reinterpret_cast<const uint16_t*>(bytes + (sizeof(State) + 2 * sizeof(Check) + 8) * count);
+      return reinterpret_cast<const uint16_t*>(bytes + kToEndAt * count);
     }
   };
   Slot slots[kWalks];
@@ -163,9 +161,9 @@ struct LoaderAccess {
 // capture_stack: the stack's id), in one word per walk that it keeps,
 // indexed by UnwindMemo::made: the walk's serial (bits 0..27), its frame
 // count (28..36), the caller's own `bits` (37..39) and what it made
-// (40..63). Where a walk is made again from stack words alone and its word
-// says so, fast_backtrace() leaves the frames unwritten and sets `reused`
-// to the word (else 0).
+// (40..63). Where a walk is found again and its word says so,
+// fast_backtrace() sets `reused` to the word (else 0), and the frames are
+// not to be read: one made from stack words alone leaves them unwritten.
 struct WalkReuse {
   const volatile uint64_t* words;
   uint64_t bits;  // in bits 37..39
