@@ -1104,4 +1104,25 @@ TEST_CASE("a walk made again leaves its frames unwritten where the caller's word
       words[made] = walk_key(c.serial, static_cast<uint32_t>(c.count), kBits) | kMade;
     }
   }
+  // A walk held that is followed again by its rules (one not prepared to be
+  // made from stack words alone) writes its frames as it goes, and returns
+  // the word too. From one call site: the stack the same both times.
+  memledger::interposer::unwinder_release_kept(memo);
+  uint32_t slot = UnwindMemo::kWalks;
+  for (int round = 0; round < 2; ++round) {
+    INFO("followed by its rules, round " << round);
+    ReuseCapture c{&memo, words, kBits, {}, {}};
+    chain_nofp("nvfnv", reuse_leaf, &c);
+    if (round == 0) {
+      slot = memo.made;
+      REQUIRE(slot < UnwindMemo::kWalks);
+      words[slot] = walk_key(c.serial, static_cast<uint32_t>(c.count), kBits) | kMade;
+      memo.whole[slot] = 0;
+      continue;
+    }
+    CHECK(memo.made == slot);
+    CHECK(c.reused == words[slot]);
+    REQUIRE(c.libunwind.size() == static_cast<size_t>(c.count - 1));
+    CHECK(std::equal(c.libunwind.begin(), c.libunwind.end(), c.frames.begin()));
+  }
 }
