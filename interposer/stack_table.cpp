@@ -21,45 +21,112 @@ bool StackTable::init() {
   nodes_ = static_cast<Node*>(map_reserve(sizeof(Node) * kMaxNodes));
   fan_ = static_cast<FanEntry*>(map_reserve(sizeof(FanEntry) * kFanParents));
   fan_region_ = static_cast<uint32_t*>(map_reserve(sizeof(uint32_t) * kFanRegionWords));
-  escaped_ = static_cast<std::atomic<uint64_t>*>(map_reserve(sizeof(uint64_t) * kEscapedSlots));
-  return nodes_ != nullptr && fan_ != nullptr && fan_region_ != nullptr && escaped_ != nullptr;
+  words_ = static_cast<uint64_t*>(map_reserve(sizeof(uint64_t) * kMaxWords));
+  word_index_ = static_cast<uint32_t*>(map_reserve(sizeof(uint32_t) * kWordIndexWords));
+  if (nodes_ == nullptr || fan_ == nullptr || fan_region_ == nullptr || words_ == nullptr || word_index_ == nullptr) {
+    return false;
+  }
+  word_index_used_.store(1, std::memory_order_relaxed);  // offset 0: none
+  const size_t first = make_word_index(1u << 12, 0);
+  word_index_at_.store(first, std::memory_order_release);
+  return first != 0;
 }
 
-uint64_t StackTable::key_of_other(uintptr_t word) {
-  if ((word & kPartBits) == kPairBit && (word & ~kPairBit) <= kIdMask) return kKeyOther | kKeyPair | (word & kIdMask);
-  if (format::is_python_frame(word)) {
-    const uint32_t code = format::python_code_id(word);
-    const uint32_t offset = format::python_offset(word);
-    if (code < (1u << 20) && (offset < kKeyOffsetUnknown || offset == format::kPythonOffsetUnknown)) {
-      return kKeyOther | kKeyPython | ((word & format::kPythonAttributedBit) ? kKeyAttributed : 0) |
-             uint64_t{code} << 24 | (offset == format::kPythonOffsetUnknown ? kKeyOffsetUnknown : offset);
-    }
-  }
-  size_t i = static_cast<size_t>((word * 0x9e3779b97f4a7c15ull) >> 40) & (kEscapedSlots - 1);
-  for (size_t probe = 0; probe < kEscapedSlots; ++probe, i = (i + 1) & (kEscapedSlots - 1)) {
-    // A failed claim leaves in `seen` the word another thread put there first.
-    uint64_t seen = escaped_[i].load(std::memory_order_acquire);
-    if ((seen == 0 && escaped_[i].compare_exchange_strong(seen, word, std::memory_order_acq_rel)) || seen == word) {
-      return kKeyOther | kKeyEscaped | i;
-    }
-  }
-  return kNoKey;  // full
+namespace {
+
+inline size_t slot_of_word(uint64_t word, uint32_t capacity) {
+  return static_cast<size_t>((word * 0x9e3779b97f4a7c15ull) >> 32) & (capacity - 1);
 }
 
-uintptr_t StackTable::word_of(uint64_t key) const {
-  if (!(key & kKeyOther)) return key;
-  switch (key & kKeyKind) {
-    case kKeyPair:
-      return kPairBit | (key & kIdMask);
-    case kKeyPython: {
-      const uint32_t offset = static_cast<uint32_t>(key) & kKeyOffsetUnknown;
-      const uintptr_t word = format::python_frame_word(static_cast<uint32_t>(key >> 24) & ((1u << 20) - 1),
-                                                       offset == kKeyOffsetUnknown ? format::kPythonOffsetUnknown : offset);
-      return (key & kKeyAttributed) ? word | format::kPythonAttributedBit : word;
-    }
-    default:
-      return escaped_[key & (kEscapedSlots - 1)].load(std::memory_order_acquire);
+}  // namespace
+
+size_t StackTable::make_word_index(uint32_t capacity, uint32_t upto) {
+  const size_t at = word_index_used_.fetch_add(2 + size_t{capacity}, std::memory_order_relaxed);
+  if (at + 2 + capacity > kWordIndexWords) {
+    word_index_used_.store(kWordIndexWords, std::memory_order_relaxed);  // stays full
+    return 0;
   }
+  uint32_t* index = word_index_ + at;
+  index[0] = capacity;
+  // Not yet shared: filled without compare-and-swap, one entry a word (a
+  // word with two slots keeps its first). A slot still being written
+  // (zero) is left out.
+  uint32_t held = 0;
+  uint32_t* entries = index + 2;
+  for (uint32_t slot = 0; slot < upto; ++slot) {
+    const uint64_t word = std::atomic_ref<uint64_t>(words_[slot]).load(std::memory_order_acquire);
+    if (word == 0) continue;
+    size_t i = slot_of_word(word, capacity);
+    while (entries[i] != 0 && words_[entries[i] - 1] != word) i = (i + 1) & (capacity - 1);
+    if (entries[i] == 0) {
+      entries[i] = slot + 1;
+      ++held;
+    }
+  }
+  std::atomic_ref<uint32_t>(index[1]).store(held, std::memory_order_relaxed);
+  return at;
+}
+
+uint32_t StackTable::index_word(size_t at, uintptr_t word, uint32_t slot) {
+  uint32_t* index = word_index_ + at;
+  const uint32_t capacity = index[0];
+  uint32_t* entries = index + 2;
+  size_t i = slot_of_word(word, capacity);
+  for (uint32_t probe = 0; probe < capacity; ++probe, i = (i + 1) & (capacity - 1)) {
+    uint32_t seen = 0;
+    if (std::atomic_ref<uint32_t>(entries[i]).compare_exchange_strong(seen, slot + 1, std::memory_order_release,
+                                                                      std::memory_order_acquire)) {
+      std::atomic_ref<uint32_t>(index[1]).fetch_add(1, std::memory_order_relaxed);
+      return slot;
+    }
+    if (std::atomic_ref<uint64_t>(words_[seen - 1]).load(std::memory_order_relaxed) == word) return seen - 1;
+  }
+  return kNoWord;
+}
+
+uint32_t StackTable::word_slot(uintptr_t word) {
+  size_t at = word_index_at_.load(std::memory_order_acquire);
+  {
+    const uint32_t* index = word_index_ + at;
+    const uint32_t capacity = index[0];
+    const uint32_t* entries = index + 2;
+    size_t i = slot_of_word(word, capacity);
+    for (uint32_t probe = 0; probe < capacity; ++probe, i = (i + 1) & (capacity - 1)) {
+      const uint32_t entry = std::atomic_ref<const uint32_t>(entries[i]).load(std::memory_order_acquire);
+      if (entry == 0) break;
+      if (std::atomic_ref<const uint64_t>(words_[entry - 1]).load(std::memory_order_relaxed) == word) return entry - 1;
+    }
+  }
+  const uint32_t mine = next_word_.fetch_add(1, std::memory_order_relaxed);
+  if (mine >= kMaxWords) {
+    next_word_.store(kMaxWords, std::memory_order_relaxed);  // stays full
+    return kNoWord;
+  }
+  std::atomic_ref<uint64_t>(words_[mine]).store(word, std::memory_order_release);
+  const uint32_t slot = index_word(at, word, mine);
+  // Three quarters full: made again twice as large, with the slots handed
+  // out so far, then those handed out meanwhile.
+  const uint32_t capacity = word_index_[at];
+  if (std::atomic_ref<uint32_t>(word_index_[at + 1]).load(std::memory_order_relaxed) > capacity / 4 * 3 &&
+      word_index_at_.load(std::memory_order_acquire) == at) {
+    const uint32_t upto = next_word_.load(std::memory_order_acquire);
+    const size_t grown = make_word_index(capacity * 2, upto < kMaxWords ? upto : kMaxWords);
+    size_t expected = at;
+    if (grown != 0 && word_index_at_.compare_exchange_strong(expected, grown, std::memory_order_acq_rel)) {
+      const uint32_t now = next_word_.load(std::memory_order_acquire);
+      for (uint32_t later = upto; later < now && later < kMaxWords; ++later) {
+        const uint64_t w = std::atomic_ref<uint64_t>(words_[later]).load(std::memory_order_acquire);
+        if (w != 0) index_word(grown, w, later);
+      }
+      // The old index's whole pages go back to the kernel. A thread still
+      // reading it finds empty entries there and hands the word a second
+      // slot; one still adding to it faults a zero page back in.
+      const uintptr_t from = (reinterpret_cast<uintptr_t>(word_index_ + at + 2) + 4095) & ~uintptr_t{4095};
+      const uintptr_t to = reinterpret_cast<uintptr_t>(word_index_ + at + 2 + capacity) & ~uintptr_t{4095};
+      if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
+    }
+  }
+  return slot == kNoWord ? mine : slot;
 }
 
 namespace {
@@ -76,10 +143,6 @@ constexpr uint32_t kStale = 64;
 // The children an index of `capacity` slots takes: three quarters of them,
 // so that a probe always ends at an empty slot.
 inline uint32_t index_room(uint32_t capacity) { return capacity / 4 * 3; }
-
-inline size_t slot_of_key(uint64_t key, uint32_t capacity) {
-  return static_cast<size_t>((key * 0x9e3779b97f4a7c15ull) >> 32) & (capacity - 1);
-}
 
 // The PathCache::recent slot of a stack: a hash of all its words, four
 // words at a time, in four independent chains: a chain through every
@@ -135,7 +198,7 @@ uint32_t* StackTable::make_index(FanEntry& entry, uint32_t head) {
   index[0] = capacity;
   uint32_t* slots = index + kIndexHead;  // mapped zero: empty
   for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling()) {
-    size_t i = slot_of_key(nodes_[id].key(), capacity);
+    size_t i = slot_of_word(word_of(id), capacity);
     while (slots[i] != 0) i = (i + 1) & (capacity - 1);
     slots[i] = id;
   }
@@ -150,11 +213,11 @@ uint32_t* StackTable::make_index(FanEntry& entry, uint32_t head) {
 // from `id` down is in the index. Nothing when the index is three quarters
 // full (a reader's probe always ends at an empty slot); the children after
 // that are looked through one by one until the index is made again.
-void StackTable::index_child(uint32_t* index, uint32_t id, uint64_t key, uint32_t below) {
+void StackTable::index_child(uint32_t* index, uint32_t id, uintptr_t word, uint32_t below) {
   const uint32_t capacity = index[0];
   if (std::atomic_ref<uint32_t>(index[2]).fetch_add(1, std::memory_order_relaxed) + 1 > index_room(capacity)) return;
   uint32_t* slots = index + kIndexHead;
-  for (size_t i = slot_of_key(key, capacity);; i = (i + 1) & (capacity - 1)) {
+  for (size_t i = slot_of_word(word, capacity);; i = (i + 1) & (capacity - 1)) {
     uint32_t empty = 0;
     if (std::atomic_ref<uint32_t>(slots[i]).compare_exchange_strong(empty, id, std::memory_order_release,
                                                                      std::memory_order_relaxed)) {
@@ -165,9 +228,9 @@ void StackTable::index_child(uint32_t* index, uint32_t id, uint64_t key, uint32_
                                                               std::memory_order_relaxed);
 }
 
-uint32_t StackTable::look_through(uint32_t from, uint32_t until, uint64_t key, uint32_t* steps) const {
+uint32_t StackTable::look_through(uint32_t from, uint32_t until, uintptr_t word, bool pair, uint32_t* steps) const {
   for (uint32_t id = from; id != until && id != 0; id = nodes_[id].next_sibling()) {
-    if (nodes_[id].has_key(key)) return id;
+    if (is(id, word, pair)) return id;
     if (steps != nullptr) ++*steps;
   }
   return 0;
@@ -178,12 +241,13 @@ uint32_t StackTable::look_through(uint32_t from, uint32_t until, uint64_t key, u
 // an index for next time when the list is long). On a miss, `head` is the
 // list's head as it was looked through and `index` the index that the new
 // child goes into.
-uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id, uint64_t key, uint32_t*& index) {
+uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id, uintptr_t word, bool pair,
+                                    uint32_t*& index) {
   FanEntry* entry = fan_entry(parent);
   const uint32_t at = entry != nullptr ? entry->index.load(std::memory_order_acquire) : 0;
   if (at == 0) {
     uint32_t more = 0;
-    const uint32_t found = look_through(id, 0, key, &more);
+    const uint32_t found = look_through(id, 0, word, pair, &more);
     if (found == 0 && entry != nullptr && kShortWalk + more > kLongWalk) index = make_index(*entry, head);
     return found;
   }
@@ -192,14 +256,14 @@ uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id
   // The children from `covered` down are in the index; the head read after
   // it lies above it, so the walk from the head meets it.
   const uint32_t covered = std::atomic_ref<uint32_t>(here[1]).load(std::memory_order_acquire);
-  head = nodes_[parent].first_child.load(std::memory_order_acquire);
+  head = nodes_[parent].head();
   uint32_t newer = 0;
-  if (const uint32_t found = look_through(head, covered, key, &newer)) return found;
+  if (const uint32_t found = look_through(head, covered, word, pair, &newer)) return found;
   const uint32_t* slots = here + kIndexHead;
-  for (size_t i = slot_of_key(key, capacity);; i = (i + 1) & (capacity - 1)) {
+  for (size_t i = slot_of_word(word, capacity);; i = (i + 1) & (capacity - 1)) {
     const uint32_t slot = std::atomic_ref<const uint32_t>(slots[i]).load(std::memory_order_acquire);
     if (slot == 0) break;
-    if (nodes_[slot].has_key(key)) return slot;
+    if (is(slot, word, pair)) return slot;
   }
   // Made again: twice as large when it is three quarters full; when another thread's
   // child kept `covered` back (two threads adding children to one parent
@@ -215,46 +279,52 @@ uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id
 // through what was pushed meanwhile, so one word never gets two nodes.
 // Most look-ups end among the first few children: that walk is here, the
 // rest out of line.
-uint32_t StackTable::child(uint32_t parent, uintptr_t word) {
-  const uint64_t key = key_of(word);
-  if (key == kNoKey) return 0;
-  const uint32_t head = nodes_[parent].first_child.load(std::memory_order_acquire);
+uint32_t StackTable::child(uint32_t parent, uintptr_t word, bool pair) {
+  const uint32_t head = nodes_[parent].head();
   uint32_t id = head;
   for (uint32_t walked = 0; id != 0 && walked < kShortWalk; ++walked, id = nodes_[id].next_sibling()) {
-    if (nodes_[id].has_key(key)) return id;
+    if (is(id, word, pair)) return id;
   }
-  return add_child(parent, head, id, key);
+  return add_child(parent, head, id, word, pair);
 }
 
 // child() past its short walk, which stopped at `id` (0: the list's end).
-__attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key) {
+__attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word,
+                                                          bool pair) {
   uint32_t* index = nullptr;
   if (id != 0) {
-    if (const uint32_t found = find_far_child(parent, head, id, key, index)) return found;
+    if (const uint32_t found = find_far_child(parent, head, id, word, pair, index)) return found;
   }
   Node& up = nodes_[parent];
   publishing_.fetch_add(1, std::memory_order_acq_rel);
-  const uint32_t mine = next_id_.fetch_add(1, std::memory_order_relaxed);
+  const uint32_t key = pair ? kPairKey : word_slot(word);
+  const uint32_t mine = key != kNoWord ? next_id_.fetch_add(1, std::memory_order_relaxed) : kMaxNodes;
   if (mine >= kMaxNodes) {
-    next_id_.store(kMaxNodes, std::memory_order_relaxed);  // stays full
+    if (key != kNoWord) next_id_.store(kMaxNodes, std::memory_order_relaxed);  // stays full
     publishing_.fetch_sub(1, std::memory_order_acq_rel);
     return 0;
   }
   Node& node = nodes_[mine];
-  node.key_low = static_cast<uint32_t>(key);
-  node.parent_key = parent | static_cast<uint32_t>(key >> 32 & 0xff) << 24;
-  node.first_child.store(0, std::memory_order_relaxed);
-  const uint32_t sibling_key_bits = static_cast<uint32_t>(key >> 40 & 0xff) << 24;
+  node.parent_key = parent | (key & 0xff) << 24;
+  // A pair has no children: its Python path's node takes their place.
+  node.first_child.store((pair ? static_cast<uint32_t>(word) & kIdMask : 0) | (key >> 8 & 0xff) << 24,
+                         std::memory_order_relaxed);
+  const uint32_t sibling_key_bits = (key >> 16 & 0xff) << 24;
+  // The parent's first-child word keeps its key bits: swapped whole.
+  const uint32_t up_bits = up.first_child.load(std::memory_order_relaxed) & ~kIdMask;
   uint32_t seen_until = head;  // the list from here down was looked through
   for (;;) {
     node.sibling_key.store(head | sibling_key_bits, std::memory_order_relaxed);
-    if (up.first_child.compare_exchange_strong(head, mine, std::memory_order_acq_rel, std::memory_order_acquire)) {
+    uint32_t expected = head | up_bits;
+    if (up.first_child.compare_exchange_strong(expected, mine | up_bits, std::memory_order_acq_rel,
+                                               std::memory_order_acquire)) {
       publishing_.fetch_sub(1, std::memory_order_acq_rel);
-      if (index != nullptr) index_child(index, mine, key, head);
+      if (index != nullptr) index_child(index, mine, word, head);
       return mine;
     }
     // `head` is now the new head: look through the nodes pushed since.
-    if (const uint32_t found = look_through(head, seen_until, key, nullptr)) {
+    head = expected & kIdMask;
+    if (const uint32_t found = look_through(head, seen_until, word, pair, nullptr)) {
       // Lost a race: `mine` stays unlinked, an id no stack uses.
       publishing_.fetch_sub(1, std::memory_order_acq_rel);
       return found;
@@ -341,7 +411,7 @@ uint32_t StackTable::intern_parts(const uintptr_t* frames, uint32_t python, uint
     recent = &cache->pairs[key >> 56 & (PathCache::kPairs - 1)];
     if (recent->native == native_node && recent->python == python_node) return recent->id;  // never empty: nodes are not 0
   }
-  const uint32_t id = child(native_node, kPairBit | python_node);
+  const uint32_t id = child(native_node, kPairBit | python_node, true);
   if (recent != nullptr && id != 0) *recent = PathCache::Pair{native_node, python_node, id};
   return id;
 }
@@ -373,7 +443,7 @@ uint32_t StackTable::read_path(uint32_t node, CachedPath& cache, uintptr_t* out,
   uint32_t depth = shared;
   for (uint32_t i = n; i-- > 0; ++depth) {
     cache.nodes[depth] = walked[i];
-    cache.word(depth) = word_of(nodes_[walked[i]].key());
+    cache.word(depth) = word_of(walked[i]);
   }
   cache.depth = depth;
   const uint32_t count = depth < room ? depth : room;
@@ -383,7 +453,7 @@ uint32_t StackTable::read_path(uint32_t node, CachedPath& cache, uintptr_t* out,
 
 uint32_t StackTable::read_path_whole(uint32_t node, uintptr_t* out, uint32_t room) const {
   uint32_t count = 0;
-  for (uint32_t at = node; at != 0 && count < room; at = nodes_[at].parent()) out[count++] = word_of(nodes_[at].key());
+  for (uint32_t at = node; at != 0 && count < room; at = nodes_[at].parent()) out[count++] = word_of(at);
   return count;
 }
 
@@ -393,9 +463,9 @@ uint32_t StackTable::get(uint32_t id, uintptr_t* out, ReadCache* cache) const {
   // each part from its node up to the root.
   uint32_t python = id;
   uint32_t native = 0;
-  const uintptr_t word = word_of(nodes_[id].key());
-  if ((word & kPartBits) == kPairBit) {
-    python = static_cast<uint32_t>(word);
+  const uintptr_t word = word_of(id);
+  if (nodes_[id].key() == kPairKey) {
+    python = static_cast<uint32_t>(word) & kIdMask;
     native = nodes_[id].parent();
   } else if (!format::is_python_frame(word)) {
     python = 0;

@@ -1,7 +1,7 @@
 // Interns call stacks: each distinct stack gets a small id, shared by every
 // thread, without a lock. Stacks are kept as trees of frames (calling
 // context trees, as heaptrack keeps its traces): a path from the root is a
-// node, and stacks that share their outer frames share those nodes, 20
+// node, and stacks that share their outer frames share those nodes, 12
 // bytes each, where storing whole stacks cost their whole depth.
 //
 // A stack's Python frames and its native frames are two paths of their
@@ -114,6 +114,9 @@ class StackTable {
   // Number of ids handed out so far: ids are below count() + 1. Not every
   // id below is a stack (a node may only lie on other stacks' paths).
   uint32_t count() const { return next_id_.load(std::memory_order_acquire) - 1; }
+  // Slots handed out to frame words: each distinct word takes one (rarely
+  // two, when two threads add it at once), however many nodes have it.
+  uint32_t word_count() const { return next_word_.load(std::memory_order_relaxed); }
   // Words taken by the indexes of parents with many children, those left
   // behind by an index made again included.
   size_t index_words() const { return fan_used_.load(std::memory_order_relaxed); }
@@ -136,73 +139,99 @@ class StackTable {
   void reset_after_fork() { publishing_.store(0, std::memory_order_relaxed); }
 
  private:
-  // One frame of the tree, 16 bytes: the frame's key (key_of: its word in
-  // 48 bits) and the links, together so that a look through a parent's
-  // children reads one place per child. Node ids are below 2^24, so the
-  // parent and the next sibling take 24 bits each and the key's high 16
-  // bits ride in their top bytes. All but `first_child` are set before the
-  // node is linked into its parent's child list and never change after.
+  // One frame of the tree, 12 bytes: the frame's key (its word's slot in
+  // words_, 24 bits) and the links, together so that a look through a
+  // parent's children reads one place per child. Node ids are below 2^24,
+  // so the parent, the first child and the next sibling take 24 bits each
+  // and the key's three bytes ride in their top bytes. All but the first
+  // child's id are set before the node is linked into its parent's child
+  // list and never change after.
+  //
+  // A pair's node (a stack with Python frames, below its native path's
+  // node) has the key kPairKey, and in place of a first child (a pair has
+  // none) its Python path's node.
   struct Node {
-    uint32_t key_low;
-    uint32_t parent_key;                 // the parent; key bits 32..39 in bits 24..31
-    std::atomic<uint32_t> first_child;   // 0 = none
-    std::atomic<uint32_t> sibling_key;   // the next sibling; key bits 40..47 in bits 24..31
+    uint32_t parent_key;                // the parent; key bits 0..7 in bits 24..31
+    std::atomic<uint32_t> first_child;  // 0 = none; key bits 8..15 in bits 24..31
+    std::atomic<uint32_t> sibling_key;  // the next sibling; key bits 16..23 in bits 24..31
     uint32_t parent() const { return parent_key & kIdMask; }
-    uint32_t next_sibling() const { return sibling_key.load(std::memory_order_relaxed) & kIdMask; }
-    uint64_t key_high() const {
-      return (parent_key >> 24) | (sibling_key.load(std::memory_order_relaxed) >> 24) << 8;
+    uint32_t next_sibling() const { return sibling_key.load(std::memory_order_acquire) & kIdMask; }
+    uint32_t head() const { return first_child.load(std::memory_order_acquire) & kIdMask; }
+    uint32_t key() const {
+      return parent_key >> 24 | (first_child.load(std::memory_order_relaxed) >> 24) << 8 |
+             (sibling_key.load(std::memory_order_relaxed) >> 24) << 16;
     }
-    bool has_key(uint64_t key) const {
-      return key_low == static_cast<uint32_t>(key) && key_high() == key >> 32;
-    }
-    uint64_t key() const { return key_high() << 32 | key_low; }
   };
-  static_assert(sizeof(Node) == 16);
+  static_assert(sizeof(Node) == 12);
   static constexpr uint32_t kIdMask = (1u << 24) - 1;
   static_assert(kMaxNodes - 1 <= kIdMask);
+  static constexpr uint32_t kPairKey = kIdMask;
 
-  // A frame word as a node keeps it, in 48 bits:
-  //   a native return address below 2^47         as it is (bit 47 clear)
-  //   a pair (kPairBit | node)                    kKeyOther | kKeyPair | node
-  //   a Python frame (format::python_frame_word)  kKeyOther | kKeyPython | attributed (bit 44)
-  //                                               | code id (bits 24..43) | offset (bits 0..23)
-  //   any other word (an address above 2^47, a Python code id from 2^20
-  //   on or an offset from 2^24 - 1 on)           kKeyOther | kKeyEscaped | its slot in escaped_
-  // kNoKey when a word must be escaped and escaped_ is full. A key never
-  // changes meaning: word_of(key_of(w)) == w.
-  static constexpr uint64_t kNoKey = ~uint64_t{0};
-  static constexpr uint64_t kKeyOther = uint64_t{1} << 47;
-  static constexpr uint64_t kKeyKind = uint64_t{3} << 45;
-  static constexpr uint64_t kKeyPair = uint64_t{3} << 45;
-  static constexpr uint64_t kKeyPython = uint64_t{2} << 45;
-  static constexpr uint64_t kKeyEscaped = uint64_t{1} << 45;
-  static constexpr uint64_t kKeyAttributed = uint64_t{1} << 44;
-  static constexpr uint32_t kKeyOffsetUnknown = (1u << 24) - 1;
-  uint64_t key_of(uintptr_t word) { return word < kKeyOther ? word : key_of_other(word); }
-  uint64_t key_of_other(uintptr_t word);
-  uintptr_t word_of(uint64_t key) const;
-  // Words kept whole, each in a slot found by hashing (open addressing, a
-  // compare-and-swap claims a slot: no lock, so a signal handler that
-  // interns on a thread in the middle of this does not wait for it).
-  static constexpr size_t kEscapedSlots = size_t{1} << 16;
-  std::atomic<uint64_t>* escaped_ = nullptr;
+  // Frame words, each kept once: a node's key is its word's slot. A tree of
+  // `import torch`'s stacks has some 3 million nodes and 200,000 distinct
+  // words; a node that kept its word itself took 16 bytes.
+  //
+  // Slots are handed out in turn and never change. Words are found by a
+  // hash index of their slots, made again twice as large when three
+  // quarters full (the ones left behind are not freed: a thread may still
+  // read one). No lock: a signal handler that interns on a thread in the
+  // middle of this does not wait for it. Two threads that add one word at
+  // once may give it two slots; nodes are told apart by their words, never
+  // by their keys, so a word still gets one node below a parent.
+  static constexpr uint32_t kMaxWords = 1u << 23;
+  static constexpr size_t kWordIndexWords = size_t{1} << 25;  // 128 MiB reserved, touched as used
+  static constexpr uint32_t kNoWord = ~0u;
+  uint64_t* words_ = nullptr;
+  std::atomic<uint32_t> next_word_{0};
+  // The index: its capacity (a power of two), the slots it holds, then its
+  // entries (a word's slot + 1; 0: empty). `word_index_at_`: the current
+  // one's offset in word_index_.
+  uint32_t* word_index_ = nullptr;
+  std::atomic<size_t> word_index_used_{0};
+  std::atomic<size_t> word_index_at_{0};
+  // `word`'s slot, added when missing; kNoWord when the slots are used up.
+  uint32_t word_slot(uintptr_t word);
+  // A new index of `capacity` entries holding the slots below `upto`;
+  // its offset, or 0 when the region is full.
+  size_t make_word_index(uint32_t capacity, uint32_t upto);
+  // Puts `slot` (holding `word`) into the index at `at`; returns the slot
+  // the word has there (another thread's, when it came first), or kNoWord
+  // when the index has no empty entry left.
+  uint32_t index_word(size_t at, uintptr_t word, uint32_t slot);
+  // The frame word of node `id`: a pair's is kPairBit | its Python node.
+  uintptr_t word_of(uint32_t id) const {
+    const Node& node = nodes_[id];
+    const uint32_t key = node.key();
+    if (key == kPairKey) return kPairBit | (node.first_child.load(std::memory_order_relaxed) & kIdMask);
+    return std::atomic_ref<const uint64_t>(words_[key]).load(std::memory_order_relaxed);
+  }
+  // Whether node `id` is the frame `word` (a pair's node when `pair`).
+  bool is(uint32_t id, uintptr_t word, bool pair) const {
+    const Node& node = nodes_[id];
+    const uint32_t key = node.key();
+    if (pair) return key == kPairKey && (kPairBit | (node.first_child.load(std::memory_order_relaxed) & kIdMask)) == word;
+    return key != kPairKey && std::atomic_ref<const uint64_t>(words_[key]).load(std::memory_order_relaxed) == word;
+  }
 
-  uint32_t child(uint32_t parent, uintptr_t word);
-  uint32_t add_child(uint32_t parent, uint32_t head, uint32_t id, uint64_t key);
-  // The child of `parent` for `key` in its list as it was at `head`, from
+  // The child of `parent` for `word` (a pair's node when `pair`: `word` is
+  // kPairBit | the Python path's node), added when missing; 0 when the
+  // table is full.
+  uint32_t child(uint32_t parent, uintptr_t word, bool pair = false);
+  uint32_t add_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word, bool pair);
+  // The child of `parent` for `word` in its list as it was at `head`, from
   // `id` on (the first children were looked through), or 0 when it is not
   // there; then `head` is the head looked through, and `index` the
   // parent's index, if it has one that takes new children.
-  uint32_t find_far_child(uint32_t parent, uint32_t& head, uint32_t id, uint64_t key, uint32_t*& index);
+  uint32_t find_far_child(uint32_t parent, uint32_t& head, uint32_t id, uintptr_t word, bool pair, uint32_t*& index);
   // get()'s part from `node` up to the root, innermost first, at most
   // `room` words into `out`, by way of `cache` (the same kind of path read
   // last); returns the count.
   uint32_t read_path(uint32_t node, CachedPath& cache, uintptr_t* out, uint32_t room) const;
   // The same, following every node from `node` up to the root.
   uint32_t read_path_whole(uint32_t node, uintptr_t* out, uint32_t room) const;
-  // The sibling for `key` from `from` up to (not including) `until` or the
+  // The sibling for `word` from `from` up to (not including) `until` or the
   // list's end, or 0; `steps`, when given, counts the siblings passed.
-  uint32_t look_through(uint32_t from, uint32_t until, uint64_t key, uint32_t* steps) const;
+  uint32_t look_through(uint32_t from, uint32_t until, uintptr_t word, bool pair, uint32_t* steps) const;
 
   // Parents with many children (the root; a native path reached from
   // hundreds of Python lines) get an index of their children: a hash table
@@ -219,7 +248,7 @@ class StackTable {
   static constexpr size_t kFanRegionWords = size_t{1} << 24;  // 64 MiB reserved, touched as used
   FanEntry* fan_entry(uint32_t parent);
   uint32_t* make_index(FanEntry& entry, uint32_t head);
-  void index_child(uint32_t* index, uint32_t id, uint64_t key, uint32_t below);
+  void index_child(uint32_t* index, uint32_t id, uintptr_t word, uint32_t below);
   // An index's words: its capacity (a power of two); `covered`, the child
   // from which down every child is in it; the children it holds (may count
   // past three quarters of the capacity, where it takes no more); then the
@@ -231,11 +260,9 @@ class StackTable {
   // intern() past its recent stacks: the stack's Python and native paths.
   uint32_t intern_parts(const uintptr_t* frames, uint32_t python, uint32_t native, PathCache* cache);
 
-  // Frame words: native return addresses (below 2^57), Python frames
-  // (format::kPythonFrameBit), and pairs (bit 62 alone, the Python path's
-  // node in the low bits), whose node's parent is the native path's.
+  // A pair's word, as word_of() gives it: bit 62, the Python path's node
+  // in the low bits.
   static constexpr uintptr_t kPairBit = uintptr_t{1} << 62;
-  static constexpr uintptr_t kPartBits = format::kPythonFrameBit | kPairBit;
 
   Node* nodes_ = nullptr;  // by id; id 0 is the root (no frame)
   FanEntry* fan_ = nullptr;

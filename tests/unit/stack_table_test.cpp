@@ -61,6 +61,30 @@ TEST_CASE("stacks that share their outer frames share their nodes", "[stacks]") 
   CHECK(frames_of(table, table.intern(stack.data(), 60)) == stack);
 }
 
+TEST_CASE("a frame word is kept once, however many nodes have it", "[stacks]") {
+  // 20,000 stacks of three frames: one of 20 outer frames, one middle
+  // frame below each, one innermost frame of their own. The middle word
+  // is on 20 nodes and kept once; the innermost words grow the index of
+  // words past its first size several times.
+  static StackTable table;
+  REQUIRE(table.init());
+  constexpr uintptr_t kStacks = 20000;
+  std::vector<uint32_t> ids(kStacks);
+  for (uintptr_t i = 0; i < kStacks; ++i) {
+    const uintptr_t frames[3] = {0x500000 + 16 * i, 0x7000, 0x8000 + i % 20};
+    ids[i] = table.intern(frames, 3);
+    REQUIRE(ids[i] != 0);
+  }
+  CHECK(table.count() == 20 + 20 + kStacks);
+  CHECK(table.word_count() == 20 + 1 + kStacks);
+  for (uintptr_t i = 0; i < kStacks; i += 3) {
+    const uintptr_t frames[3] = {0x500000 + 16 * i, 0x7000, 0x8000 + i % 20};
+    REQUIRE(table.intern(frames, 3) == ids[i]);
+    REQUIRE(frames_of(table, ids[i]) == std::vector<uintptr_t>(frames, frames + 3));
+  }
+  CHECK(table.word_count() == 20 + 1 + kStacks);
+}
+
 TEST_CASE("every kind of frame word comes back as it was interned", "[stacks]") {
   static StackTable table;
   REQUIRE(table.init());
