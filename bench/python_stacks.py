@@ -149,6 +149,7 @@ def main():
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--memray-path", help="folder holding the memray package (pip install --target)")
     parser.add_argument("--no-memory", action="store_true", help="skip the tracer memory table")
+    parser.add_argument("--memory-only", action="store_true", help="the tracer memory table alone")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="memledger-pybench-")
     try:
@@ -170,9 +171,10 @@ def main():
             configs += [("memray", "memray", memray_env), ("memray --native", "memray-native", memray_env)]
         else:
             print("memray: skipped (not importable by %s; see --memray-path)" % args.python)
-        print("%-10s %-28s %10s %8s %10s %8s %10s %9s" % ("workload", "mode", "wall s", "x", "cpu s", "x",
-                                                          "peak MiB", "added"))
-        for name, source, steps in workloads:
+        if not args.memory_only:
+            print("%-10s %-28s %10s %8s %10s %8s %10s %9s" % ("workload", "mode", "wall s", "x", "cpu s", "x",
+                                                              "peak MiB", "added"))
+        for name, source, steps in workloads if not args.memory_only else []:
             script = os.path.join(tmp, name + ".py")
             with open(script, "w") as f:
                 f.write(source)
