@@ -198,7 +198,7 @@ uint32_t* StackTable::make_index(FanEntry& entry, uint32_t head) {
   index[0] = capacity;
   uint32_t* slots = index + kIndexHead;  // mapped zero: empty
   for (uint32_t id = head; id != 0; id = nodes_[id].next_sibling()) {
-    size_t i = slot_of_word(word_of(id), capacity);
+    size_t i = slot_of_word(child_key(word_of(id), python_of(id)), capacity);
     while (slots[i] != 0) i = (i + 1) & (capacity - 1);
     slots[i] = id;
   }
@@ -213,11 +213,11 @@ uint32_t* StackTable::make_index(FanEntry& entry, uint32_t head) {
 // from `id` down is in the index. Nothing when the index is three quarters
 // full (a reader's probe always ends at an empty slot); the children after
 // that are looked through one by one until the index is made again.
-void StackTable::index_child(uint32_t* index, uint32_t id, uintptr_t word, uint32_t below) {
+void StackTable::index_child(uint32_t* index, uint32_t id, uint64_t key, uint32_t below) {
   const uint32_t capacity = index[0];
   if (std::atomic_ref<uint32_t>(index[2]).fetch_add(1, std::memory_order_relaxed) + 1 > index_room(capacity)) return;
   uint32_t* slots = index + kIndexHead;
-  for (size_t i = slot_of_word(word, capacity);; i = (i + 1) & (capacity - 1)) {
+  for (size_t i = slot_of_word(key, capacity);; i = (i + 1) & (capacity - 1)) {
     uint32_t empty = 0;
     if (std::atomic_ref<uint32_t>(slots[i]).compare_exchange_strong(empty, id, std::memory_order_release,
                                                                      std::memory_order_relaxed)) {
@@ -228,9 +228,10 @@ void StackTable::index_child(uint32_t* index, uint32_t id, uintptr_t word, uint3
                                                               std::memory_order_relaxed);
 }
 
-uint32_t StackTable::look_through(uint32_t from, uint32_t until, uintptr_t word, bool pair, uint32_t* steps) const {
+uint32_t StackTable::look_through(uint32_t from, uint32_t until, uintptr_t word, uint32_t python,
+                                  uint32_t* steps) const {
   for (uint32_t id = from; id != until && id != 0; id = nodes_[id].next_sibling()) {
-    if (is(id, word, pair)) return id;
+    if (is(id, word, python)) return id;
     if (steps != nullptr) ++*steps;
   }
   return 0;
@@ -241,13 +242,13 @@ uint32_t StackTable::look_through(uint32_t from, uint32_t until, uintptr_t word,
 // an index for next time when the list is long). On a miss, `head` is the
 // list's head as it was looked through and `index` the index that the new
 // child goes into.
-uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id, uintptr_t word, bool pair,
+uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id, uintptr_t word, uint32_t python,
                                     uint32_t*& index) {
   FanEntry* entry = fan_entry(parent);
   const uint32_t at = entry != nullptr ? entry->index.load(std::memory_order_acquire) : 0;
   if (at == 0) {
     uint32_t more = 0;
-    const uint32_t found = look_through(id, 0, word, pair, &more);
+    const uint32_t found = look_through(id, 0, word, python, &more);
     if (found == 0 && entry != nullptr && kShortWalk + more > kLongWalk) index = make_index(*entry, head);
     return found;
   }
@@ -258,12 +259,12 @@ uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id
   const uint32_t covered = std::atomic_ref<uint32_t>(here[1]).load(std::memory_order_acquire);
   head = nodes_[parent].head();
   uint32_t newer = 0;
-  if (const uint32_t found = look_through(head, covered, word, pair, &newer)) return found;
+  if (const uint32_t found = look_through(head, covered, word, python, &newer)) return found;
   const uint32_t* slots = here + kIndexHead;
-  for (size_t i = slot_of_word(word, capacity);; i = (i + 1) & (capacity - 1)) {
+  for (size_t i = slot_of_word(child_key(word, python), capacity);; i = (i + 1) & (capacity - 1)) {
     const uint32_t slot = std::atomic_ref<const uint32_t>(slots[i]).load(std::memory_order_acquire);
     if (slot == 0) break;
-    if (is(slot, word, pair)) return slot;
+    if (is(slot, word, python)) return slot;
   }
   // Made again: twice as large when it is three quarters full; when another thread's
   // child kept `covered` back (two threads adding children to one parent
@@ -279,36 +280,36 @@ uint32_t StackTable::find_far_child(uint32_t parent, uint32_t& head, uint32_t id
 // through what was pushed meanwhile, so one word never gets two nodes.
 // Most look-ups end among the first few children: that walk is here, the
 // rest out of line.
-uint32_t StackTable::child(uint32_t parent, uintptr_t word, bool pair) {
+uint32_t StackTable::child(uint32_t parent, uintptr_t word, uint32_t python) {
   const uint32_t head = nodes_[parent].head();
   uint32_t id = head;
   for (uint32_t walked = 0; id != 0 && walked < kShortWalk; ++walked, id = nodes_[id].next_sibling()) {
-    if (is(id, word, pair)) return id;
+    if (is(id, word, python)) return id;
   }
-  return add_child(parent, head, id, word, pair);
+  return add_child(parent, head, id, word, python);
 }
 
 // child() past its short walk, which stopped at `id` (0: the list's end).
 __attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word,
-                                                          bool pair) {
+                                                          uint32_t python) {
   uint32_t* index = nullptr;
   if (id != 0) {
-    if (const uint32_t found = find_far_child(parent, head, id, word, pair, index)) return found;
+    if (const uint32_t found = find_far_child(parent, head, id, word, python, index)) return found;
   }
   Node& up = nodes_[parent];
   publishing_.fetch_add(1, std::memory_order_acq_rel);
-  const uint32_t key = pair ? kPairKey : word_slot(word);
-  const uint32_t mine = key != kNoWord ? next_id_.fetch_add(1, std::memory_order_relaxed) : kMaxNodes;
+  const uint32_t slot = word_slot(word);
+  const uint32_t mine = slot != kNoWord ? next_id_.fetch_add(1, std::memory_order_relaxed) : kMaxNodes;
   if (mine >= kMaxNodes) {
-    if (key != kNoWord) next_id_.store(kMaxNodes, std::memory_order_relaxed);  // stays full
+    if (slot != kNoWord) next_id_.store(kMaxNodes, std::memory_order_relaxed);  // stays full
     publishing_.fetch_sub(1, std::memory_order_acq_rel);
     return 0;
   }
+  const uint32_t key = slot | (python != 0 ? kPairFlag : 0);
   Node& node = nodes_[mine];
   node.parent_key = parent | (key & 0xff) << 24;
   // A pair has no children: its Python path's node takes their place.
-  node.first_child.store((pair ? static_cast<uint32_t>(word) & kIdMask : 0) | (key >> 8 & 0xff) << 24,
-                         std::memory_order_relaxed);
+  node.first_child.store(python | (key >> 8 & 0xff) << 24, std::memory_order_relaxed);
   const uint32_t sibling_key_bits = (key >> 16 & 0xff) << 24;
   // The parent's first-child word keeps its key bits: swapped whole.
   const uint32_t up_bits = up.first_child.load(std::memory_order_relaxed) & ~kIdMask;
@@ -319,12 +320,12 @@ __attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32
     if (up.first_child.compare_exchange_strong(expected, mine | up_bits, std::memory_order_acq_rel,
                                                std::memory_order_acquire)) {
       publishing_.fetch_sub(1, std::memory_order_acq_rel);
-      if (index != nullptr) index_child(index, mine, word, head);
+      if (index != nullptr) index_child(index, mine, child_key(word, python), head);
       return mine;
     }
     // `head` is now the new head: look through the nodes pushed since.
     head = expected & kIdMask;
-    if (const uint32_t found = look_through(head, seen_until, word, pair, nullptr)) {
+    if (const uint32_t found = look_through(head, seen_until, word, python, nullptr)) {
       // Lost a race: `mine` stays unlinked, an id no stack uses.
       publishing_.fetch_sub(1, std::memory_order_acq_rel);
       return found;
@@ -336,7 +337,7 @@ __attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32
 void StackTable::PathCache::clear() {
   python.depth = 0;
   native.depth = 0;
-  for (Pair& pair : pairs) pair = Pair{0, 0, 0};
+  for (Pair& pair : pairs) pair = Pair{0, 0, 0, 0};
   for (Recent& r : recent) r.id = 0;
   busy = 0;
 }
@@ -402,17 +403,25 @@ uint32_t StackTable::intern_parts(const uintptr_t* frames, uint32_t python, uint
     python_node = intern_path(frames, python, cache != nullptr ? &cache->python : nullptr);
     if (python_node == 0 || native == 0) return python_node;
   }
-  const uint32_t native_node = intern_path(frames + python, native, cache != nullptr ? &cache->native : nullptr);
-  if (native_node == 0 || python == 0) return native_node;
-  // Both parts: the pair's node, below the native path's.
+  if (python == 0) return intern_path(frames, native, cache != nullptr ? &cache->native : nullptr);
+  // Both parts: the pair's node, its innermost native frame, below the
+  // node of the native frames outside it (the root for one frame).
+  const uintptr_t innermost = frames[python];
+  uint32_t outer = 0;
+  if (native > 1) {
+    outer = intern_path(frames + python + 1, native - 1, cache != nullptr ? &cache->native : nullptr);
+    if (outer == 0) return 0;
+  }
   PathCache::Pair* recent = nullptr;
   if (cache != nullptr) {
-    const uint64_t key = (uint64_t{native_node} << 32 | python_node) * 0x9e3779b97f4a7c15ull;
+    const uint64_t key = ((uint64_t{outer} << 32 | python_node) ^ innermost) * 0x9e3779b97f4a7c15ull;
     recent = &cache->pairs[key >> 56 & (PathCache::kPairs - 1)];
-    if (recent->native == native_node && recent->python == python_node) return recent->id;  // never empty: nodes are not 0
+    if (recent->id != 0 && recent->native == outer && recent->python == python_node && recent->word == innermost) {
+      return recent->id;
+    }
   }
-  const uint32_t id = child(native_node, kPairBit | python_node, true);
-  if (recent != nullptr && id != 0) *recent = PathCache::Pair{native_node, python_node, id};
+  const uint32_t id = child(outer, innermost, python_node);
+  if (recent != nullptr && id != 0) *recent = PathCache::Pair{outer, python_node, innermost, id};
   return id;
 }
 
@@ -461,25 +470,19 @@ uint32_t StackTable::get(uint32_t id, uintptr_t* out, ReadCache* cache) const {
   if (nodes_ == nullptr || id == 0 || id >= next_id_.load(std::memory_order_acquire) || id >= kMaxNodes) return 0;
   // Python frames innermost first, then native frames innermost first:
   // each part from its node up to the root.
-  uint32_t python = id;
-  uint32_t native = 0;
-  const uintptr_t word = word_of(id);
-  if (nodes_[id].key() == kPairKey) {
-    python = static_cast<uint32_t>(word) & kIdMask;
-    native = nodes_[id].parent();
-  } else if (!format::is_python_frame(word)) {
-    python = 0;
-    native = id;
+  const auto read = [&](uint32_t node, CachedPath* path, uintptr_t* to, uint32_t room) {
+    return path != nullptr ? read_path(node, *path, to, room) : read_path_whole(node, to, room);
+  };
+  if (const uint32_t python = python_of(id)) {
+    uint32_t depth = read(python, cache != nullptr ? &cache->python : nullptr, out, kMaxDepth);
+    if (depth < kMaxDepth) out[depth++] = word_of(id);
+    if (const uint32_t outer = nodes_[id].parent()) {
+      depth += read(outer, cache != nullptr ? &cache->native : nullptr, out + depth, kMaxDepth - depth);
+    }
+    return depth;
   }
-  uint32_t depth = 0;
-  if (python != 0) {
-    depth = cache != nullptr ? read_path(python, cache->python, out, kMaxDepth) : read_path_whole(python, out, kMaxDepth);
-  }
-  if (native != 0) {
-    depth += cache != nullptr ? read_path(native, cache->native, out + depth, kMaxDepth - depth)
-                              : read_path_whole(native, out + depth, kMaxDepth - depth);
-  }
-  return depth;
+  const bool python = format::is_python_frame(word_of(id));
+  return read(id, cache == nullptr ? nullptr : python ? &cache->python : &cache->native, out, kMaxDepth);
 }
 
 }  // namespace memledger::interposer

@@ -5,9 +5,9 @@
 // bytes each, where storing whole stacks cost their whole depth.
 //
 // A stack's Python frames and its native frames are two paths of their
-// own, each from the root, outermost frame first; a stack with both is one
-// more node, below its native path's node, whose word names its Python
-// path's node. The two parts vary apart: in a Python program most native
+// own, each from the root, outermost frame first; a stack with both ends
+// in a node of its innermost native frame that also names its Python
+// path's node (a pair's node), below the node of its other native frames. The two parts vary apart: in a Python program most native
 // paths (the interpreter's frames under Python code, then the library's)
 // are reached from a few Python paths, and a Python line reaches many
 // native paths. Kept as one path, every Python path had its own copy of
@@ -77,9 +77,10 @@ class StackTable {
     CachedPath python;
     CachedPath native;
     struct Pair {
-      uint32_t native;
+      uint32_t native;  // the node of the native frames but the innermost
       uint32_t python;
-      uint32_t id;  // 0: empty
+      uintptr_t word;   // the innermost native frame
+      uint32_t id;      // 0: empty
     };
     static constexpr uint32_t kPairs = 256;
     Pair pairs[kPairs];
@@ -147,9 +148,12 @@ class StackTable {
   // child's id are set before the node is linked into its parent's child
   // list and never change after.
   //
-  // A pair's node (a stack with Python frames, below its native path's
-  // node) has the key kPairKey, and in place of a first child (a pair has
-  // none) its Python path's node.
+  // A pair's node (a stack with Python frames: its innermost native frame,
+  // below the node of its other native frames) has kPairFlag in its key,
+  // and in place of a first child (a pair has none) its Python path's
+  // node. A native path used only under Python frames so has no node of
+  // its own for its innermost frame: `import torch` has some 900,000
+  // native paths, almost each reached from one Python path.
   struct Node {
     uint32_t parent_key;                // the parent; key bits 0..7 in bits 24..31
     std::atomic<uint32_t> first_child;  // 0 = none; key bits 8..15 in bits 24..31
@@ -165,7 +169,7 @@ class StackTable {
   static_assert(sizeof(Node) == 12);
   static constexpr uint32_t kIdMask = (1u << 24) - 1;
   static_assert(kMaxNodes - 1 <= kIdMask);
-  static constexpr uint32_t kPairKey = kIdMask;
+  static constexpr uint32_t kPairFlag = 1u << 23;
 
   // Frame words, each kept once: a node's key is its word's slot. A tree of
   // `import torch`'s stacks has some 3 million nodes and 200,000 distinct
@@ -178,7 +182,7 @@ class StackTable {
   // middle of this does not wait for it. Two threads that add one word at
   // once may give it two slots; nodes are told apart by their words, never
   // by their keys, so a word still gets one node below a parent.
-  static constexpr uint32_t kMaxWords = 1u << 23;
+  static constexpr uint32_t kMaxWords = kPairFlag;
   static constexpr size_t kWordIndexWords = size_t{1} << 25;  // 128 MiB reserved, touched as used
   static constexpr uint32_t kNoWord = ~0u;
   uint64_t* words_ = nullptr;
@@ -198,31 +202,40 @@ class StackTable {
   // the word has there (another thread's, when it came first), or kNoWord
   // when the index has no empty entry left.
   uint32_t index_word(size_t at, uintptr_t word, uint32_t slot);
-  // The frame word of node `id`: a pair's is kPairBit | its Python node.
+  // The frame word of node `id`.
   uintptr_t word_of(uint32_t id) const {
-    const Node& node = nodes_[id];
-    const uint32_t key = node.key();
-    if (key == kPairKey) return kPairBit | (node.first_child.load(std::memory_order_relaxed) & kIdMask);
-    return std::atomic_ref<const uint64_t>(words_[key]).load(std::memory_order_relaxed);
+    return std::atomic_ref<const uint64_t>(words_[nodes_[id].key() & ~kPairFlag]).load(std::memory_order_relaxed);
   }
-  // Whether node `id` is the frame `word` (a pair's node when `pair`).
-  bool is(uint32_t id, uintptr_t word, bool pair) const {
+  // The Python path's node of pair node `id`; 0 for any other node.
+  uint32_t python_of(uint32_t id) const {
+    const Node& node = nodes_[id];
+    return node.key() & kPairFlag ? node.first_child.load(std::memory_order_relaxed) & kIdMask : 0;
+  }
+  // Whether node `id` is the frame `word` (and a pair's node for Python
+  // node `python`, when that is not 0).
+  bool is(uint32_t id, uintptr_t word, uint32_t python) const {
     const Node& node = nodes_[id];
     const uint32_t key = node.key();
-    if (pair) return key == kPairKey && (kPairBit | (node.first_child.load(std::memory_order_relaxed) & kIdMask)) == word;
-    return key != kPairKey && std::atomic_ref<const uint64_t>(words_[key]).load(std::memory_order_relaxed) == word;
+    if ((key & kPairFlag) != (python != 0 ? kPairFlag : 0)) return false;
+    if (python != 0 && (node.first_child.load(std::memory_order_relaxed) & kIdMask) != python) return false;
+    return std::atomic_ref<const uint64_t>(words_[key & ~kPairFlag]).load(std::memory_order_relaxed) == word;
+  }
+  // What a parent's index hashes a child by.
+  static uint64_t child_key(uintptr_t word, uint32_t python) {
+    return word ^ uint64_t{python} * 0xff51afd7ed558ccdull;
   }
 
-  // The child of `parent` for `word` (a pair's node when `pair`: `word` is
-  // kPairBit | the Python path's node), added when missing; 0 when the
-  // table is full.
-  uint32_t child(uint32_t parent, uintptr_t word, bool pair = false);
-  uint32_t add_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word, bool pair);
+  // The child of `parent` for `word` (a pair's node for Python node
+  // `python`, when that is not 0), added when missing; 0 when the table is
+  // full.
+  uint32_t child(uint32_t parent, uintptr_t word, uint32_t python = 0);
+  uint32_t add_child(uint32_t parent, uint32_t head, uint32_t id, uintptr_t word, uint32_t python);
   // The child of `parent` for `word` in its list as it was at `head`, from
   // `id` on (the first children were looked through), or 0 when it is not
   // there; then `head` is the head looked through, and `index` the
   // parent's index, if it has one that takes new children.
-  uint32_t find_far_child(uint32_t parent, uint32_t& head, uint32_t id, uintptr_t word, bool pair, uint32_t*& index);
+  uint32_t find_far_child(uint32_t parent, uint32_t& head, uint32_t id, uintptr_t word, uint32_t python,
+                          uint32_t*& index);
   // get()'s part from `node` up to the root, innermost first, at most
   // `room` words into `out`, by way of `cache` (the same kind of path read
   // last); returns the count.
@@ -231,7 +244,7 @@ class StackTable {
   uint32_t read_path_whole(uint32_t node, uintptr_t* out, uint32_t room) const;
   // The sibling for `word` from `from` up to (not including) `until` or the
   // list's end, or 0; `steps`, when given, counts the siblings passed.
-  uint32_t look_through(uint32_t from, uint32_t until, uintptr_t word, bool pair, uint32_t* steps) const;
+  uint32_t look_through(uint32_t from, uint32_t until, uintptr_t word, uint32_t python, uint32_t* steps) const;
 
   // Parents with many children (the root; a native path reached from
   // hundreds of Python lines) get an index of their children: a hash table
@@ -248,7 +261,7 @@ class StackTable {
   static constexpr size_t kFanRegionWords = size_t{1} << 24;  // 64 MiB reserved, touched as used
   FanEntry* fan_entry(uint32_t parent);
   uint32_t* make_index(FanEntry& entry, uint32_t head);
-  void index_child(uint32_t* index, uint32_t id, uintptr_t word, uint32_t below);
+  void index_child(uint32_t* index, uint32_t id, uint64_t key, uint32_t below);
   // An index's words: its capacity (a power of two); `covered`, the child
   // from which down every child is in it; the children it holds (may count
   // past three quarters of the capacity, where it takes no more); then the
@@ -260,9 +273,6 @@ class StackTable {
   // intern() past its recent stacks: the stack's Python and native paths.
   uint32_t intern_parts(const uintptr_t* frames, uint32_t python, uint32_t native, PathCache* cache);
 
-  // A pair's word, as word_of() gives it: bit 62, the Python path's node
-  // in the low bits.
-  static constexpr uintptr_t kPairBit = uintptr_t{1} << 62;
 
   Node* nodes_ = nullptr;  // by id; id 0 is the root (no frame)
   FanEntry* fan_ = nullptr;

@@ -168,10 +168,11 @@ TEST_CASE("a stack's Python and native paths are kept apart, and paired", "[stac
     }
   }
   CHECK(ids.size() == 1200);
-  // Each Python path once (9 shared frames, then 30 innermost), each
-  // native path once (49, then 40), then one node per stack. As one path
+  // Each Python path once (9 shared frames, then 30 innermost), the
+  // native frames but the innermost once (49), then one node per stack:
+  // its innermost native frame, paired with its Python path. As one path
   // per stack, every Python path had its own copy of the 49 + 40.
-  CHECK(table.count() == (9 + 30) + (49 + 40) + 1200);
+  CHECK(table.count() == (9 + 30) + 49 + 1200);
   // A Python path alone and a native path alone are stacks of their own.
   const uint32_t python_only = table.intern(stack.data(), 10, 10);
   const uint32_t native_only = table.intern(stack.data() + 10, 50, 0);
