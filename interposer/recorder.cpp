@@ -32,6 +32,7 @@
 #include "spin_lock.h"
 #include "trace_writer.h"
 #include "unwinder.h"
+#include "vmm_ledger.h"
 
 namespace memledger::interposer {
 __thread ThreadState tls_state __attribute__((tls_model("initial-exec")));
@@ -825,6 +826,11 @@ void Recorder::before_fork() {
       nanosleep(&pause, nullptr);
     }
   }
+  // Locks a thread other than this one may hold at the fork: the child
+  // would inherit them held, by a thread it does not have.
+  hold_signal_actions_for_fork();
+  unwinder_hold_for_fork();
+  vmm_ledger().hold_for_fork();
   // Keep the sampled-address shards consistent across the fork.
   for (SampledShard& shard : g_sampled) shard.lock.lock();
   g_shared_lock.lock();
@@ -835,6 +841,9 @@ void Recorder::after_fork_parent() {
   g_forking.store(false, std::memory_order_seq_cst);
   g_shared_lock.unlock();
   for (SampledShard& shard : g_sampled) shard.lock.unlock();
+  vmm_ledger().release_after_fork(false);
+  unwinder_release_after_fork(false);
+  release_signal_actions_after_fork(false);
 }
 
 void Recorder::after_fork_child() {
@@ -844,6 +853,9 @@ void Recorder::after_fork_child() {
   g_forking.store(false, std::memory_order_seq_cst);
   g_shared_lock.reset();
   for (SampledShard& shard : g_sampled) shard.lock.reset();
+  vmm_ledger().release_after_fork(true);
+  unwinder_release_after_fork(true);
+  release_signal_actions_after_fork(true);
   live_ledger().reset_after_fork();
   graph_ledger().reset_after_fork();
   mapped_ledger().reset_after_fork();

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <sched.h>
+#include <time.h>
 
 namespace memledger::interposer {
 
@@ -18,6 +19,23 @@ class SpinLock {
   bool try_lock() { return !flag_.exchange(true, std::memory_order_acquire); }
   void unlock() { flag_.store(false, std::memory_order_release); }
   void reset() { flag_.store(false, std::memory_order_relaxed); }
+  // Before fork(): takes the lock once the thread that holds it lets go,
+  // waiting at most about 200 ms (a thread that never lets go, such as one
+  // a signal handler stopped half way, must not stop the fork). Whether it
+  // was taken: the parent unlocks it after the fork only then; the child
+  // resets it either way.
+  bool lock_for_fork() {
+    for (int i = 0; i < 20000; ++i) {
+      if (try_lock()) return true;
+      if (i < 100) {
+        sched_yield();
+      } else {
+        timespec pause = {0, 10000};
+        nanosleep(&pause, nullptr);
+      }
+    }
+    return false;
+  }
 
  private:
   std::atomic<bool> flag_{false};

@@ -543,9 +543,21 @@ class ReadPages {
     return bytes;
   }
   SpinLock lock_;
+  bool held_for_fork_ = false;
   Range ranges_[kRanges];
   int count_ = 0;
   int rules_ = 0;
+
+ public:
+  void hold_for_fork() { held_for_fork_ = lock_.lock_for_fork(); }
+  void release_after_fork(bool child) {
+    if (child) {
+      lock_.reset();
+    } else if (held_for_fork_) {
+      lock_.unlock();
+    }
+    held_for_fork_ = false;
+  }
 };
 ReadPages g_read_pages;
 ObjectIndex g_objects;
@@ -733,6 +745,10 @@ void unwinder_release_kept(UnwindMemo& memo) {
 void unwinder_modules_unloaded() { g_generation.fetch_add(1, std::memory_order_release); }
 
 size_t unwinder_hand_back_read_pages() { return g_read_pages.hand_back(); }
+
+void unwinder_hold_for_fork() { g_read_pages.hold_for_fork(); }
+
+void unwinder_release_after_fork(bool child) { g_read_pages.release_after_fork(child); }
 
 bool unwinder_configure(const char* choice) {
   if (choice == nullptr || *choice == '\0' || strcmp(choice, "fast") == 0) {

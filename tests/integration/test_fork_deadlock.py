@@ -1,4 +1,4 @@
-"""fork() while another thread is inside dl_iterate_phdr.
+"""fork() while another thread is inside dl_iterate_phdr, or inside sigaction().
 
 A thread inside dl_iterate_phdr holds glibc's loader lock; a fork() from
 another thread copies that lock, locked, into the child, where no thread
@@ -36,6 +36,28 @@ class ForkWhileLoaderLockHeld(mltest.TestCase):
     # from run to run: skipped with the reason rather than left to chance.
     @unittest.skip("known limitation: a fork while a thread of the program holds glibc's loader lock "
                    "can leave a traced child hung on its first stack (README, Limits)")
+    def test_forked_children_do_not_hang(self):
+        run_dir = os.path.join(self.tmpdir(), "race")
+        proc = self.traced(run_dir, self.COMMAND, options=("--no-report",))
+        self.assertEqual(mltest.parse_kv(proc.stdout).get("HUNG"), "0", self.describe(proc))
+        self.assertExit(proc, 0)
+
+
+class ForkWhileSigactionRuns(mltest.TestCase):
+    """fork() while another thread is inside sigaction() for a signal memledger
+    watches: memledger keeps the program's actions under a lock, which it
+    takes before the fork and releases in both processes after it, so the
+    child's own sigaction() finds it free. tests/programs/fork_sigaction.c
+    has a thread set SIGTERM's action without pause while the main thread
+    forks; each child sets it too."""
+
+    COMMAND = [mltest.program("fork_sigaction"), 50]
+
+    def test_untraced_control(self):
+        proc = self.run_cmd(self.COMMAND)
+        self.assertExit(proc, 0)
+        self.assertEqual(mltest.parse_kv(proc.stdout), {"FORKS": "50", "HUNG": "0"})
+
     def test_forked_children_do_not_hang(self):
         run_dir = os.path.join(self.tmpdir(), "race")
         proc = self.traced(run_dir, self.COMMAND, options=("--no-report",))
