@@ -173,20 +173,9 @@ void install_ours(SigactionFn real, int signo, const struct sigaction& app) {
 
 }  // namespace
 
-namespace {
-bool g_actions_held_for_fork = false;
-}  // namespace
+void hold_signal_actions_for_fork() { g_actions_lock.hold_for_fork(); }
 
-void hold_signal_actions_for_fork() { g_actions_held_for_fork = g_actions_lock.lock_for_fork(); }
-
-void release_signal_actions_after_fork(bool child) {
-  if (child) {
-    g_actions_lock.reset();
-  } else if (g_actions_held_for_fork) {
-    g_actions_lock.unlock();
-  }
-  g_actions_held_for_fork = false;
-}
+void release_signal_actions_after_fork(bool child) { g_actions_lock.release_after_fork(child); }
 
 void install_signal_handlers() {
   SigactionFn real = real_sigaction();

@@ -21,12 +21,14 @@ class SpinLock {
   void reset() { flag_.store(false, std::memory_order_relaxed); }
   // Before fork(): takes the lock once the thread that holds it lets go,
   // waiting at most about 200 ms (a thread that never lets go, such as one
-  // a signal handler stopped half way, must not stop the fork). Whether it
-  // was taken: the parent unlocks it after the fork only then; the child
-  // resets it either way.
-  bool lock_for_fork() {
+  // a signal handler stopped half way, must not stop the fork).
+  void hold_for_fork() {
+    held_for_fork_ = false;
     for (int i = 0; i < 20000; ++i) {
-      if (try_lock()) return true;
+      if (try_lock()) {
+        held_for_fork_ = true;
+        return;
+      }
       if (i < 100) {
         sched_yield();
       } else {
@@ -34,11 +36,21 @@ class SpinLock {
         nanosleep(&pause, nullptr);
       }
     }
-    return false;
+  }
+  // After it: the parent unlocks it if hold_for_fork() took it; the child,
+  // where no other thread came along, resets it either way.
+  void release_after_fork(bool child) {
+    if (child) {
+      reset();
+    } else if (held_for_fork_) {
+      unlock();
+    }
+    held_for_fork_ = false;
   }
 
  private:
   std::atomic<bool> flag_{false};
+  bool held_for_fork_ = false;  // by the forking thread, between the two
 };
 
 class SpinGuard {

@@ -543,21 +543,13 @@ class ReadPages {
     return bytes;
   }
   SpinLock lock_;
-  bool held_for_fork_ = false;
   Range ranges_[kRanges];
   int count_ = 0;
   int rules_ = 0;
 
  public:
-  void hold_for_fork() { held_for_fork_ = lock_.lock_for_fork(); }
-  void release_after_fork(bool child) {
-    if (child) {
-      lock_.reset();
-    } else if (held_for_fork_) {
-      lock_.unlock();
-    }
-    held_for_fork_ = false;
-  }
+  void hold_for_fork() { lock_.hold_for_fork(); }
+  void release_after_fork(bool child) { lock_.release_after_fork(child); }
 };
 ReadPages g_read_pages;
 ObjectIndex g_objects;

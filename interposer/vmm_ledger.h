@@ -48,15 +48,8 @@ class VmmLedger {
   // fork(): the tables are held still across it, so that the child gets
   // them whole and the lock free. Taken before the recorder's shared ring
   // (on_freed may record under this lock).
-  void hold_for_fork() { held_for_fork_ = lock_.lock_for_fork(); }
-  void release_after_fork(bool child) {
-    if (child) {
-      lock_.reset();
-    } else if (held_for_fork_) {
-      lock_.unlock();
-    }
-    held_for_fork_ = false;
-  }
+  void hold_for_fork() { lock_.hold_for_fork(); }
+  void release_after_fork(bool child) { lock_.release_after_fork(child); }
 
  private:
   struct HandleEntry {
@@ -81,7 +74,6 @@ class VmmLedger {
   void erase_mapping(MappingEntry* entry);
 
   SpinLock lock_;
-  bool held_for_fork_ = false;
   HandleEntry* handles_ = nullptr;
   MappingEntry* mappings_ = nullptr;
   size_t handle_count_ = 0;

@@ -47,11 +47,11 @@ class ForkWhileSigactionRuns(mltest.TestCase):
     """fork() while another thread is inside sigaction() for a signal memledger
     watches: memledger keeps the program's actions under a lock, which it
     takes before the fork and releases in both processes after it, so the
-    child's own sigaction() finds it free. tests/programs/fork_sigaction.c
-    has a thread set SIGTERM's action without pause while the main thread
-    forks; each child sets it too."""
+    child's own sigaction() finds it free. `tests/programs/fork_race.c
+    sigaction` has a thread set SIGTERM's action without pause while the
+    main thread forks; each child sets it too."""
 
-    COMMAND = [mltest.program("fork_sigaction"), 50]
+    COMMAND = [mltest.program("fork_race"), 50, "sigaction"]
 
     def test_untraced_control(self):
         proc = self.run_cmd(self.COMMAND)
