@@ -274,7 +274,6 @@ class StackTable {
   // intern() past its recent stacks: the stack's Python and native paths.
   uint32_t intern_parts(const uintptr_t* frames, uint32_t python, uint32_t native, PathCache* cache);
 
-
   Node* nodes_ = nullptr;  // by id; id 0 is the root (no frame)
   FanEntry* fan_ = nullptr;
   // Each index: its capacity (a power of two), the head it was made at,
