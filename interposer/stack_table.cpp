@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 
 #include "owned_use.h"
+#include "pages.h"
 
 namespace memledger::interposer {
 namespace {
@@ -118,12 +119,12 @@ uint32_t StackTable::word_slot(uintptr_t word) {
         const uint64_t w = std::atomic_ref<uint64_t>(words_[later]).load(std::memory_order_acquire);
         if (w != 0) index_word(grown, w, later);
       }
-      // The old index's whole pages go back to the kernel. A thread still
+      // The old index's whole pages go back to the kernel (its header, and
+      // the next index where it shares a page, stay). A thread still
       // reading it finds empty entries there and hands the word a second
       // slot; one still adding to it faults a zero page back in.
-      const uintptr_t from = (reinterpret_cast<uintptr_t>(word_index_ + at + 2) + 4095) & ~uintptr_t{4095};
-      const uintptr_t to = reinterpret_cast<uintptr_t>(word_index_ + at + 2 + capacity) & ~uintptr_t{4095};
-      if (to > from) madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
+      hand_back_whole_pages(reinterpret_cast<uintptr_t>(word_index_ + at + 2),
+                            reinterpret_cast<uintptr_t>(word_index_ + at + 2 + capacity));
     }
   }
   return slot == kNoWord ? mine : slot;

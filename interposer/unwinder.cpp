@@ -16,6 +16,7 @@
 
 #include "object_index.h"
 #include "owned_use.h"
+#include "pages.h"
 #include "spin_lock.h"
 
 namespace memledger::interposer {
@@ -722,15 +723,11 @@ void unwinder_release_kept(UnwindMemo& memo) {
   if (memo.kept_end == 0) return;  // nothing kept since the last release
   const auto begin = reinterpret_cast<uintptr_t>(&memo.known[0]);
   const auto end = reinterpret_cast<uintptr_t>(memo.kept + UnwindMemo::kKept);
-  const auto page = static_cast<uintptr_t>(getpagesize());
-  const uintptr_t first = (begin + page - 1) & ~(page - 1);
-  const uintptr_t last = end & ~(page - 1);
-  if (first < last && madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED) == 0) {
-    memset(reinterpret_cast<void*>(begin), 0, first - begin);
-    memset(reinterpret_cast<void*>(last), 0, end - last);
-  } else {
-    memset(reinterpret_cast<void*>(begin), 0, end - begin);
-  }
+  // The parts of pages at the edges (shared with the rest of the memo),
+  // and all of it where nothing was handed back, are cleared by hand.
+  const PageSpan gone = hand_back_whole_pages(begin, end);
+  memset(reinterpret_cast<void*>(begin), 0, gone.first - begin);
+  memset(reinterpret_cast<void*>(gone.last), 0, end - gone.last);
   memo.kept_end = 0;
 }
 
