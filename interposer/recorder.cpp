@@ -401,16 +401,8 @@ uint64_t Recorder::push_in_place(ThreadState& t, uint64_t seq, Fill&& fill) {
   if (head - tail >= ThreadRing::kCapacity) {
     // Full: give the writer up to ~10 ms to catch up, then count a drop.
     trace_writer().wake();
-    for (int i = 0; i < 2000; ++i) {
-      if (head - ring->tail.load(std::memory_order_acquire) < ThreadRing::kCapacity) break;
-      if (i < 100) {
-        sched_yield();
-      } else {
-        timespec pause = {0, 5000};
-        nanosleep(&pause, nullptr);
-      }
-    }
-    if (head - ring->tail.load(std::memory_order_acquire) >= ThreadRing::kCapacity) {
+    if (!wait_until([&] { return head - ring->tail.load(std::memory_order_acquire) < ThreadRing::kCapacity; },
+                    2000, 5000)) {
       ring->dropped.fetch_add(1, std::memory_order_relaxed);
       if (shared) g_shared_lock.unlock();
       return 0;
@@ -815,17 +807,13 @@ void Recorder::before_fork() {
   // sections away and wait (at most ~200 ms) for those in flight, and for
   // stacks being interned to be published.
   g_forking.store(true, std::memory_order_seq_cst);
-  for (int i = 0; i < 20000; ++i) {
-    int64_t inside = 0;
-    for (LoaderShard& shard : g_loader) inside += shard.inside.load(std::memory_order_seq_cst);
-    if (inside <= 0 && stacks_.quiet()) break;
-    if (i < 100) {
-      sched_yield();
-    } else {
-      timespec pause = {0, 10000};
-      nanosleep(&pause, nullptr);
-    }
-  }
+  wait_until(
+      [this] {
+        int64_t inside = 0;
+        for (LoaderShard& shard : g_loader) inside += shard.inside.load(std::memory_order_seq_cst);
+        return inside <= 0 && stacks_.quiet();
+      },
+      20000, 10000);
   // Locks a thread other than this one may hold at the fork: the child
   // would inherit them held, by a thread it does not have.
   hold_signal_actions_for_fork();

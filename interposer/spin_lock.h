@@ -9,6 +9,24 @@
 
 namespace memledger::interposer {
 
+// Asks `done()` until it holds, at most `pauses` times more after the
+// first: the first 100 pauses give the processor up, the others sleep
+// `sleep_ns`. Whether it held. For the short waits of rare moments (a
+// fork, a full ring), never the per-event path.
+template <typename Done>
+bool wait_until(Done done, int pauses, long sleep_ns) {
+  for (int i = 0; i < pauses; ++i) {
+    if (done()) return true;
+    if (i < 100) {
+      sched_yield();
+    } else {
+      timespec pause = {0, sleep_ns};
+      nanosleep(&pause, nullptr);
+    }
+  }
+  return done();
+}
+
 class SpinLock {
  public:
   void lock() {
@@ -23,19 +41,7 @@ class SpinLock {
   // waiting at most about 200 ms (a thread that never lets go, such as one
   // a signal handler stopped half way, must not stop the fork).
   void hold_for_fork() {
-    held_for_fork_ = false;
-    for (int i = 0; i < 20000; ++i) {
-      if (try_lock()) {
-        held_for_fork_ = true;
-        return;
-      }
-      if (i < 100) {
-        sched_yield();
-      } else {
-        timespec pause = {0, 10000};
-        nanosleep(&pause, nullptr);
-      }
-    }
+    held_for_fork_ = wait_until([this] { return try_lock(); }, 20000, 10000);
   }
   // After it: the parent unlocks it if hold_for_fork() took it; the child,
   // where no other thread came along, resets it either way.
