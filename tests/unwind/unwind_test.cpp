@@ -396,27 +396,31 @@ TEST_CASE("a walk made again compares the saved frame pointers a later rule read
       const uint32_t current = memo.current;
       REQUIRE(current < UnwindMemo::kWalks);
       REQUIRE(memo.whole[current] == memo.count[current]);
+      const uint32_t count = memo.count[current];
+      const UnwindMemo::State* states = memo.slots[current].states();
+      UnwindMemo::Check* checks = memo.slots[current].checks(count);
+      const uint16_t* to_end = memo.slots[current].to_end(count);
       // A state's second compare is its saved frame pointer's.
       uint32_t checked = 0;
-      for (uint32_t i = 1; i < memo.count[current] && checked == 0; ++i) {
-        if (memo.slots[current].to_end(memo.count[current])[i] - memo.slots[current].to_end(memo.count[current])[i + 1] == 2) {
-          checked = memo.check_end[current] - memo.slots[current].to_end(memo.count[current])[i] + 1;
-          CHECK(memo.slots[current].checks(memo.count[current])[checked].at != memo.slots[current].states()[i].rsp - 8);
-          CHECK(memo.slots[current].checks(memo.count[current])[checked].want == memo.slots[current].states()[i].rbp);
+      for (uint32_t i = 1; i < count && checked == 0; ++i) {
+        if (to_end[i] - to_end[i + 1] == 2) {
+          checked = memo.check_end[current] - to_end[i] + 1;
+          CHECK(checks[checked].at != states[i].rsp - 8);
+          CHECK(checks[checked].want == states[i].rbp);
         }
       }
       REQUIRE(checked > 0);
       if (!kept) {
-        memo.slots[current].checks(memo.count[current])[checked].want ^= 0x10;
+        checks[checked].want ^= 0x10;
         forget_known(memo);
       } else {
         // The kept copy of the walk: the same compares.
         uint32_t changed_kept = 0;
         for (UnwindMemo::Known& known : memo.known) {
-          if (known.rsp != memo.slots[current].states()[0].rsp || known.rip != memo.slots[current].states()[0].rip) continue;
+          if (known.rsp != states[0].rsp || known.rip != states[0].rip) continue;
           REQUIRE(known.checks == memo.check_end[current]);
           UnwindMemo::Check& check = memo.kept[known.kept_at % UnwindMemo::kKept + checked];
-          CHECK(check.want == memo.slots[current].checks(memo.count[current])[checked].want);
+          CHECK(check.want == checks[checked].want);
           check.want ^= 0x10;
           ++changed_kept;
         }
