@@ -221,7 +221,25 @@ RoleTable::RoleTable(const std::vector<RoleRule>& user_rules) : rules_(user_rule
   rules_.insert(rules_.end(), builtin.begin(), builtin.end());
 }
 
-Role RoleTable::classify(const RoleSubject& subject, const FrameWalk& walk, size_t* rule) const {
+const uint64_t* RoleTable::matches(const Frame& f, FrameMatches& memo) const {
+  const size_t words = (2 * rules_.size() + 63) / 64;
+  auto [it, added] = memo.at_.try_emplace(&f, static_cast<uint32_t>(memo.bits_.size()));
+  if (added) {
+    memo.bits_.resize(memo.bits_.size() + words, 0);
+    uint64_t* bits = memo.bits_.data() + it->second;
+    for (size_t i = 0; i < rules_.size(); ++i) {
+      const RoleRule& r = rules_[i];
+      const auto match = [&](const std::string& p) { return frame_matches(p, f); };
+      if (std::any_of(r.frames.begin(), r.frames.end(), match)) bits[2 * i / 64] |= uint64_t{1} << (2 * i % 64);
+      if (std::any_of(r.unless_inside.begin(), r.unless_inside.end(), match)) {
+        bits[(2 * i + 1) / 64] |= uint64_t{1} << ((2 * i + 1) % 64);
+      }
+    }
+  }
+  return memo.bits_.data() + it->second;
+}
+
+Role RoleTable::classify(const RoleSubject& subject, const FrameWalk& walk, size_t* rule, FrameMatches* memo) const {
   // Rules whose other conditions hold, in order; the frames are walked once
   // and the earliest rule that one of them matches wins.
   std::vector<size_t> open;
@@ -248,22 +266,23 @@ Role RoleTable::classify(const RoleSubject& subject, const FrameWalk& walk, size
   // by their place in `open`; frames come innermost first.
   std::vector<bool> ruled_out(open.size(), false);
   walk([&](const Frame& f) {
+    const uint64_t* bits = memo != nullptr ? matches(f, *memo) : nullptr;
     for (size_t k = 0; k < open.size(); ++k) {
       const size_t i = open[k];
       if (i >= best) break;
       if (ruled_out[k]) continue;
       const RoleRule& r = rules_[i];
-      if (std::any_of(r.unless_inside.begin(), r.unless_inside.end(),
-                      [&](const std::string& p) { return frame_matches(p, f); })) {
+      const bool inside = bits != nullptr ? (bits[(2 * i + 1) / 64] >> ((2 * i + 1) % 64) & 1) != 0
+                                          : std::any_of(r.unless_inside.begin(), r.unless_inside.end(),
+                                                        [&](const std::string& p) { return frame_matches(p, f); });
+      if (inside) {
         ruled_out[k] = true;
         continue;
       }
-      for (const std::string& p : r.frames) {
-        if (frame_matches(p, f)) {
-          best = i;
-          break;
-        }
-      }
+      const bool match = bits != nullptr ? (bits[2 * i / 64] >> (2 * i % 64) & 1) != 0
+                                         : std::any_of(r.frames.begin(), r.frames.end(),
+                                                       [&](const std::string& p) { return frame_matches(p, f); });
+      if (match) best = i;
     }
     return best != open.front();  // nothing earlier can win
   });
@@ -353,11 +372,12 @@ RoleAccount account_roles(const ReplayOutput& replay, const std::vector<StepStat
   std::vector<std::array<int64_t, kRoleCount>> host_delta(n + 1, std::array<int64_t, kRoleCount>{});
   const uint64_t steps_begin = n >= 2 ? first_step_start_ns(steps) : 0;
   constexpr uint8_t kHost = static_cast<uint8_t>(fmt::Kind::kHost);
+  FrameMatches memo;
   for (const SiteAcc& acc : replay.sites) {
     const RoleSubject subject = subject_of(acc, steps, steps_begin);
     if (!subject.kept) continue;  // never live at a step end or at exit
     size_t rule = 0;
-    const Role role = table.classify(subject, frames_of(acc.stack), &rule);
+    const Role role = table.classify(subject, frames_of(acc.stack), &rule, &memo);
     ++out.sites_classified;
     const int r = static_cast<int>(role);
     out.by_site.push_back({(static_cast<uint64_t>(acc.kind) << 32) | acc.stack, {role, static_cast<uint32_t>(rule)}});
@@ -516,7 +536,7 @@ class LiveSetRoles {
     RoleSubject subject;
     subject.kind = kind;
     if (acc != nullptr) subject = subject_of(*acc, steps_, steps_.size() >= 2 ? first_step_start_ns(steps_) : 0);
-    const Role role = table_.classify(subject, frames_of_(stack), nullptr);
+    const Role role = table_.classify(subject, frames_of_(stack), nullptr, &memo_);
     classified_.emplace(key, role);
     return role;
   }
@@ -528,6 +548,7 @@ class LiveSetRoles {
   const std::vector<StepStats>& steps_;
   absl::flat_hash_map<uint64_t, const SiteAcc*> sites_;
   absl::flat_hash_map<uint64_t, Role> classified_;
+  FrameMatches memo_;
 };
 
 }  // namespace
