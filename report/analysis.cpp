@@ -133,14 +133,14 @@ namespace fmt = memledger::format;
 // satisfies `file_matches`.
 template <typename Match>
 bool has_python_file(const Trace& trace, uint32_t stack, Match file_matches) {
-  auto frames = trace.stacks.find(stack);
-  if (frames == trace.stacks.end()) return false;
-  for (uint64_t word : frames->second) {
-    if (!fmt::is_python_frame(word) || fmt::is_attributed_python_frame(word)) continue;
+  bool found = false;
+  trace.stacks.visit(stack, [&](uint64_t word) {
+    if (!fmt::is_python_frame(word) || fmt::is_attributed_python_frame(word)) return true;
     auto code = trace.python_codes.find(fmt::python_code_id(word));
-    if (code != trace.python_codes.end() && file_matches(code->second.filename)) return true;
-  }
-  return false;
+    found = code != trace.python_codes.end() && file_matches(code->second.filename);
+    return !found;
+  });
+  return found;
 }
 
 // Over time windows, a module being imported grows until the import ends:
@@ -164,9 +164,8 @@ bool under_memledger(const Trace& trace, uint32_t stack) {
 // (attributed: the line is the main thread's at that moment, not the
 // allocation's; merge_attributed_variants joins those).
 std::string program_line_key(const Trace& trace, const SiteAcc& site) {
-  auto it = trace.stacks.find(site.stack);
-  if (it == trace.stacks.end()) return {};
-  const std::vector<uint64_t>& words = it->second;
+  std::vector<uint64_t> words;
+  if (!trace.stacks.get(site.stack, words)) return {};
   for (size_t user = 0; user < words.size() && fmt::is_python_frame(words[user]) &&
                         !fmt::is_attributed_python_frame(words[user]);
        ++user) {
@@ -318,14 +317,13 @@ class SiteNamer {
     site.stack = stack;
     site.kind = kind;
     site.graph = graph_stacks_ != nullptr && std::binary_search(graph_stacks_->begin(), graph_stacks_->end(), stack);
-    auto it = trace_.stacks.find(stack);
-    if (it == trace_.stacks.end()) return site;
+    if (!trace_.stacks.get(stack, words_)) return site;
     if (!symbolizer_) {
       symbolizer_ = std::make_unique<Symbolizer>(trace_.modules, options_);
       symbolizer_->set_python(&trace_.python_codes, trace_.python_module);
     }
-    for (size_t i = 0; i < it->second.size(); ++i) {
-      for (const Frame& f : symbolizer_->resolve(it->second[i], i > 0)) {
+    for (size_t i = 0; i < words_.size(); ++i) {
+      for (const Frame& f : symbolizer_->resolve(words_[i], i > 0)) {
         const uint64_t cost = sizeof(Frame) + f.function.size() + f.file.size() + f.module.size();
         if (spent_ + cost > budget_) {
           ++sites_cut_;
@@ -342,17 +340,19 @@ class SiteNamer {
   // the stacks of every site that is live at a step end.
   FrameWalk walk(uint32_t stack) {
     return [this, stack](const std::function<bool(const Frame&)>& visit) {
-      auto it = trace_.stacks.find(stack);
-      if (it == trace_.stacks.end()) return;
+      if (!trace_.stacks.count(stack)) return;
       if (!symbolizer_) {
         symbolizer_ = std::make_unique<Symbolizer>(trace_.modules, options_);
         symbolizer_->set_python(&trace_.python_codes, trace_.python_module);
       }
-      for (size_t i = 0; i < it->second.size(); ++i) {
-        for (const Frame& f : symbolizer_->resolve(it->second[i], i > 0)) {
-          if (!visit(f)) return;
+      bool inner = true;
+      trace_.stacks.visit(stack, [&](uint64_t word) {
+        for (const Frame& f : symbolizer_->resolve(word, !inner)) {
+          if (!visit(f)) return false;
         }
-      }
+        inner = false;
+        return true;
+      });
     };
   }
   void name(std::vector<SiteTotal>& totals) {
@@ -376,6 +376,7 @@ class SiteNamer {
   uint64_t sites_cut_ = 0;
   std::unique_ptr<Symbolizer> symbolizer_;
   const std::vector<uint32_t>* graph_stacks_ = nullptr;
+  std::vector<uint64_t> words_;  // the stack being named
 };
 
 // The header's account of the process.

@@ -18,9 +18,8 @@ namespace {
 // program's own files (the innermost attributed frame when none is), that
 // frame without its instruction offset.
 std::string variant_key(const Trace& trace, const SiteAcc& site) {
-  auto it = trace.stacks.find(site.stack);
-  if (it == trace.stacks.end() || it->second.empty() || !fmt::is_attributed_python_frame(it->second[0])) return {};
-  const std::vector<uint64_t>& words = it->second;
+  std::vector<uint64_t> words;
+  if (!trace.stacks.get(site.stack, words) || words.empty() || !fmt::is_attributed_python_frame(words[0])) return {};
   size_t user = 0;
   for (size_t i = 0; i < words.size() && fmt::is_attributed_python_frame(words[i]); ++i) {
     auto code = trace.python_codes.find(fmt::python_code_id(words[i]));

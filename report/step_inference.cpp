@@ -333,20 +333,18 @@ void AllocationSequence::observe(const TraceEvent* events, size_t count) {
 const AllocationSequence::StackInfo& AllocationSequence::stack_info(uint32_t stack) {
   auto [it, inserted] = stack_info_.try_emplace(stack, StackInfo{0, stack, 0, false});
   if (!inserted || stack == 0) return it->second;
-  auto frames = trace_.stacks.find(stack);
-  if (frames == trace_.stacks.end()) return it->second;
   bool attributed = false;
   uint64_t native = 0x9e3779b97f4a7c15ull;
-  for (uint64_t word : frames->second) {
+  const bool known = trace_.stacks.visit(stack, [&](uint64_t word) {
     if (it->second.place == 0 && fmt::is_python_frame(word)) {
       it->second.place = static_cast<uint32_t>(mix(word)) | 1;
     }
     if (fmt::is_attributed_python_frame(word)) {
       attributed = true;
-      continue;
+      return true;
     }
     native = mix(native ^ word);
-    if (!fmt::is_python_frame(word) || (it->second.traits & kUnderImport)) continue;
+    if (!fmt::is_python_frame(word) || (it->second.traits & kUnderImport)) return true;
     it->second.traits |= kUnderPython;
     auto code = trace_.python_codes.find(fmt::python_code_id(word));
     if (code != trace_.python_codes.end() && code->second.filename.starts_with("<frozen importlib._bootstrap")) {
@@ -355,7 +353,9 @@ const AllocationSequence::StackInfo& AllocationSequence::stack_info(uint32_t sta
     if (code != trace_.python_codes.end() && code->second.filename.ends_with("/memledger/_retention.py")) {
       it->second.memledger = true;
     }
-  }
+    return true;
+  });
+  if (!known) return it->second;
   // Stack ids are 32 bits: a native identity lies above them.
   if (attributed) it->second.identity = (native | (uint64_t{1} << 32)) & ((uint64_t{1} << 56) - 1);
   return it->second;

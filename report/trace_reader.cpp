@@ -186,10 +186,10 @@ class RecordDecoder {
     // The last kHostTotals or kHostTotalsDelta record's counters.
     bool have_totals = false;
     TraceHostTotals totals;
-    // The frames of the frame's last kStack or kStackShared record, whole,
-    // and how many of them lead as its Python part.
-    std::vector<uint64_t> last_stack;
-    size_t last_python = 0;
+    // The nodes of the frame's last kStack or kStackShared record
+    // (StackStore), outermost first: its Python path and its native path.
+    std::vector<uint32_t> last_python, last_native;
+    std::vector<uint64_t> frames;  // the record's frames, whole
     void seq_ts(fmt::Cursor& c, TraceEvent& e) {
       e.seq = seq += static_cast<uint64_t>(c.svarint());
       e.ts = ts += static_cast<uint64_t>(c.svarint());
@@ -437,18 +437,20 @@ class RecordDecoder {
       python_shared = c.varint();
       native_shared = c.varint();
     }
-    const std::vector<uint64_t>& last = d.last_stack;
-    const size_t last_python = d.last_python;
-    const size_t last_native = last.size() - last_python;
+    const std::vector<uint32_t>& last_python = d.last_python;
+    const std::vector<uint32_t>& last_native = d.last_native;
     // Each frame of its own takes at least one byte: a depth beyond what is
     // left is a damaged record, not a reason to reserve memory.
     if (!c.ok() || python > depth || python_shared > python || native_shared > depth - python ||
-        python_shared > last_python || native_shared > last_native ||
+        python_shared > last_python.size() || native_shared > last_native.size() ||
         depth - python_shared - native_shared > c.remaining()) {
       return false;
     }
-    std::vector<uint64_t> frames;
-    frames.reserve(depth);
+    // The stack whole, innermost first: its own Python frames, those it
+    // shares (the outer ones of the last record's Python path), its own
+    // native frames, those it shares.
+    std::vector<uint64_t>& frames = d.frames;
+    frames.clear();
     uint64_t prev = 0;
     auto own = [&](uint64_t n) {
       for (uint64_t i = 0; i < n; ++i) {
@@ -456,18 +458,36 @@ class RecordDecoder {
         frames.push_back(prev);
       }
     };
+    auto shared = [&](const std::vector<uint32_t>& path, uint64_t n) {
+      for (uint64_t i = n; i > 0; --i) frames.push_back(t_.stacks.word(path[i - 1]));
+    };
     own(python - python_shared);
-    frames.insert(frames.end(), last.begin() + static_cast<ptrdiff_t>(last_python - python_shared),
-                  last.begin() + static_cast<ptrdiff_t>(last_python));
+    shared(last_python, python_shared);
     own(depth - python - native_shared);
-    frames.insert(frames.end(), last.end() - static_cast<ptrdiff_t>(native_shared), last.end());
+    shared(last_native, native_shared);
     if (!c.ok()) return false;
     if (python_shared + native_shared > fmt::kStackShareRatio * (record_end_from - c.remaining())) return false;
     if (depth > kMaxStackFrames) ++t_.stacks_cut;
-    t_.stacks[id].assign(frames.begin(), frames.begin() + static_cast<ptrdiff_t>(std::min(depth, kMaxStackFrames)));
-    d.last_python = 0;
-    while (d.last_python < frames.size() && fmt::is_python_frame(frames[d.last_python])) ++d.last_python;
-    d.last_stack = std::move(frames);
+    // Its Python path is its leading Python frames. Where that is the
+    // record's Python part (always, from the writer), the shared frames are
+    // the last paths' nodes; else every frame gets a node of its own.
+    size_t leading = 0;
+    while (leading < frames.size() && fmt::is_python_frame(frames[leading])) ++leading;
+    const bool split = tag == fmt::Tag::kStack || leading == python;
+    auto path = [&](std::vector<uint32_t>& out, const std::vector<uint32_t>& last, uint64_t keep, size_t begin,
+                    size_t end) {
+      std::vector<uint32_t> made(last.begin(), last.begin() + static_cast<ptrdiff_t>(keep));
+      uint32_t leaf = made.empty() ? 0 : made.back();
+      for (size_t i = end - keep; i > begin; --i) made.push_back(leaf = t_.stacks.node(leaf, frames[i - 1]));
+      out = std::move(made);
+      return leaf;
+    };
+    std::vector<uint32_t> python_path, native_path;
+    const uint32_t python_leaf = path(python_path, last_python, split ? python_shared : 0, 0, leading);
+    const uint32_t native_leaf = path(native_path, last_native, split ? native_shared : 0, leading, frames.size());
+    t_.stacks.set(id, python_leaf, native_leaf);
+    d.last_python = std::move(python_path);
+    d.last_native = std::move(native_path);
     return true;
   }
 
@@ -887,8 +907,7 @@ void absorb_side_records(Trace& into, Trace& from) {
   into.cupti_pool_records += from.cupti_pool_records;
   into.cupti_dropped += from.cupti_dropped;
   from.cupti_records_over_cap = from.cupti_releases = from.cupti_pool_records = from.cupti_dropped = 0;
-  for (auto& [id, frames] : from.stacks) into.stacks[id] = std::move(frames);
-  from.stacks.clear();
+  into.stacks.absorb(from.stacks);
   for (auto& [id, text] : from.strings) into.strings[id] = std::move(text);
   from.strings.clear();
   for (auto& [id, code] : from.python_codes) into.python_codes[id] = std::move(code);
@@ -1126,7 +1145,9 @@ void dump_trace(const std::string& path, std::FILE* out) {
                    code.filename.c_str(), code.qualname.c_str(), code.first_line, code.line_table.size(),
                    static_cast<unsigned>(code.table_format));
     }
-    for (const auto& [id, frames] : one.stacks) {
+    std::vector<uint64_t> frames;
+    for (uint32_t id : one.stacks.ids()) {
+      one.stacks.get(id, frames);
       std::fprintf(out, "stack id=%u depth=%zu", id, frames.size());
       for (uint64_t ip : frames) {
         if (fmt::is_python_frame(ip)) {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "stack_store.h"
 #include "symbolizer.h"
 
 namespace memledger::report {
@@ -173,7 +174,7 @@ struct Trace {
   uint32_t version = 0;
   std::map<std::string, std::string> header;
   std::vector<ModuleInfo> modules;
-  std::map<uint32_t, std::vector<uint64_t>> stacks;
+  StackStore stacks;
   std::map<uint32_t, std::string> strings;
   // Python (kPythonCode, kPython records): the code objects Python frames
   // refer to, and the interpreter found (status 0: none seen).
@@ -240,7 +241,6 @@ inline constexpr size_t kMaxInfoRecords = 4096;
 // `problems` says what.
 inline constexpr size_t kMaxTraceString = 4096;
 inline constexpr size_t kMaxLineTable = size_t{1} << 20;
-inline constexpr uint64_t kMaxStackFrames = 256;
 inline constexpr uint64_t kInflateRatio = 32;
 inline constexpr uint64_t kInflateFloor = uint64_t{256} << 10;
 

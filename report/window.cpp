@@ -137,6 +137,7 @@ WindowReport analyze_window(const Trace& trace, uint64_t from_seq, uint64_t to_s
   replay(trace, from_seq, to_seq, 0, &pass);
 
   std::unique_ptr<Symbolizer> symbolizer;
+  std::vector<uint64_t> words;
   for (int slot = 0; slot < kSlots; ++slot) {
     WindowKind& out = slot == kTotal ? w.total : w.kinds[slot];
     out = pass.slots[slot];
@@ -145,14 +146,13 @@ WindowReport analyze_window(const Trace& trace, uint64_t from_seq, uint64_t to_s
         pass.peak_seq[slot] != 0 ? replay(trace, from_seq, to_seq, pass.peak_seq[slot], nullptr) : SiteBytes{};
     out.sites = rank_sites(pass, slot, at_peak, top);
     for (WindowSite& site : out.sites) {
-      auto it = trace.stacks.find(site.site.stack);
-      if (it == trace.stacks.end()) continue;
+      if (!trace.stacks.get(site.site.stack, words)) continue;
       if (!symbolizer) {
         symbolizer = std::make_unique<Symbolizer>(trace.modules, symbolizer_options);
         symbolizer->set_python(&trace.python_codes, trace.python_module);
       }
-      for (size_t i = 0; i < it->second.size(); ++i) {
-        const auto& chain = symbolizer->resolve(it->second[i], i > 0);
+      for (size_t i = 0; i < words.size(); ++i) {
+        const auto& chain = symbolizer->resolve(words[i], i > 0);
         site.site.frames.insert(site.site.frames.end(), chain.begin(), chain.end());
       }
     }

@@ -156,6 +156,24 @@ TEST_CASE("stack records share the outer frames of each part with the record bef
   CHECK(trace.stacks.at(8) == fourth);
 }
 
+TEST_CASE("a record whose Python part is not its leading Python frames is kept whole", "[encoding]") {
+  // The writer never makes one; a reader takes the leading Python frames as
+  // the Python path that the next record shares.
+  const uint64_t a = fmt::python_frame_word(7, 10), b = fmt::python_frame_word(8, 20);
+  const uint64_t c = fmt::python_frame_word(9, 30);
+  const std::vector<uint64_t> first = {a, b, 0x1000};      // says one Python frame: b is "native"
+  const std::vector<uint64_t> second = {c, b, a, 0x1000};  // says two, sharing b: a is "native"
+  memledger::testing::Payload p;
+  stack_record(p, 1, first, 1, 0, 0);
+  stack_record(p, 2, second, 2, 1, 1);
+  const std::string path = memledger::testing::write_trace(p);
+  const memledger::report::Trace trace = memledger::report::read_trace(path);
+  unlink(path.c_str());
+  CHECK(trace.problems.empty());
+  CHECK(trace.stacks.at(1) == first);
+  CHECK(trace.stacks.at(2) == second);
+}
+
 TEST_CASE("a stack record that shares more than it may is damage", "[encoding]") {
   // 200 native frames, then records of one frame of their own (a delta of
   // one byte) sharing the rest: 9 bytes, which may share 72 frames; sharing

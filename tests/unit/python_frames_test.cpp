@@ -148,21 +148,22 @@ TEST_CASE("Python records round-trip through a trace file into report frames", "
   CHECK(trace.python_version == "3.11.2");
   REQUIRE(trace.python_codes.size() == 2);
   CHECK(trace.python_codes[1].line_table == c311.table);
-  REQUIRE(trace.stacks[9].size() == 3);
-  CHECK(trace.stacks[9][0] == words[0]);
+  const std::vector<uint64_t> stack = trace.stacks.at(9);
+  REQUIRE(stack.size() == 3);
+  CHECK(stack[0] == words[0]);
 
   Symbolizer symbolizer({}, {});
   symbolizer.set_python(&trace.python_codes, trace.python_module);
-  const Frame& inner = symbolizer.resolve(trace.stacks[9][0], false).front();
+  const Frame& inner = symbolizer.resolve(stack[0], false).front();
   CHECK(inner.python);
   CHECK(inner.function == "Trainer.sample");
   CHECK(inner.file == "/srv/train/sample.py");
   CHECK(inner.line == line);
   CHECK(inner.module == "/usr/bin/python3.11");
-  const Frame& outer = symbolizer.resolve(trace.stacks[9][1], true).front();
+  const Frame& outer = symbolizer.resolve(stack[1], true).front();
   CHECK(outer.function == "<module>");
   CHECK(outer.line == 1);
-  CHECK_FALSE(symbolizer.resolve(trace.stacks[9][2], true).front().python);
+  CHECK_FALSE(symbolizer.resolve(stack[2], true).front().python);
   const Frame& missing = symbolizer.resolve(fmt::python_frame_word(77, 0), true).front();
   CHECK(missing.python);
   CHECK(missing.function.empty());
@@ -185,7 +186,8 @@ TEST_CASE("a growth suspect is named by its innermost Python frame, Python frame
   grow.qualname = "grow";
   grow.first_line = 6;
   trace.python_codes[1] = grow;
-  trace.stacks[1] = {fmt::python_frame_word(1, fmt::kPythonOffsetUnknown), 0x401000, 0x402000};
+  const uint64_t words[] = {fmt::python_frame_word(1, fmt::kPythonOffsetUnknown), 0x401000, 0x402000};
+  trace.stacks.put(1, words);
   uint64_t seq = 0;
   for (uint64_t step = 1; step <= 20; ++step) {
     TraceEvent a;

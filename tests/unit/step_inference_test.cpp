@@ -265,7 +265,8 @@ TEST_CASE("a worker thread's allocations with attributed Python frames still mak
     for (uint64_t i = 0; i < 6; ++i) {
       const uint32_t stack = next_stack++;
       const uint64_t attributed = fmt::python_frame_word(1, static_cast<uint32_t>(2 * step)) | fmt::kPythonAttributedBit;
-      trace.stacks[stack] = {attributed, 0x401000 + i * 0x10, 0x402000};
+      const uint64_t words[] = {attributed, 0x401000 + i * 0x10, 0x402000};
+      trace.stacks.put(stack, words);
       push(EvType::kAlloc, 0x200000 + i * 0x1000, 4096, stack);
     }
     for (uint64_t i = 0; i < 6; ++i) push(EvType::kFree, 0x200000 + i * 0x1000, 0, 0);

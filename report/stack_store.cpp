@@ -1,0 +1,50 @@
+#include "stack_store.h"
+
+#include <algorithm>
+
+namespace memledger::report {
+
+namespace fmt = memledger::format;
+
+std::vector<uint32_t> StackStore::ids() const {
+  std::vector<uint32_t> out;
+  out.reserve(stacks_.size());
+  for (const auto& [id, stack] : stacks_) out.push_back(id);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+void StackStore::put(uint32_t id, std::span<const uint64_t> words) {
+  size_t python = 0;
+  while (python < words.size() && fmt::is_python_frame(words[python])) ++python;
+  // Outermost first: each node below the one outside it.
+  auto path = [&](size_t begin, size_t end) {
+    uint32_t leaf = 0;
+    for (size_t i = end; i > begin; --i) leaf = node(leaf, words[i - 1]);
+    return leaf;
+  };
+  set(id, path(0, python), path(python, words.size()));
+}
+
+void StackStore::absorb(StackStore& from) {
+  const bool any_new =
+      std::any_of(from.stacks_.begin(), from.stacks_.end(), [&](const auto& s) { return !stacks_.contains(s.first); });
+  if (any_new) {
+    // from's node k becomes node base + k.
+    const uint32_t base = static_cast<uint32_t>(words_.size() - 1);
+    auto moved = [&](uint32_t node) { return node == 0 ? 0 : node + base; };
+    words_.insert(words_.end(), from.words_.begin() + 1, from.words_.end());
+    parents_.reserve(parents_.size() + from.parents_.size() - 1);
+    for (size_t k = 1; k < from.parents_.size(); ++k) parents_.push_back(moved(from.parents_[k]));
+    for (const auto& [id, stack] : from.stacks_) stacks_.try_emplace(id, Stack{moved(stack.python), moved(stack.native)});
+  }
+  from.clear();
+}
+
+void StackStore::clear() {
+  stacks_.clear();
+  words_.resize(1);
+  parents_.resize(1);
+}
+
+}  // namespace memledger::report
