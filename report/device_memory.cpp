@@ -107,7 +107,7 @@ std::vector<LeakSuspect> find_not_hooked_growth(const std::vector<StepStats>& st
                                                 size_t max_suspects) {
   // One pseudo-site per device (stack = ordinal + 1), its series at every
   // step end where it was sampled.
-  std::vector<SiteAcc> series;
+  SiteAccs series;
   for (const StepStats& st : steps) {
     for (const auto& [device, bytes] : st.not_hooked_by_device) {
       if (series.size() <= device) series.resize(device + 1u);

@@ -255,7 +255,7 @@ void keep_steepest(std::vector<Candidate>& candidates, size_t keep) {
 // line's sum. Where the sum of a line's stacks grows steadily, each of its
 // stacks that rose over the window is a suspect, so that the line's row
 // (site_groups.h) holds the whole of its growth.
-void add_growing_lines(const std::vector<SiteAcc>& sites, size_t n_steps, size_t first, const GrowthOptions& options,
+void add_growing_lines(const SiteAccs& sites, size_t n_steps, size_t first, const GrowthOptions& options,
                        std::vector<Candidate>& candidates) {
   absl::flat_hash_map<std::string, std::vector<size_t>> lines;
   for (size_t i = 0; i < sites.size(); ++i) {
@@ -290,7 +290,7 @@ void add_growing_lines(const std::vector<SiteAcc>& sites, size_t n_steps, size_t
 
 }  // namespace
 
-Growth find_growth(const std::vector<SiteAcc>& sites, size_t n_steps, const GrowthOptions& options) {
+Growth find_growth(const SiteAccs& sites, size_t n_steps, const GrowthOptions& options) {
   Growth out;
   int warmup = options.warmup_steps;
   if (warmup < 0) warmup = std::clamp(static_cast<int>(n_steps / 10), 1, 10);

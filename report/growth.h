@@ -55,7 +55,7 @@ struct Growth {
   std::string note;  // why growth could not be judged (empty when it was)
 };
 
-Growth find_growth(const std::vector<SiteAcc>& sites, size_t steps, const GrowthOptions& options);
+Growth find_growth(const SiteAccs& sites, size_t steps, const GrowthOptions& options);
 
 // The growth of the live total (every kind) per step after `warmup_steps`,
 // as `memledger check` computes it.

@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <utility>
@@ -81,9 +82,13 @@ struct SiteAcc {
   uint64_t peak_epoch = 0;
 };
 
+// A process's sites, by index. A deque: a million sites (an `import torch`)
+// grow without a copy of them all, which a vector makes each time it doubles.
+using SiteAccs = std::deque<SiteAcc>;
+
 struct ReplayOutput {
   absl::flat_hash_map<uint64_t, LiveAlloc> live;  // at the end, by address (live_key)
-  std::vector<SiteAcc> sites;
+  SiteAccs sites;
   uint64_t peak_epoch = 0;  // SiteAcc::peak_epoch of the sites that hold their share of the peak
   std::vector<StepStats> steps;
   std::string step_source;  // marker, interval, auto, joined by '+'; "none" without steps

@@ -27,16 +27,18 @@ void StackStore::put(uint32_t id, std::span<const uint64_t> words) {
 }
 
 void StackStore::absorb(StackStore& from) {
-  const bool any_new =
-      std::any_of(from.stacks_.begin(), from.stacks_.end(), [&](const auto& s) { return !stacks_.contains(s.first); });
+  // from's node k becomes node base + k, once its nodes are appended, which
+  // they are when one of its stacks is new here.
+  const uint32_t base = static_cast<uint32_t>(words_.size() - 1);
+  auto moved = [&](uint32_t node) { return node == 0 ? 0 : node + base; };
+  bool any_new = false;
+  for (const auto& [id, stack] : from.stacks_) {
+    any_new |= stacks_.try_emplace(id, Stack{moved(stack.python), moved(stack.native)}).second;
+  }
   if (any_new) {
-    // from's node k becomes node base + k.
-    const uint32_t base = static_cast<uint32_t>(words_.size() - 1);
-    auto moved = [&](uint32_t node) { return node == 0 ? 0 : node + base; };
     words_.insert(words_.end(), from.words_.begin() + 1, from.words_.end());
     parents_.reserve(parents_.size() + from.parents_.size() - 1);
     for (size_t k = 1; k < from.parents_.size(); ++k) parents_.push_back(moved(from.parents_[k]));
-    for (const auto& [id, stack] : from.stacks_) stacks_.try_emplace(id, Stack{moved(stack.python), moved(stack.native)});
   }
   from.clear();
 }
