@@ -37,8 +37,9 @@ void StackStore::absorb(StackStore& from) {
   }
   if (any_new) {
     words_.insert(words_.end(), from.words_.begin() + 1, from.words_.end());
-    parents_.reserve(parents_.size() + from.parents_.size() - 1);
-    for (size_t k = 1; k < from.parents_.size(); ++k) parents_.push_back(moved(from.parents_[k]));
+    const size_t at = parents_.size();
+    parents_.insert(parents_.end(), from.parents_.begin() + 1, from.parents_.end());  // grows as words_ does
+    for (size_t k = at; k < parents_.size(); ++k) parents_[k] = moved(parents_[k]);
   }
   from.clear();
 }
