@@ -164,8 +164,13 @@ bool under_memledger(const Trace& trace, uint32_t stack) {
 // (attributed: the line is the main thread's at that moment, not the
 // allocation's; merge_attributed_variants joins those).
 std::string program_line_key(const Trace& trace, const SiteAcc& site) {
+  // Its leading Python frames are all it needs.
   std::vector<uint64_t> words;
-  if (!trace.stacks.get(site.stack, words)) return {};
+  trace.stacks.visit(site.stack, [&](uint64_t word) {
+    if (!fmt::is_python_frame(word)) return false;
+    words.push_back(word);
+    return true;
+  });
   for (size_t user = 0; user < words.size() && fmt::is_python_frame(words[user]) &&
                         !fmt::is_attributed_python_frame(words[user]);
        ++user) {

@@ -18,8 +18,14 @@ namespace {
 // program's own files (the innermost attributed frame when none is), that
 // frame without its instruction offset.
 std::string variant_key(const Trace& trace, const SiteAcc& site) {
+  uint64_t innermost = 0;
+  trace.stacks.visit(site.stack, [&](uint64_t word) {
+    innermost = word;
+    return false;
+  });
+  if (!fmt::is_attributed_python_frame(innermost)) return {};  // most stacks: no need to read them whole
   std::vector<uint64_t> words;
-  if (!trace.stacks.get(site.stack, words) || words.empty() || !fmt::is_attributed_python_frame(words[0])) return {};
+  trace.stacks.get(site.stack, words);
   size_t user = 0;
   for (size_t i = 0; i < words.size() && fmt::is_attributed_python_frame(words[i]); ++i) {
     auto code = trace.python_codes.find(fmt::python_code_id(words[i]));

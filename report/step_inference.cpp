@@ -336,6 +336,9 @@ const AllocationSequence::StackInfo& AllocationSequence::stack_info(uint32_t sta
   bool attributed = false;
   uint64_t native = 0x9e3779b97f4a7c15ull;
   const bool known = trace_.stacks.visit(stack, [&](uint64_t word) {
+    // A stack's Python frames lead (StackStore): past them, only an
+    // attributed stack has something left to read, its native identity.
+    if (!attributed && !fmt::is_python_frame(word)) return false;
     if (it->second.place == 0 && fmt::is_python_frame(word)) {
       it->second.place = static_cast<uint32_t>(mix(word)) | 1;
     }
