@@ -13,7 +13,10 @@ Workloads: `objects` (pure Python building and dropping containers, deep
 call stacks), and `torch_cpu` (a small MLP trained on CPU with PyTorch, when
 torch imports).
 
-Then, when torch imports, the tracer's memory on `import torch` and on the
+Then, when torch imports, the report builder on the full-mode trace of
+`import torch`: `memledger report`'s wall time and peak RSS, median of --runs.
+
+Then the tracer's memory on `import torch` and on the
 `torch_cpu` script, read by the program itself at its end: VmHWM, and its
 resident memory split into anonymous memory (the heap and every private
 mapping: what the tracer allocates) and pages of mapped files (among them the
@@ -141,6 +144,28 @@ def memory_table(args, env, tmp, scripts):
             sys.stdout.flush()
 
 
+def report_table(args, env, tmp):
+    """`memledger report` on the full-mode trace of `import torch` (a
+    million stacks of 60 to 90 frames on PyTorch 2.x): wall time and the
+    report builder's peak RSS, medians of --runs."""
+    script = os.path.join(tmp, "import_torch.py")
+    with open(script, "w") as f:
+        f.write("import torch\n")
+    out = os.path.join(tmp, "report-run")
+    timed(traced(args, out, "full", script, ""), env)
+    trace_mib = sum(os.path.getsize(os.path.join(out, n)) for n in os.listdir(out) if n.endswith(".mlt")) / 2**20
+    walls, peaks = [], []
+    for _ in range(args.runs):
+        wall, _, peak = timed([args.memledger, "report", out], env)
+        walls.append(wall)
+        peaks.append(peak)
+    print()
+    print("report builder: memledger report on the full-mode trace of import torch (%.1f MiB)" % trace_mib)
+    print("%-28s %10s %12s" % ("", "wall s", "peak MiB"))
+    print("%-28s %10.3f %12.1f" % ("memledger report", statistics.median(walls), statistics.median(peaks)))
+    sys.stdout.flush()
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -202,6 +227,8 @@ def main():
                 print("%-10s %-28s %10.3f %8.2f %10.3f %8.2f %10.1f %+9.1f" % (
                     name, label, wall, wall / base[0], cpu, cpu / base[1], peak, peak - base[2]))
                 sys.stdout.flush()
+        if not args.memory_only and any(name == "torch_cpu" for name, _, _ in workloads):
+            report_table(args, env, tmp)
         if not args.no_memory and any(name == "torch_cpu" for name, _, _ in workloads):
             memory_table(args, env, tmp, [("import_torch", "import torch\n", ""), ("torch_cpu", TORCH_CPU, "150")])
     finally:
