@@ -345,6 +345,7 @@ struct ScopedRuntime {
   int count = 0;
 };
 ScopedRuntime g_scoped_runtime;
+[[maybe_unused]] const bool g_scoped_runtime_fork = memledger::interposer::fork_held_locks().add(&g_scoped_runtime.lock);
 
 void* scoped_runtime_lookup(const void* caller_base, const std::atomic<void*>* slot) {
   memledger::interposer::SpinGuard guard(g_scoped_runtime.lock);
@@ -481,6 +482,7 @@ struct PoolTable {
   uint64_t devices_seen = 0;  // bit per device ordinal
 };
 PoolTable g_pools;
+[[maybe_unused]] const bool g_pools_fork = memledger::interposer::fork_held_locks().add(&g_pools.lock);
 
 void note_device(int device) {
   if (device >= 0 && device < 64) {

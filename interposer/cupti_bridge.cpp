@@ -35,6 +35,7 @@ char g_kernel_pattern[kSettingSize];
 MemledgerCuptiHost g_host;
 std::atomic<bool> g_host_ready{false};
 SpinLock g_host_lock;
+[[maybe_unused]] const bool g_host_lock_fork = fork_held_locks().add(&g_host_lock);
 std::atomic<int> g_loaded{0};  // 0 not tried, 1 trying or done
 
 }  // namespace

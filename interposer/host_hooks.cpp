@@ -592,6 +592,7 @@ std::atomic<bool> g_next_resolved{false};
 
 namespace {
 SpinLock g_resolve_lock;
+[[maybe_unused]] const bool g_resolve_lock_fork = fork_held_locks().add(&g_resolve_lock);
 __thread bool tls_resolving __attribute__((tls_model("initial-exec")));
 
 // The loaded object whose segments hold `addr`: its program headers (unique

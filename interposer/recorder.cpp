@@ -819,6 +819,7 @@ void Recorder::before_fork() {
   hold_signal_actions_for_fork();
   unwinder_hold_for_fork();
   vmm_ledger().hold_for_fork();
+  fork_held_locks().hold_all();
   // Keep the sampled-address shards consistent across the fork.
   for (SampledShard& shard : g_sampled) shard.lock.lock();
   g_shared_lock.lock();
@@ -829,6 +830,7 @@ void Recorder::after_fork_parent() {
   g_forking.store(false, std::memory_order_seq_cst);
   g_shared_lock.unlock();
   for (SampledShard& shard : g_sampled) shard.lock.unlock();
+  fork_held_locks().release_all(false);
   vmm_ledger().release_after_fork(false);
   unwinder_release_after_fork(false);
   release_signal_actions_after_fork(false);
@@ -841,6 +843,7 @@ void Recorder::after_fork_child() {
   g_forking.store(false, std::memory_order_seq_cst);
   g_shared_lock.reset();
   for (SampledShard& shard : g_sampled) shard.lock.reset();
+  fork_held_locks().release_all(true);
   vmm_ledger().release_after_fork(true);
   unwinder_release_after_fork(true);
   release_signal_actions_after_fork(true);

@@ -59,6 +59,47 @@ class SpinLock {
   bool held_for_fork_ = false;  // by the forking thread, between the two
 };
 
+// Locks of the CUDA, CUPTI and start-up paths that another thread of the
+// program may hold at a fork(), where the child would inherit them held by
+// a thread it does not have: each registers itself once (add()), and
+// Recorder::before_fork takes them all, each once its holder lets go
+// (SpinLock::hold_for_fork), releasing them in both processes after.
+class ForkHeldLocks {
+ public:
+  static constexpr int kMax = 16;
+  // From a static initializer: the registry is constant-initialized, so
+  // it is ready whatever the order of initialization.
+  bool add(SpinLock* lock) {
+    const int i = count_.fetch_add(1, std::memory_order_acq_rel);
+    if (i >= kMax) return false;
+    locks_[i].store(lock, std::memory_order_release);
+    return true;
+  }
+  void hold_all() {
+    for (int i = 0; i < registered(); ++i) {
+      if (SpinLock* lock = locks_[i].load(std::memory_order_acquire)) lock->hold_for_fork();
+    }
+  }
+  void release_all(bool child) {
+    for (int i = registered(); i-- > 0;) {
+      if (SpinLock* lock = locks_[i].load(std::memory_order_acquire)) lock->release_after_fork(child);
+    }
+  }
+
+ private:
+  int registered() const {
+    const int n = count_.load(std::memory_order_acquire);
+    return n < kMax ? n : kMax;
+  }
+  std::atomic<SpinLock*> locks_[kMax] = {};
+  std::atomic<int> count_{0};
+};
+
+inline ForkHeldLocks& fork_held_locks() {
+  static constinit ForkHeldLocks locks;
+  return locks;
+}
+
 class SpinGuard {
  public:
   explicit SpinGuard(SpinLock& lock) : lock_(lock) { lock_.lock(); }
