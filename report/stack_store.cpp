@@ -28,7 +28,11 @@ void StackStore::put(uint32_t id, std::span<const uint64_t> words) {
 
 void StackStore::absorb(StackStore& from) {
   // from's node k becomes node base + k, once its nodes are appended, which
-  // they are when one of its stacks is new here.
+  // they are when one of its stacks is new here (and while node ids fit).
+  if (words_.size() - 1 + from.words_.size() - 1 > UINT32_MAX - 1) {
+    from.clear();
+    return;
+  }
   const uint32_t base = static_cast<uint32_t>(words_.size() - 1);
   auto moved = [&](uint32_t node) { return node == 0 ? 0 : node + base; };
   bool any_new = false;

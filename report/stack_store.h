@@ -71,8 +71,10 @@ class StackStore {
   void put(uint32_t id, std::span<const uint64_t> words);
 
   // The decoder's side. A node for `word` below `parent` (0: a root);
-  // node ids start at 1.
+  // node ids start at 1. Past 2^32 - 1 nodes (48 GB of them) a frame gets
+  // none: its stack goes on from its parent.
   uint32_t node(uint32_t parent, uint64_t word) {
+    if (words_.size() > UINT32_MAX - 1) return parent;
     words_.push_back(word);
     parents_.push_back(parent);
     return static_cast<uint32_t>(words_.size() - 1);
