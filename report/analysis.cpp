@@ -327,6 +327,12 @@ class SiteNamer {
       symbolizer_ = std::make_unique<Symbolizer>(trace_.modules, options_);
       symbolizer_->set_python(&trace_.python_codes, trace_.python_module);
     }
+    // Room for them all at once: a vector grown by doubling would leave a
+    // site up to half its frames' room unused (10,000 sites of 60 to 90
+    // frames in the live sets of an `import torch`).
+    size_t frames = 0;
+    for (size_t i = 0; i < words_.size(); ++i) frames += symbolizer_->resolve(words_[i], i > 0).size();
+    site.frames.reserve(frames);
     for (size_t i = 0; i < words_.size(); ++i) {
       for (const Frame& f : symbolizer_->resolve(words_[i], i > 0)) {
         const uint64_t cost = sizeof(Frame) + f.function.size() + f.file.size() + f.module.size();
