@@ -153,15 +153,25 @@ void Replay::observe(const TraceEvent* events, size_t count) {
 }
 
 uint32_t Replay::site_of(uint32_t stack, uint8_t kind) {
-  uint64_t key = (static_cast<uint64_t>(kind) << 32) | stack;
-  auto [it, inserted] = site_index_.try_emplace(key, static_cast<uint32_t>(out_.sites.size()));
-  if (inserted) {
+  auto add = [&] {
     SiteAcc acc;
     acc.stack = stack;
     acc.kind = kind;
     acc.peak_epoch = out_.peak_epoch;
     out_.sites.push_back(std::move(acc));
+    return static_cast<uint32_t>(out_.sites.size() - 1);
+  };
+  if (kind == static_cast<uint8_t>(fmt::Kind::kHost) && stack < kDirectStacks) {
+    if (stack >= host_sites_.size()) {
+      host_sites_.resize(std::min<size_t>(kDirectStacks, std::max<size_t>(stack + 1, 2 * host_sites_.size())), 0);
+    }
+    uint32_t& slot = host_sites_[stack];
+    if (slot == 0) slot = add() + 1;
+    return slot - 1;
   }
+  const uint64_t key = (static_cast<uint64_t>(kind) << 32) | stack;
+  auto [it, inserted] = site_index_.try_emplace(key, 0);
+  if (inserted) it->second = add();
   return it->second;
 }
 
