@@ -13,6 +13,18 @@
 
 namespace fmt = memledger::format;
 
+namespace {
+
+// `payload` as a trace file's only frame, read back.
+memledger::report::Trace read_back(const memledger::testing::Payload& payload) {
+  const std::string path = memledger::testing::write_trace(payload);
+  memledger::report::Trace trace = memledger::report::read_trace(path);
+  unlink(path.c_str());
+  return trace;
+}
+
+}  // namespace
+
 TEST_CASE("varints round-trip at every width", "[encoding]") {
   std::vector<uint64_t> values = {0, 1, 127, 128, 255, 300, 16383, 16384, (1ull << 32) - 1, 1ull << 32,
                                   std::numeric_limits<uint64_t>::max()};
@@ -77,9 +89,7 @@ TEST_CASE("host records numbered in turn leave out their number and time", "[enc
   p.s(0x40);
   p.u(16);
   p.u(3);
-  const std::string path = memledger::testing::write_trace(p);
-  const memledger::report::Trace trace = memledger::report::read_trace(path);
-  unlink(path.c_str());
+  const memledger::report::Trace trace = read_back(p);
 
   using memledger::report::EvType;
   struct Expected {
@@ -145,9 +155,7 @@ TEST_CASE("stack records share the outer frames of each part with the record bef
   stack_record(p, 6, second, 2, 1, 2);
   stack_record(p, 7, third, 0, 0, 2);
   stack_record(p, 8, fourth, 1, 0, 3);
-  const std::string path = memledger::testing::write_trace(p);
-  const memledger::report::Trace trace = memledger::report::read_trace(path);
-  unlink(path.c_str());
+  const memledger::report::Trace trace = read_back(p);
   CHECK(trace.problems.empty());
   REQUIRE(trace.stacks.size() == 4);
   CHECK(trace.stacks.at(5) == first);
@@ -166,9 +174,7 @@ TEST_CASE("a record whose Python part is not its leading Python frames is kept w
   memledger::testing::Payload p;
   stack_record(p, 1, first, 1, 0, 0);
   stack_record(p, 2, second, 2, 1, 1);
-  const std::string path = memledger::testing::write_trace(p);
-  const memledger::report::Trace trace = memledger::report::read_trace(path);
-  unlink(path.c_str());
+  const memledger::report::Trace trace = read_back(p);
   CHECK(trace.problems.empty());
   CHECK(trace.stacks.at(1) == first);
   CHECK(trace.stacks.at(2) == second);
@@ -192,9 +198,7 @@ TEST_CASE("a stack record that shares more than it may is damage", "[encoding]")
     const size_t before = p.bytes.size();
     stack_record(p, 2, leaf, 0, 0, shared);
     if (how == "more than its bytes allow") REQUIRE(shared > fmt::kStackShareRatio * (p.bytes.size() - before));
-    const std::string path = memledger::testing::write_trace(p);
-    const memledger::report::Trace trace = memledger::report::read_trace(path);
-    unlink(path.c_str());
+    const memledger::report::Trace trace = read_back(p);
     CHECK(trace.stacks.count(2) == 0);
     CHECK(trace.stacks.count(1) == (how != "none before it" ? 1u : 0u));
     CHECK_FALSE(trace.problems.empty());
@@ -207,9 +211,7 @@ TEST_CASE("a stack record that shares more than it may is damage", "[encoding]")
   leaf.insert(leaf.end(), deep.end() - 56, deep.end());
   stack_record(p, 2, leaf, 0, 0, 56);
   REQUIRE(56 == fmt::kStackShareRatio * (p.bytes.size() - before));
-  const std::string path = memledger::testing::write_trace(p);
-  const memledger::report::Trace trace = memledger::report::read_trace(path);
-  unlink(path.c_str());
+  const memledger::report::Trace trace = read_back(p);
   CHECK(trace.problems.empty());
   REQUIRE(trace.stacks.count(2) == 1);
   CHECK(trace.stacks.at(2) == leaf);
@@ -240,9 +242,7 @@ TEST_CASE("sampled records leave out what sampled mode repeats", "[encoding]") {
   p.s(-300000);
   p.u(4);
   p.u(0xffffffffu);
-  const std::string path = memledger::testing::write_trace(p);
-  const memledger::report::Trace trace = memledger::report::read_trace(path);
-  unlink(path.c_str());
+  const memledger::report::Trace trace = read_back(p);
 
   REQUIRE(trace.events.size() == 2);
   CHECK(trace.events[0].seq == 1);
@@ -274,9 +274,7 @@ TEST_CASE("totals given as differences with nothing before them in the frame are
   p.s(5);
   p.u(1);
   p.u(1);
-  const std::string path = memledger::testing::write_trace(p);
-  const memledger::report::Trace trace = memledger::report::read_trace(path);
-  unlink(path.c_str());
+  const memledger::report::Trace trace = read_back(p);
   CHECK(trace.host_totals.empty());
   CHECK(trace.frames_damaged == 1);
 }
