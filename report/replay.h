@@ -64,9 +64,9 @@ struct SiteEstimate {
 struct SiteAcc {
   uint32_t stack = 0;
   uint8_t kind = 0;
+  bool dirty = false;
   int64_t live = 0;
   uint64_t allocs = 0;
-  bool dirty = false;
   std::vector<SeriesPoint> changes;  // at step ends where the site changed
   SiteEstimate allocated;            // everything the site allocated
   uint64_t count = 0;  // live allocations
