@@ -38,13 +38,16 @@ void collect(const BySite& by_site, const SiteAccs& sites, size_t max_sites, std
   };
   std::vector<Ranked> ranked;
   ranked.reserve(by_site.size());
-  double variance = 0;
+  std::vector<std::pair<uint32_t, double>> variances;  // summed by site, in order (a hash map's order varies)
   for (const auto& [s, v] : by_site) {
     bytes += v.bytes;
     count += static_cast<uint64_t>(std::llround(v.count));
-    variance += v.bytes_variance;
+    if (v.bytes_variance != 0) variances.emplace_back(s, v.bytes_variance);
     ranked.push_back({v.bytes, sites[s].stack, s, &v});
   }
+  std::sort(variances.begin(), variances.end());
+  double variance = 0;
+  for (const auto& [s, v] : variances) variance += v;
   bytes_error = std::sqrt(variance);
   auto first = [](const Ranked& a, const Ranked& b) { return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack; };
   if (ranked.size() > max_sites) {
@@ -119,17 +122,29 @@ ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t
       out.scaled_to = static_cast<int64_t>(std::llround(room));
     }
   }
-  for (const auto& [addr, a] : replay.live) {
-    if (memledgers(a)) continue;
+  auto add = [&](const LiveAlloc& a, bool sampled) {
     Held& bucket = startup(a) ? startup_by_site[a.site] : exit_by_site[a.site];
     // A sampled allocation smaller than the interval stands for many.
-    const bool sampled = by_chance(a);
     const double share = sampled && a.kind == static_cast<uint8_t>(format::Kind::kHost) ? scale : 1.0;
     bucket.bytes += static_cast<int64_t>(std::llround(static_cast<double>(a.weight) * share));
     bucket.count += sampled ? allocations_per_sample(a.weight, sample_interval) * share : 1.0;
     if (sampled) bucket.bytes_variance += sampled_weight(a.weight, sample_interval).bytes_variance * share * share;
     out.counts_estimated = out.counts_estimated || sampled;
+  };
+  // The sampled allocations' estimates are fractions, added in address
+  // order: a sum of doubles depends on its order, and the live map's is a
+  // hash's, seeded anew in each process. The others add whole numbers.
+  std::vector<std::pair<uint64_t, const LiveAlloc*>> sampled;
+  for (const auto& [addr, a] : replay.live) {
+    if (memledgers(a)) continue;
+    if (by_chance(a)) {
+      sampled.emplace_back(addr, &a);
+    } else {
+      add(a, false);
+    }
   }
+  std::sort(sampled.begin(), sampled.end());
+  for (const auto& [addr, a] : sampled) add(*a, true);
   collect(exit_by_site, replay.sites, max_sites, out.leaks, out.leak_bytes, out.leak_count, out.leak_bytes_error);
   collect(startup_by_site, replay.sites, max_sites, out.startup, out.startup_bytes, out.startup_count,
           out.startup_bytes_error);
