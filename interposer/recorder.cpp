@@ -32,7 +32,6 @@
 #include "spin_lock.h"
 #include "trace_writer.h"
 #include "unwinder.h"
-#include "vmm_ledger.h"
 
 namespace memledger::interposer {
 __thread ThreadState tls_state __attribute__((tls_model("initial-exec")));
@@ -816,9 +815,6 @@ void Recorder::before_fork() {
       20000, 10000);
   // Locks a thread other than this one may hold at the fork: the child
   // would inherit them held, by a thread it does not have.
-  hold_signal_actions_for_fork();
-  unwinder_hold_for_fork();
-  vmm_ledger().hold_for_fork();
   fork_held_locks().hold_all();
   // Keep the sampled-address shards consistent across the fork.
   for (SampledShard& shard : g_sampled) shard.lock.lock();
@@ -831,9 +827,6 @@ void Recorder::after_fork_parent() {
   g_shared_lock.unlock();
   for (SampledShard& shard : g_sampled) shard.lock.unlock();
   fork_held_locks().release_all(false);
-  vmm_ledger().release_after_fork(false);
-  unwinder_release_after_fork(false);
-  release_signal_actions_after_fork(false);
 }
 
 void Recorder::after_fork_child() {
@@ -844,9 +837,6 @@ void Recorder::after_fork_child() {
   g_shared_lock.reset();
   for (SampledShard& shard : g_sampled) shard.lock.reset();
   fork_held_locks().release_all(true);
-  vmm_ledger().release_after_fork(true);
-  unwinder_release_after_fork(true);
-  release_signal_actions_after_fork(true);
   live_ledger().reset_after_fork();
   graph_ledger().reset_after_fork();
   mapped_ledger().reset_after_fork();

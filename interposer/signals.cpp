@@ -30,6 +30,9 @@ std::atomic<bool> g_installed{false};
 // the parent's g_app_action.
 std::atomic<pid_t> g_owner{0};
 SpinLock g_actions_lock;
+// Held across fork(): a thread in the middle of sigaction() would leave the
+// child a lock it never releases.
+[[maybe_unused]] const bool g_actions_lock_fork = fork_held_locks().add(&g_actions_lock);
 struct sigaction g_app_action[NSIG];  // what the program believes is installed
 SigactionFn g_real_sigaction = nullptr;
 
@@ -172,10 +175,6 @@ void install_ours(SigactionFn real, int signo, const struct sigaction& app) {
 }
 
 }  // namespace
-
-void hold_signal_actions_for_fork() { g_actions_lock.hold_for_fork(); }
-
-void release_signal_actions_after_fork(bool child) { g_actions_lock.release_after_fork(child); }
 
 void install_signal_handlers() {
   SigactionFn real = real_sigaction();

@@ -12,9 +12,4 @@ namespace memledger::interposer {
 
 void install_signal_handlers();
 
-// fork(): the program's handlers are held still across it (a thread in the
-// middle of sigaction() would leave the child a lock it never releases).
-void hold_signal_actions_for_fork();
-void release_signal_actions_after_fork(bool child);
-
 }  // namespace memledger::interposer

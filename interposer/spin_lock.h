@@ -59,11 +59,14 @@ class SpinLock {
   bool held_for_fork_ = false;  // by the forking thread, between the two
 };
 
-// Locks of the CUDA, CUPTI and start-up paths that another thread of the
-// program may hold at a fork(), where the child would inherit them held by
-// a thread it does not have: each registers itself once (add()), and
-// Recorder::before_fork takes them all, each once its holder lets go
-// (SpinLock::hold_for_fork), releasing them in both processes after.
+// memledger's locks that another thread of the program may hold at a
+// fork(), where the child would inherit them held by a thread it does not
+// have (the program's signal actions, the unwind-table pages to hand back,
+// the CUDA virtual memory ledger, the CUDA pool table, the runtime
+// functions found per caller, the next allocator's look-up, the CUPTI host
+// table): each registers itself once (add()), and Recorder::before_fork
+// takes them all, each once its holder lets go (SpinLock::hold_for_fork),
+// before the shared ring's lock, releasing them in both processes after.
 class ForkHeldLocks {
  public:
   static constexpr int kMax = 16;

@@ -549,10 +549,12 @@ class ReadPages {
   int rules_ = 0;
 
  public:
-  void hold_for_fork() { lock_.hold_for_fork(); }
-  void release_after_fork(bool child) { lock_.release_after_fork(child); }
+  // For ForkHeldLocks: the list is held still across fork(), so that the
+  // child gets it whole and its lock free.
+  SpinLock* fork_lock() { return &lock_; }
 };
 ReadPages g_read_pages;
+[[maybe_unused]] const bool g_read_pages_fork = fork_held_locks().add(g_read_pages.fork_lock());
 ObjectIndex g_objects;
 
 // The rule for a return address `pc` (the call is at pc - 1).
@@ -734,10 +736,6 @@ void unwinder_release_kept(UnwindMemo& memo) {
 void unwinder_modules_unloaded() { g_generation.fetch_add(1, std::memory_order_release); }
 
 size_t unwinder_hand_back_read_pages() { return g_read_pages.hand_back(); }
-
-void unwinder_hold_for_fork() { g_read_pages.hold_for_fork(); }
-
-void unwinder_release_after_fork(bool child) { g_read_pages.release_after_fork(child); }
 
 bool unwinder_configure(const char* choice) {
   if (choice == nullptr || *choice == '\0' || strcmp(choice, "fast") == 0) {

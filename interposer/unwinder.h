@@ -218,11 +218,6 @@ void unwinder_modules_unloaded();
 // covered. For tests.
 size_t unwinder_hand_back_read_pages();
 
-// fork(): the list of read pages is held still across it, so that the
-// child gets it whole and its lock free.
-void unwinder_hold_for_fork();
-void unwinder_release_after_fork(bool child);
-
 // MEMLEDGER_UNWINDER (README, "Stacks"): "fast" (the default), "libunwind"
 // (unw_backtrace() for every stack: the reference, for comparisons) or
 // "check" (both for every stack, libunwind's kept, the differences

@@ -145,6 +145,7 @@ void VmmLedger::unmapped(uint64_t addr, uint64_t size, void (*on_freed)(void*, c
 
 namespace {
 constinit VmmLedger g_vmm_ledger;
+[[maybe_unused]] const bool g_vmm_ledger_fork = fork_held_locks().add(g_vmm_ledger.fork_lock());
 }  // namespace
 
 VmmLedger& vmm_ledger() { return g_vmm_ledger; }

@@ -45,11 +45,10 @@ class VmmLedger {
   // (under the ledger's lock) for each counted handle whose memory this
   // unmap freed.
   void unmapped(uint64_t addr, uint64_t size, void (*on_freed)(void* context, const Freed& freed), void* context);
-  // fork(): the tables are held still across it, so that the child gets
-  // them whole and the lock free. Taken before the recorder's shared ring
-  // (on_freed may record under this lock).
-  void hold_for_fork() { lock_.hold_for_fork(); }
-  void release_after_fork(bool child) { lock_.release_after_fork(child); }
+  // For ForkHeldLocks: the tables are held still across fork(), so that
+  // the child gets them whole and the lock free; taken before the
+  // recorder's shared ring (on_freed may record under this lock).
+  SpinLock* fork_lock() { return &lock_; }
 
  private:
   struct HandleEntry {
