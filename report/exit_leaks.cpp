@@ -21,15 +21,32 @@ struct Held {
 };
 using BySite = absl::flat_hash_map<uint32_t, Held>;
 
-bool larger(const SiteTotal& a, const SiteTotal& b) {
-  return a.bytes != b.bytes ? a.bytes > b.bytes : a.site.stack < b.site.stack;
+// The order of the rows: more bytes first, then the lower stack id.
+bool comes_first(int64_t a_bytes, uint32_t a_stack, int64_t b_bytes, uint32_t b_stack) {
+  return a_bytes != b_bytes ? a_bytes > b_bytes : a_stack < b_stack;
 }
 
+bool larger(const SiteTotal& a, const SiteTotal& b) {
+  return comes_first(a.bytes, a.site.stack, b.bytes, b.site.stack);
+}
+
+// Keeps the `max_sites` first of `ranked` (entries with `bytes` and
+// `stack`, in any order) before rows are made of them: a row is some 170
+// bytes, and a million sites of an `import torch` took 187 MiB for the 20
+// shown. Returns how many went.
+template <typename Ranked>
+size_t keep_largest(std::vector<Ranked>& ranked, size_t max_sites) {
+  if (ranked.size() <= max_sites) return 0;
+  const size_t gone = ranked.size() - max_sites;
+  std::nth_element(ranked.begin(), ranked.begin() + static_cast<ptrdiff_t>(max_sites), ranked.end(),
+                   [](const Ranked& a, const Ranked& b) { return comes_first(a.bytes, a.stack, b.bytes, b.stack); });
+  ranked.resize(max_sites);
+  return gone;
+}
+
+// The rows of the largest sites into `out` (empty), the totals over all.
 void collect(const BySite& by_site, const SiteAccs& sites, size_t max_sites, std::vector<SiteTotal>& out,
              int64_t& bytes, uint64_t& count, double& bytes_error) {
-  // The totals are over every site; rows are made for the largest only (a
-  // row is some 170 bytes: a million sites of an `import torch` took
-  // 187 MiB for the 20 shown).
   struct Ranked {
     int64_t bytes;
     uint32_t stack;
@@ -49,11 +66,7 @@ void collect(const BySite& by_site, const SiteAccs& sites, size_t max_sites, std
   double variance = 0;
   for (const auto& [s, v] : variances) variance += v;
   bytes_error = std::sqrt(variance);
-  auto first = [](const Ranked& a, const Ranked& b) { return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack; };
-  if (ranked.size() > max_sites) {
-    std::nth_element(ranked.begin(), ranked.begin() + static_cast<ptrdiff_t>(max_sites), ranked.end(), first);
-    ranked.resize(max_sites);
-  }
+  keep_largest(ranked, max_sites);
   for (const Ranked& r : ranked) {
     SiteTotal t;
     t.site.stack = r.stack;
@@ -65,7 +78,6 @@ void collect(const BySite& by_site, const SiteAccs& sites, size_t max_sites, std
     out.push_back(std::move(t));
   }
   std::sort(out.begin(), out.end(), larger);
-  if (out.size() > max_sites) out.resize(max_sites);
 }
 
 }  // namespace
@@ -154,7 +166,6 @@ ExitLeaks find_exit_leaks(const ReplayOutput& replay, size_t max_sites, uint64_t
 namespace {
 
 std::vector<SiteTotal> snapshot(const ReplayOutput& replay, bool at_peak, size_t max_sites, uint64_t& dropped) {
-  // Rows for the largest sites only, as collect() makes them.
   struct Ranked {
     int64_t bytes;
     uint32_t stack;
@@ -169,12 +180,7 @@ std::vector<SiteTotal> snapshot(const ReplayOutput& replay, bool at_peak, size_t
     if (bytes <= 0 && count == 0) continue;
     ranked.push_back({bytes, acc.stack, acc.kind, count});
   }
-  if (ranked.size() > max_sites) {
-    dropped = std::max<uint64_t>(dropped, ranked.size() - max_sites);
-    std::nth_element(ranked.begin(), ranked.begin() + static_cast<ptrdiff_t>(max_sites), ranked.end(),
-                     [](const Ranked& a, const Ranked& b) { return a.bytes != b.bytes ? a.bytes > b.bytes : a.stack < b.stack; });
-    ranked.resize(max_sites);
-  }
+  dropped = std::max<uint64_t>(dropped, keep_largest(ranked, max_sites));
   std::vector<SiteTotal> out;
   out.reserve(ranked.size());
   for (const Ranked& r : ranked) {

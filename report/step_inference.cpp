@@ -335,7 +335,7 @@ const AllocationSequence::StackInfo& AllocationSequence::stack_info(uint32_t sta
   if (!inserted || stack == 0) return it->second;
   bool attributed = false;
   uint64_t native = 0x9e3779b97f4a7c15ull;
-  const bool known = trace_.stacks.visit(stack, [&](uint64_t word) {
+  trace_.stacks.visit(stack, [&](uint64_t word) {
     // A stack's Python frames lead (StackStore): past them, only an
     // attributed stack has something left to read, its native identity.
     if (!attributed && !fmt::is_python_frame(word)) return false;
@@ -358,7 +358,6 @@ const AllocationSequence::StackInfo& AllocationSequence::stack_info(uint32_t sta
     }
     return true;
   });
-  if (!known) return it->second;
   // Stack ids are 32 bits: a native identity lies above them.
   if (attributed) it->second.identity = (native | (uint64_t{1} << 32)) & ((uint64_t{1} << 56) - 1);
   return it->second;
