@@ -221,19 +221,24 @@ RoleTable::RoleTable(const std::vector<RoleRule>& user_rules) : rules_(user_rule
   rules_.insert(rules_.end(), builtin.begin(), builtin.end());
 }
 
+namespace {
+
+bool bit(const uint64_t* bits, size_t n) { return (bits[n / 64] >> (n % 64) & 1) != 0; }
+
+}  // namespace
+
 const uint64_t* RoleTable::matches(const Frame& f, FrameMatches& memo) const {
   const size_t words = (2 * rules_.size() + 63) / 64;
   auto [it, added] = memo.at_.try_emplace(&f, static_cast<uint32_t>(memo.bits_.size()));
   if (added) {
     memo.bits_.resize(memo.bits_.size() + words, 0);
     uint64_t* bits = memo.bits_.data() + it->second;
+    auto set = [bits](size_t n) { bits[n / 64] |= uint64_t{1} << (n % 64); };
     for (size_t i = 0; i < rules_.size(); ++i) {
       const RoleRule& r = rules_[i];
       const auto match = [&](const std::string& p) { return frame_matches(p, f); };
-      if (std::any_of(r.frames.begin(), r.frames.end(), match)) bits[2 * i / 64] |= uint64_t{1} << (2 * i % 64);
-      if (std::any_of(r.unless_inside.begin(), r.unless_inside.end(), match)) {
-        bits[(2 * i + 1) / 64] |= uint64_t{1} << ((2 * i + 1) % 64);
-      }
+      if (std::any_of(r.frames.begin(), r.frames.end(), match)) set(2 * i);
+      if (std::any_of(r.unless_inside.begin(), r.unless_inside.end(), match)) set(2 * i + 1);
     }
   }
   return memo.bits_.data() + it->second;
@@ -265,24 +270,19 @@ Role RoleTable::classify(const RoleSubject& subject, const FrameWalk& walk, size
   // Rules that a frame inside their match rules out (RoleRule::unless_inside),
   // by their place in `open`; frames come innermost first.
   std::vector<bool> ruled_out(open.size(), false);
+  FrameMatches own;  // frames that stay put for this call only
+  FrameMatches& known = memo != nullptr ? *memo : own;
   walk([&](const Frame& f) {
-    const uint64_t* bits = memo != nullptr ? matches(f, *memo) : nullptr;
+    const uint64_t* bits = matches(f, known);
     for (size_t k = 0; k < open.size(); ++k) {
       const size_t i = open[k];
       if (i >= best) break;
       if (ruled_out[k]) continue;
-      const RoleRule& r = rules_[i];
-      const bool inside = bits != nullptr ? (bits[(2 * i + 1) / 64] >> ((2 * i + 1) % 64) & 1) != 0
-                                          : std::any_of(r.unless_inside.begin(), r.unless_inside.end(),
-                                                        [&](const std::string& p) { return frame_matches(p, f); });
-      if (inside) {
+      if (bit(bits, 2 * i + 1)) {
         ruled_out[k] = true;
         continue;
       }
-      const bool match = bits != nullptr ? (bits[2 * i / 64] >> (2 * i % 64) & 1) != 0
-                                         : std::any_of(r.frames.begin(), r.frames.end(),
-                                                       [&](const std::string& p) { return frame_matches(p, f); });
-      if (match) best = i;
+      if (bit(bits, 2 * i)) best = i;
     }
     return best != open.front();  // nothing earlier can win
   });

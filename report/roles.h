@@ -49,7 +49,8 @@ struct RoleSubject {
 };
 
 // Frames of a stack, given one at a time to `visit` (innermost first);
-// visit returns false to stop early.
+// visit returns false to stop early. Each frame stays where it is at least
+// until the walk returns (RoleTable::classify knows frames by address).
 using FrameWalk = std::function<void(const std::function<bool(const Frame&)>& visit)>;
 
 // Which of a table's patterns each frame matches, worked out the first time
@@ -71,7 +72,8 @@ class RoleTable {
   explicit RoleTable(const std::vector<RoleRule>& user_rules = {});
   // The role of a subject whose frames `walk` gives, and the index of the
   // rule that decided (rules().size() when none did: other). `memo`: for
-  // frames that stay where they are (FrameMatches), or nullptr.
+  // frames that stay where they are (FrameMatches) beyond this call, or
+  // nullptr (one for this call alone).
   Role classify(const RoleSubject& subject, const FrameWalk& walk, size_t* rule = nullptr,
                 FrameMatches* memo = nullptr) const;
   Role classify(const RoleSubject& subject, const std::vector<Frame>& frames, size_t* rule = nullptr) const;
