@@ -322,19 +322,20 @@ class SiteNamer {
     site.stack = stack;
     site.kind = kind;
     site.graph = graph_stacks_ != nullptr && std::binary_search(graph_stacks_->begin(), graph_stacks_->end(), stack);
-    if (!trace_.stacks.get(stack, words_)) return site;
-    if (!symbolizer_) {
-      symbolizer_ = std::make_unique<Symbolizer>(trace_.modules, options_);
-      symbolizer_->set_python(&trace_.python_codes, trace_.python_module);
-    }
-    // Room for them all at once: a vector grown by doubling would leave a
+    // Each frame word's chain (its inlined frames, then its function); then
+    // room for them all at once: a vector grown by doubling would leave a
     // site up to half its frames' room unused (10,000 sites of 60 to 90
     // frames in the live sets of an `import torch`).
+    chains_.clear();
     size_t frames = 0;
-    for (size_t i = 0; i < words_.size(); ++i) frames += symbolizer_->resolve(words_[i], i > 0).size();
+    trace_.stacks.visit(stack, [&](uint64_t word) {
+      chains_.push_back(&symbolizer().resolve(word, !chains_.empty()));
+      frames += chains_.back()->size();
+      return true;
+    });
     site.frames.reserve(frames);
-    for (size_t i = 0; i < words_.size(); ++i) {
-      for (const Frame& f : symbolizer_->resolve(words_[i], i > 0)) {
+    for (const std::vector<Frame>* chain : chains_) {
+      for (const Frame& f : *chain) {
         const uint64_t cost = sizeof(Frame) + f.function.size() + f.file.size() + f.module.size();
         if (spent_ + cost > budget_) {
           ++sites_cut_;
@@ -351,14 +352,9 @@ class SiteNamer {
   // the stacks of every site that is live at a step end.
   FrameWalk walk(uint32_t stack) {
     return [this, stack](const std::function<bool(const Frame&)>& visit) {
-      if (!trace_.stacks.count(stack)) return;
-      if (!symbolizer_) {
-        symbolizer_ = std::make_unique<Symbolizer>(trace_.modules, options_);
-        symbolizer_->set_python(&trace_.python_codes, trace_.python_module);
-      }
       bool inner = true;
       trace_.stacks.visit(stack, [&](uint64_t word) {
-        for (const Frame& f : symbolizer_->resolve(word, !inner)) {
+        for (const Frame& f : symbolizer().resolve(word, !inner)) {
           if (!visit(f)) return false;
         }
         inner = false;
@@ -380,6 +376,15 @@ class SiteNamer {
   }
 
  private:
+  // Made on the first frame named.
+  Symbolizer& symbolizer() {
+    if (!symbolizer_) {
+      symbolizer_ = std::make_unique<Symbolizer>(trace_.modules, options_);
+      symbolizer_->set_python(&trace_.python_codes, trace_.python_module);
+    }
+    return *symbolizer_;
+  }
+
   const Trace& trace_;
   const SymbolizerOptions& options_;
   const uint64_t budget_;
@@ -387,7 +392,7 @@ class SiteNamer {
   uint64_t sites_cut_ = 0;
   std::unique_ptr<Symbolizer> symbolizer_;
   const std::vector<uint32_t>* graph_stacks_ = nullptr;
-  std::vector<uint64_t> words_;  // the stack being named
+  std::vector<const std::vector<Frame>*> chains_;  // of the stack being named
 };
 
 // The header's account of the process.
