@@ -480,6 +480,9 @@ StringTable& strings() {
   static StringTable* table = new (storage) StringTable();
   return *table;
 }
+// Held across fork(): a thread of the program interning a label at that
+// moment would leave the child a table half grown.
+[[maybe_unused]] const bool g_strings_fork = fork_held_locks().add(&strings().lock);
 
 }  // namespace
 
@@ -817,7 +820,6 @@ void TraceWriter::reset_after_fork() {
   signal_.pending.store(0, std::memory_order_relaxed);
   trace_.close();
   status_.close();
-  strings().lock.reset();
   if (state_ != nullptr) {
     state_->pressure.close();
     ZSTD_CCtx* zstd = state_->zstd;
