@@ -803,14 +803,13 @@ void Recorder::on_exec(const char* path) {
 
 void Recorder::before_fork() {
   // No thread may hold the loader lock at the fork: turn new loader
-  // sections away and wait (at most ~200 ms) for those in flight, and for
-  // stacks being interned to be published.
+  // sections away and wait (at most ~200 ms) for those in flight.
   g_forking.store(true, std::memory_order_seq_cst);
   wait_until(
       [this] {
         int64_t inside = 0;
         for (LoaderShard& shard : g_loader) inside += shard.inside.load(std::memory_order_seq_cst);
-        return inside <= 0 && stacks_.quiet();
+        return inside <= 0;
       },
       20000, 10000);
   // Locks a thread other than this one may hold at the fork: the child
@@ -832,7 +831,6 @@ void Recorder::after_fork_parent() {
 void Recorder::after_fork_child() {
   // Only this thread came along: no loader section is in flight here.
   for (LoaderShard& shard : g_loader) shard.inside.store(0, std::memory_order_relaxed);
-  stacks_.reset_after_fork();
   g_forking.store(false, std::memory_order_seq_cst);
   g_shared_lock.reset();
   for (SampledShard& shard : g_sampled) shard.lock.reset();

@@ -298,12 +298,10 @@ __attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32
     if (const uint32_t found = find_far_child(parent, head, id, word, python, index)) return found;
   }
   Node& up = nodes_[parent];
-  publishing_.fetch_add(1, std::memory_order_acq_rel);
   const uint32_t slot = word_slot(word);
   const uint32_t mine = slot != kNoWord ? next_id_.fetch_add(1, std::memory_order_relaxed) : kMaxNodes;
   if (mine >= kMaxNodes) {
     if (slot != kNoWord) next_id_.store(kMaxNodes, std::memory_order_relaxed);  // stays full
-    publishing_.fetch_sub(1, std::memory_order_acq_rel);
     return 0;
   }
   const uint32_t key = slot | (python != 0 ? kPairFlag : 0);
@@ -320,7 +318,6 @@ __attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32
     uint32_t expected = head | up_bits;
     if (up.first_child.compare_exchange_strong(expected, mine | up_bits, std::memory_order_acq_rel,
                                                std::memory_order_acquire)) {
-      publishing_.fetch_sub(1, std::memory_order_acq_rel);
       if (index != nullptr) index_child(index, mine, child_key(word, python), head);
       return mine;
     }
@@ -328,7 +325,6 @@ __attribute__((noinline)) uint32_t StackTable::add_child(uint32_t parent, uint32
     head = expected & kIdMask;
     if (const uint32_t found = look_through(head, seen_until, word, python, nullptr)) {
       // Lost a race: `mine` stays unlinked, an id no stack uses.
-      publishing_.fetch_sub(1, std::memory_order_acq_rel);
       return found;
     }
     seen_until = head;

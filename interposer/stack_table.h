@@ -134,11 +134,14 @@ class StackTable {
   // intern()'s order; returns the depth, 0 for an unknown id. `cache`: the
   // caller's, or nullptr.
   uint32_t get(uint32_t id, uintptr_t* out, ReadCache* cache = nullptr) const;
-  // Whether no thread is between claiming a node and linking it (fork()
-  // waits for this, so that the child has no half-made node).
-  bool quiet() const { return publishing_.load(std::memory_order_acquire) == 0; }
-  // In a fork child: only the forking thread came along.
-  void reset_after_fork() { publishing_.store(0, std::memory_order_relaxed); }
+  // A fork() needs no wait here: a node is written whole before the one
+  // compare-and-swap that links it into its parent's list, so a child
+  // forked while another thread was adding one has it either linked and
+  // whole or not linked at all (an id no stack uses, as when a thread
+  // loses the race to link). A word, or an index, that the other thread
+  // had not finished publishing is added again by the child when it
+  // needs it: a word may have two slots, and nodes are told apart by
+  // their words.
 
  private:
   // One frame of the tree, 12 bytes: the frame's key (its word's slot in
@@ -281,7 +284,6 @@ class StackTable {
   uint32_t* fan_region_ = nullptr;
   std::atomic<size_t> fan_used_{1};
   std::atomic<uint32_t> next_id_{1};
-  std::atomic<int> publishing_{0};
 };
 
 }  // namespace memledger::interposer
