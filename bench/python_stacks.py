@@ -176,6 +176,16 @@ def main():
     parser.add_argument("--no-memory", action="store_true", help="skip the tracer memory table")
     parser.add_argument("--memory-only", action="store_true", help="the tracer memory table alone")
     args = parser.parse_args()
+    # memledger run finds its Python package next to itself (build tree) or
+    # under share/memledger/python (installed); without it, a traced Python
+    # program runs without the helpers (the retention walk at exit among
+    # them) and looks cheaper than it is: a build folder where only the
+    # library and the executable were built, say.
+    tool_dir = os.path.dirname(os.path.abspath(args.memledger))
+    if not any(os.path.exists(os.path.join(d, "memledger", "_boot", "sitecustomize.py"))
+               for d in (os.path.join(tool_dir, "python"), os.path.join(tool_dir, "..", "share", "memledger", "python"))):
+        parser.error("%s has no memledger Python package next to it (build the folder whole: "
+                     "meson compile -C BUILD); traced runs would leave its helpers out" % args.memledger)
     tmp = tempfile.mkdtemp(prefix="memledger-pybench-")
     try:
         workloads = [("objects", OBJECTS, "200")]
