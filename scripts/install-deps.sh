@@ -33,6 +33,9 @@ if [[ $mode == all ]]; then
   # protobuf library reads the pprof profiles back; the HTML report's test in
   # a real browser; python3-venv makes the environments below.
   packages+=(catch2 libxml2-utils valgrind python3-protobuf chromium python3-venv)
+  # gdb: a test command that runs past its timeout prints its processes'
+  # stacks before they are killed (tests/integration/mltest.py).
+  packages+=(gdb)
   # The trace reader's fuzz target (tests/fuzz): clang with libFuzzer; zstd
   # makes the compressed hostile traces of its corpus (tests/fuzz/make_corpus.py).
   packages+=(clang libclang-rt-dev zstd)

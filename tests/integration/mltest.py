@@ -17,6 +17,7 @@ import shutil
 import signal
 import struct
 import subprocess
+import sys
 import tempfile
 import unittest
 
@@ -62,6 +63,49 @@ def kill_session(sid):
                 os.kill(int(entry), signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def describe_session(sid, limit=8):
+    """What the processes of a session are doing, for a command that ran
+    past its timeout: each one's command, and each thread's state, kernel
+    wait channel and, where gdb is installed, its stack (a hang that shows
+    once in hundreds of runs must say where it hung the first time)."""
+    lines = []
+    gdb = shutil.which("gdb")
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.getsid(int(entry)) == sid:
+                    pids.append(int(entry))
+            except (ProcessLookupError, PermissionError):
+                pass
+    for pid in sorted(pids)[:limit]:
+        try:
+            with open("/proc/%d/cmdline" % pid, "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            lines.append("== pid %d: %s" % (pid, command))
+            for tid in sorted(os.listdir("/proc/%d/task" % pid), key=int):
+                base = "/proc/%d/task/%s/" % (pid, tid)
+                with open(base + "stat") as f:
+                    stat = f.read()
+                with open(base + "wchan") as f:
+                    wchan = f.read().strip()
+                name = stat[stat.index("(") + 1:stat.rindex(")")]
+                state = stat[stat.rindex(")") + 2:].split()[0]
+                lines.append("   thread %s (%s): %s, waiting in %s" % (tid, name, state, wchan or "-"))
+        except OSError:
+            continue
+        if gdb:
+            try:
+                trace = subprocess.run([gdb, "-batch", "-nx", "-p", str(pid), "-ex", "thread apply all bt 30"],
+                                       capture_output=True, text=True, errors="replace", timeout=30).stdout
+                lines.extend("   " + l[:240] for l in trace.splitlines() if l.startswith(("Thread ", "#")))
+            except subprocess.TimeoutExpired:
+                lines.append("   (gdb did not answer)")
+    if len(pids) > limit:
+        lines.append("(%d more processes)" % (len(pids) - limit))
+    return "\n".join(lines)
 
 
 def parse_kv(text):
@@ -163,8 +207,9 @@ class TestCase(unittest.TestCase):
     @staticmethod
     def run_cmd(args, timeout=TIMEOUT, env=None, cwd=None, crash_ok=False, stdin=subprocess.DEVNULL):
         """Runs a command to completion, capturing text output. It runs in a
-        session of its own: on a timeout the whole process tree is killed
-        (a hung traced child must not outlive the test), then
+        session of its own: on a timeout what its processes were doing goes
+        to stderr (describe_session), the whole process tree is killed (a
+        hung traced child must not outlive the test), then
         subprocess.TimeoutExpired is raised."""
         proc = subprocess.Popen(
             [str(a) for a in args],
@@ -181,6 +226,7 @@ class TestCase(unittest.TestCase):
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
+            sys.stderr.write("%s ran past %d s; its processes:\n%s\n" % (args[0], timeout, describe_session(proc.pid)))
             kill_session(proc.pid)
             proc.communicate()
             raise
