@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 SOURCE_DIR = pathlib.Path(os.environ.get("MLTEST_SOURCE_DIR", pathlib.Path(__file__).resolve().parents[2]))
@@ -65,13 +66,16 @@ def kill_session(sid):
             pass
 
 
-def describe_session(sid, limit=8):
+def describe_session(sid, limit=8, gdb_seconds=20):
     """What the processes of a session are doing, for a command that ran
     past its timeout: each one's command, and each thread's state, kernel
     wait channel and, where gdb is installed, its stack (a hang that shows
-    once in hundreds of runs must say where it hung the first time)."""
+    once in hundreds of runs must say where it hung the first time). gdb
+    gets `gdb_seconds` in all, so that the test file stays within its own
+    timeout."""
     lines = []
     gdb = shutil.which("gdb")
+    gdb_until = time.monotonic() + gdb_seconds
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -96,10 +100,11 @@ def describe_session(sid, limit=8):
                 lines.append("   thread %s (%s): %s, waiting in %s" % (tid, name, state, wchan or "-"))
         except OSError:
             continue
-        if gdb:
+        left = gdb_until - time.monotonic()
+        if gdb and left > 1:
             try:
                 trace = subprocess.run([gdb, "-batch", "-nx", "-p", str(pid), "-ex", "thread apply all bt 30"],
-                                       capture_output=True, text=True, errors="replace", timeout=30).stdout
+                                       capture_output=True, text=True, errors="replace", timeout=left).stdout
                 lines.extend("   " + l[:240] for l in trace.splitlines() if l.startswith(("Thread ", "#")))
             except subprocess.TimeoutExpired:
                 lines.append("   (gdb did not answer)")
