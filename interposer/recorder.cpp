@@ -806,7 +806,7 @@ void Recorder::before_fork() {
   // sections away and wait (at most ~200 ms) for those in flight.
   g_forking.store(true, std::memory_order_seq_cst);
   wait_until(
-      [this] {
+      [] {
         int64_t inside = 0;
         for (LoaderShard& shard : g_loader) inside += shard.inside.load(std::memory_order_seq_cst);
         return inside <= 0;

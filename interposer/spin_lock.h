@@ -64,9 +64,10 @@ class SpinLock {
 // have (the program's signal actions, the unwind-table pages to hand back,
 // the CUDA virtual memory ledger, the CUDA pool table, the runtime
 // functions found per caller, the next allocator's look-up, the CUPTI host
-// table, the step labels): each registers itself once (add()), and Recorder::before_fork
-// takes them all, each once its holder lets go (SpinLock::hold_for_fork),
-// before the shared ring's lock, releasing them in both processes after.
+// table, the step labels): each registers itself once (add()), and
+// Recorder::before_fork takes them all, each once its holder lets go
+// (SpinLock::hold_for_fork), before the shared ring's lock, releasing them
+// in both processes after.
 class ForkHeldLocks {
  public:
   static constexpr int kMax = 16;

@@ -54,14 +54,25 @@ def no_core_dumps():
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
 
 
-def kill_session(sid):
-    """SIGKILL to every process of a session (see TestCase.run_cmd)."""
+def session_pids(sid):
+    """The processes of a session, in order of pid."""
+    pids = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             if os.getsid(int(entry)) == sid:
-                os.kill(int(entry), signal.SIGKILL)
+                pids.append(int(entry))
+        except (ProcessLookupError, PermissionError):
+            pass
+    return sorted(pids)
+
+
+def kill_session(sid):
+    """SIGKILL to every process of a session (see TestCase.run_cmd)."""
+    for pid in session_pids(sid):
+        try:
+            os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -76,15 +87,8 @@ def describe_session(sid, limit=8, gdb_seconds=20):
     lines = []
     gdb = shutil.which("gdb")
     gdb_until = time.monotonic() + gdb_seconds
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if os.getsid(int(entry)) == sid:
-                    pids.append(int(entry))
-            except (ProcessLookupError, PermissionError):
-                pass
-    for pid in sorted(pids)[:limit]:
+    pids = session_pids(sid)
+    for pid in pids[:limit]:
         try:
             with open("/proc/%d/cmdline" % pid, "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
