@@ -297,9 +297,12 @@ void Recorder::disable(const char* why) {
 
 ThreadRing* Recorder::acquire_ring(ThreadState& t) {
   if (t.status == 2) return nullptr;
+  bool retired = false;
   for (ThreadRing* ring = rings(); ring != nullptr; ring = ring->next) {
     int expected = static_cast<int>(RingState::kFree);
-    if (ring->state.load(std::memory_order_relaxed) == expected &&
+    const int state = ring->state.load(std::memory_order_relaxed);
+    retired |= state == static_cast<int>(RingState::kRetired);
+    if (state == expected &&
         ring->state.compare_exchange_strong(expected, static_cast<int>(RingState::kOwned))) {
       // The last thread's walks kept beyond the eight: gone, their pages
       // handed back (a ring starts again at its first slot, and so do they).
@@ -309,6 +312,10 @@ ThreadRing* Recorder::acquire_ring(ThreadState& t) {
     }
   }
   if (t.ring == nullptr) {
+    // Threads that start and end faster than the writer's long wait (10
+    // ms) would each map a ring while the rings of those that ended wait
+    // to be drained: the writer is woken to free them for the next ones.
+    if (retired) trace_writer().nudge();
     ThreadRing* ring = map_ring();
     if (ring == nullptr) return nullptr;
     ring->state.store(static_cast<int>(RingState::kOwned), std::memory_order_relaxed);
