@@ -44,6 +44,56 @@ MANY_OBJECTS = textwrap.dedent("""
 """)
 
 
+# Owners of every kind the walk knows on the host, held in several ways; the
+# walk at a snapshot run three times: the search for owners in C
+# (memledger_py_referents), the same with room for 4 referents a call (so
+# that single containers overflow it and are searched in Python), and the
+# search in Python alone. Prints each run's owners and paths.
+BOTH_SEARCHES = textwrap.dedent("""
+    import json
+    import numpy
+    import torch
+    import memledger
+    from memledger import _retention
+
+
+    class Big(bytes):
+        pass
+
+
+    class Holder:
+        pass
+
+
+    kept = {"bytes": b"x" * 100000, "bytearray": bytearray(70000), "subclass": Big(b"y" * 90000),
+            "small": b"z" * 10, "array": numpy.zeros(20000), "view": numpy.zeros(30000)[10:],
+            "tensor": torch.zeros(50000), "parameter": torch.nn.Parameter(torch.zeros(40000))}
+    twice = [kept["bytes"], kept["bytes"], kept["tensor"]]
+    tensors = [torch.zeros(20000 + i) for i in range(12)]
+    holder = Holder()
+    holder.arrays = [numpy.ones(10000 + i) for i in range(5)]
+    in_c = _retention._ReferentScan.make(_retention.gc.get_objects(), (bytes,)) is not None
+    print("C_SEARCH", json.dumps(in_c))
+
+
+    def walk(capacity, python):
+        make = _retention._ReferentScan.make
+        _retention._ReferentScan.CAPACITY = capacity
+        if python:
+            _retention._ReferentScan.make = classmethod(lambda cls, objects, candidates: None)
+        try:
+            result = _retention.find(30)
+        finally:
+            _retention._ReferentScan.make = make
+        return sorted((o["address"], o["bytes"], o["what"], o["name"], o["root"], result["paths"][o["path"]])
+                      for o in result["owners"])
+
+
+    for name, capacity, python in (("c", 1 << 14, False), ("overflow", 4, False), ("python", 1 << 14, True)):
+        print("WALK", name, json.dumps(walk(capacity, python)))
+""")
+
+
 def leak_line(mode, script=SCRIPT):
     """The client's line marked `# LEAK_SITE(mode)`."""
     with open(script) as f:
@@ -234,6 +284,26 @@ class Retention(clients.ClientTestCase):
         self.assertExit(proc, 0)
         growth = int(re.search(r"GROWTH (-?\d+)", proc.stdout).group(1))
         self.assertLess(growth, 256 << 10, proc.stdout)
+
+    def test_the_search_in_c_finds_what_python_finds(self):
+        clients.skip_unless(self, "torch")
+        script = os.path.join(self.tmpdir(), "both_searches.py")
+        with open(script, "w") as f:
+            f.write(BOTH_SEARCHES)
+        run_dir = os.path.join(self.tmpdir(), "run")
+        proc = self.memledger("run", "-q", "-o", run_dir, "--no-report", "--", clients.PYTHON_TORCH, script,
+                              env=mltest.clean_env(), timeout=240)
+        self.assertExit(proc, 0)
+        self.assertIn("C_SEARCH true", proc.stdout)
+        walks = {m.group(1): json.loads(m.group(2)) for m in re.finditer(r"^WALK (\w+) (.*)$", proc.stdout, re.M)}
+        self.assertEqual(sorted(walks), ["c", "overflow", "python"])
+        whats = sorted(o[2].split(" ")[0] for o in walks["python"])
+        # Every large owner, once each; not the small bytes, nor a subclass
+        # of bytes (bytes are recognised by their exact type), nor the view
+        # (it owns no buffer: its base does, which no tracked object holds).
+        self.assertEqual(whats, [*["Tensor"] * 14, "bytearray", "bytes", *["ndarray"] * 6], walks["python"])
+        self.assertEqual(walks["c"], walks["python"])
+        self.assertEqual(walks["overflow"], walks["python"])
 
     def test_keras_callback_keeps_logits(self):
         # Eager tensors and variables give their buffer's address through
