@@ -1,10 +1,13 @@
-// The retention walk's search for large buffers (tools/python/memledger/
-// _retention.py) in one call per many objects: each object's referents, by
-// the collector's own traversal (its type's tp_traverse, as gc.get_referents
-// does), with a visitor that compares type pointers and a length. In Python,
-// the walk looked at every referent of every tracked object, 1.6 million in
-// a small PyTorch program, for the few hundred of a type that may own a
-// buffer.
+// Two searches of the retention walk (tools/python/memledger/_retention.py),
+// in one call per many objects:
+// - for large buffers: each object's referents, by the collector's own
+//   traversal (its type's tp_traverse, as gc.get_referents does), with a
+//   visitor that compares type pointers and a length. In Python, the walk
+//   looked at every referent of every tracked object, 1.6 million in a
+//   small PyTorch program, for the few hundred of a type that may own a
+//   buffer;
+// - for the instances that hold a few attribute dicts: where each object
+//   keeps its dict, read, where the walk made a pass of gc.get_referrers.
 //
 // Called through ctypes.PyDLL: the caller holds the GIL for the whole call,
 // and nothing here calls into the interpreter. The caller has checked the
@@ -139,4 +142,63 @@ MEMLEDGER_EXPORT int64_t memledger_py_referents(const uint64_t* layout, void* co
   }
   *next = i;
   return scan.count;
+}
+
+namespace {
+
+// What _retention._HolderScan passes, word for word.
+struct DictLayout {
+  uint64_t type;            // ob_type in an object
+  uint64_t flags;           // tp_flags in a type object
+  uint64_t dict_offset;     // tp_dictoffset in a type object
+  uint64_t managed_flag;    // Py_TPFLAGS_MANAGED_DICT (3.11 on), or 0
+  int64_t managed_offset;   // where such an object keeps its dict, from the object
+  uint64_t values_tag;      // a low bit there that means inline values, not a dict (3.12), or 0
+};
+
+}  // namespace
+
+// Scans objects[begin, end) for those whose own attribute dict (__dict__,
+// where the object keeps it: a managed dict before the object, or at its
+// type's tp_dictoffset) is one of dicts[0, ndicts) (sorted), and writes
+// (index, dict) pairs into out, at most `capacity`. Reads two or three words
+// an object: no traversal. Returns the pairs written; *next as for
+// memledger_py_referents.
+MEMLEDGER_EXPORT int64_t memledger_py_dict_holders(const uint64_t* layout, void* const* objects, int64_t begin,
+                                                   int64_t end, const uintptr_t* dicts, int64_t ndicts,
+                                                   uint64_t* out, int64_t capacity, int64_t* next) {
+  static_assert(sizeof(DictLayout) == 6 * sizeof(uint64_t));
+  DictLayout l;
+  std::memcpy(&l, layout, sizeof l);
+  int64_t count = 0;
+  int64_t i = begin;
+  for (; i < end; ++i) {
+    const uintptr_t object = reinterpret_cast<uintptr_t>(objects[i]);
+    const uintptr_t type = word_at(object, l.type);
+    uintptr_t dict = 0;
+    if (l.managed_flag != 0 && (word_at(type, l.flags) & l.managed_flag) != 0) {
+      dict = word_at(object - static_cast<uint64_t>(-l.managed_offset), 0);
+      if (l.values_tag != 0 && (dict & l.values_tag) != 0) dict = 0;
+    } else {
+      const auto offset = static_cast<int64_t>(word_at(type, l.dict_offset));
+      if (offset > 0) dict = word_at(object, static_cast<uint64_t>(offset));
+    }
+    if (dict == 0) continue;
+    int64_t lo = 0, hi = ndicts;
+    while (lo < hi) {
+      const int64_t mid = (lo + hi) / 2;
+      if (dicts[mid] < dict) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    if (lo == ndicts || dicts[lo] != dict) continue;
+    if (count == capacity) break;
+    out[2 * count] = static_cast<uint64_t>(i);
+    out[2 * count + 1] = dict;
+    ++count;
+  }
+  *next = i;
+  return count;
 }

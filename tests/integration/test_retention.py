@@ -45,10 +45,12 @@ MANY_OBJECTS = textwrap.dedent("""
 
 
 # Owners of every kind the walk knows on the host, held in several ways; the
-# walk at a snapshot run three times: the search for owners in C
-# (memledger_py_referents), the same with room for 4 referents a call (so
+# walk at a snapshot run three times: the searches in C (for owners,
+# memledger_py_referents; for the instances that hold an attribute dict,
+# memledger_py_dict_holders), the same with room for 4 referents a call (so
 # that single containers overflow it and are searched in Python), and the
-# search in Python alone. Prints each run's owners and paths.
+# searches in Python and the collector alone. Prints each run's owners and
+# paths.
 BOTH_SEARCHES = textwrap.dedent("""
     import json
     import numpy
@@ -72,19 +74,22 @@ BOTH_SEARCHES = textwrap.dedent("""
     tensors = [torch.zeros(20000 + i) for i in range(12)]
     holder = Holder()
     holder.arrays = [numpy.ones(10000 + i) for i in range(5)]
-    in_c = _retention._ReferentScan.make(_retention.gc.get_objects(), (bytes,)) is not None
+    objects = _retention.gc.get_objects()
+    in_c = None not in (_retention._ReferentScan.make(objects, (bytes,)), _retention._HolderScan.make(objects))
+    del objects
     print("C_SEARCH", json.dumps(in_c))
 
 
     def walk(capacity, python):
-        make = _retention._ReferentScan.make
+        makes = _retention._ReferentScan.make, _retention._HolderScan.make
         _retention._ReferentScan.CAPACITY = capacity
         if python:
             _retention._ReferentScan.make = classmethod(lambda cls, objects, candidates: None)
+            _retention._HolderScan.make = classmethod(lambda cls, objects: None)
         try:
             result = _retention.find(30)
         finally:
-            _retention._ReferentScan.make = make
+            _retention._ReferentScan.make, _retention._HolderScan.make = makes
         return sorted((o["address"], o["bytes"], o["what"], o["name"], o["root"], result["paths"][o["path"]])
                       for o in result["owners"])
 

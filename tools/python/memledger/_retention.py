@@ -377,6 +377,87 @@ class _ReferentScan:
         return pairs, self.next.value
 
 
+_TPFLAGS_MANAGED_DICT = 1 << 4  # 3.11 on: the dict, once made, three words before the object
+_MANAGED_DICT_OFFSET = -24
+
+
+def _dict_layout():
+    """The layout memledger_py_dict_holders reads (its DictLayout), when
+    the dicts it finds by it are those of instances of a plain class, of an
+    exception's subclass and of a module; else None."""
+    if _type_layout() is None:
+        return None
+    managed = sys.version_info >= (3, 11)
+    layout = (ctypes.c_uint64 * 6)(_OB_TYPE, _TP_FLAGS, _TP_DICTOFFSET, _TPFLAGS_MANAGED_DICT if managed else 0,
+                                   _MANAGED_DICT_OFFSET & 0xFFFFFFFFFFFFFFFF, 1 if sys.version_info[:2] == (3, 12) else 0)
+
+    class Probe:
+        pass
+
+    class Failure(Exception):
+        pass
+
+    try:
+        fn = ctypes.PyDLL(None).memledger_py_dict_holders
+        probe, failure, module = Probe(), Failure(), types.ModuleType("probe")
+        probe.a = failure.a = module.a = 1
+        holders = [probe, Probe(), failure, module]  # the second keeps its dict unmade
+        dicts = sorted(id(h.__dict__) for h in (probe, failure, module))
+        found = _HolderScan(fn, layout, holders).run(0, len(holders), dicts)[0]
+        if sorted(found) != [(0, id(probe.__dict__)), (2, id(failure.__dict__)), (3, id(module.__dict__))]:
+            return None
+    except Exception:
+        return None
+    return fn, layout
+
+
+class _HolderScan:
+    """Finds the objects whose attribute dict is one of a few dicts by
+    reading where each object keeps it (memledger_py_dict_holders), a
+    fraction of a pass of gc.get_referrers."""
+
+    CAPACITY = 1 << 10
+
+    def __init__(self, fn, layout, objects, items=None):
+        self.fn = fn
+        self.layout = layout
+        self.objects = objects
+        # The probe's list is read through its own items too.
+        self.items = items if items is not None else _list_items(objects)
+        self.out = (ctypes.c_uint64 * (2 * self.CAPACITY))()
+        self.next = ctypes.c_int64()
+        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
+        fn.restype = ctypes.c_int64
+
+    @classmethod
+    def make(cls, objects):
+        checked = _dict_layout()
+        items = _list_items(objects) if checked is not None else None
+        return cls(checked[0], checked[1], objects, items) if items is not None else None
+
+    def run(self, begin, end, dicts):
+        """(index, id(dict)) of objects[begin, end) whose dict is among the
+        sorted ids `dicts`, and the first object not scanned."""
+        wanted = (ctypes.c_uint64 * len(dicts))(*dicts)
+        count = self.fn(self.layout, self.items, begin, end, wanted, len(dicts), self.out, self.CAPACITY,
+                        ctypes.byref(self.next))
+        out = self.out
+        return [(out[2 * k], out[2 * k + 1]) for k in range(count)], self.next.value
+
+    def holders(self, dicts):
+        """id(dict) -> the objects that hold it as their attribute dict, in
+        the list's order."""
+        wanted = sorted(set(map(id, dicts)))
+        found = {}
+        start = 0
+        while start < len(self.objects):
+            pairs, start = self.run(start, len(self.objects), wanted)
+            for index, key in pairs:
+                found.setdefault(key, []).append(self.objects[index])
+        return found
+
+
 class _Walk:
     def __init__(self, deadline):
         self.deadline = deadline
@@ -387,6 +468,7 @@ class _Walk:
         # (A sorted array of addresses: 8 bytes an object, where a set would
         # take five times that, on top of the program's own peak.)
         self.known = _sorted_addresses(self.objects)
+        self.dicts = _HolderScan.make(self.objects)  # None: holders are looked up by a pass of the collector
         self.made = set()  # dicts the walk made the program's own (namespace_of)
         self.own = {id(self.objects), id(self.skipped), id(self.__dict__), id(self.known), id(self.made)}
         # Roots: module namespaces (the main script's as __main__), and the
@@ -671,7 +753,14 @@ def find(budget_s=BUDGET_S):
                     step = parent
                 _extend(paths, heads, open_keys, keys, hop, step)
             unknown = [parent for _, _, parent in pending if id(parent) not in holders]
-            if unknown:
+            if unknown and walk.dicts is not None:
+                # Where each object keeps its dict, read in C: no pass.
+                held = walk.dicts.holders(unknown)
+                for parent in unknown:
+                    holders[id(parent)] = _instance_of(walk, parent, [o for o in held.get(id(parent), [])
+                                                                      if id(o) not in walk.own])
+                del held
+            elif unknown:
                 up, complete = walk.referrers(unknown)
                 for parent in unknown:
                     holders[id(parent)] = _instance_of(walk, parent, up.get(id(parent), []))
