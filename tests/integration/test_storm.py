@@ -81,9 +81,9 @@ class ThreadChurn(mltest.TestCase):
     slot: 22 and 26 MiB (9 MiB untraced). Threads that end faster than the
     writer's 10 ms wait also mapped new rings while those of the threads
     before them waited to be drained: 75 rings for 300 threads, 135 for
-    3000 on a busy machine (35 MiB). A thread that finds no free ring but
-    some waiting now wakes the writer: 7 to 14 rings (22 and 24 MiB), 46 on
-    a busy machine (28 MiB)."""
+    3000 on a busy machine (36.5 MiB). A thread that finds no free ring but
+    some waiting now wakes the writer: 7 and 14 rings (21.7 and 23.6 MiB),
+    46 on a busy machine (27.1 MiB)."""
 
     def peak_rss(self, threads):
         run_dir = os.path.join(self.tmpdir(), "churn")
