@@ -291,11 +291,20 @@ _TP_BASICSIZE, _TP_FLAGS, _TP_TRAVERSE, _TP_WEAKLISTOFFSET = 32, 168, 184, 208
 _TP_BASE, _TP_DICTOFFSET, _TP_MRO = 256, 288, 344
 
 
+_checked = {}  # the layouts found for this interpreter, once each
+
+
 def _type_layout():
     """The layout memledger_py_referents reads (its Layout: ob_type,
     ob_size, a tuple's items, tp_traverse, tp_mro), when this interpreter's
     objects and types match it, checked field by field around tp_traverse
     on a few types; else None."""
+    if "type" not in _checked:
+        _checked["type"] = _check_type_layout()
+    return _checked["type"]
+
+
+def _check_type_layout():
     if not _plain_cpython():
         return None
 
@@ -382,10 +391,17 @@ _MANAGED_DICT_OFFSET = -24
 
 
 def _dict_layout():
-    """The layout memledger_py_dict_holders reads (its DictLayout), when
-    the dicts it finds by it are those of instances of a plain class, of an
-    exception's subclass and of a module; else None."""
-    if _type_layout() is None:
+    """memledger_py_dict_holders and the layout it reads (its DictLayout),
+    when the dicts it finds by it are those of instances of a plain class,
+    of an exception's subclass and of a module; else None. CPython 3.9 to
+    3.13: where a later one keeps an instance's dict is not assumed."""
+    if "dict" not in _checked:
+        _checked["dict"] = _check_dict_layout()
+    return _checked["dict"]
+
+
+def _check_dict_layout():
+    if _type_layout() is None or sys.version_info >= (3, 14):
         return None
     managed = sys.version_info >= (3, 11)
     layout = (ctypes.c_uint64 * 6)(_OB_TYPE, _TP_FLAGS, _TP_DICTOFFSET, _TPFLAGS_MANAGED_DICT if managed else 0,
