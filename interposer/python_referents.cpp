@@ -5,7 +5,10 @@
 //   visitor that compares type pointers and a length. In Python, the walk
 //   looked at every referent of every tracked object, 1.6 million in a
 //   small PyTorch program, for the few hundred of a type that may own a
-//   buffer;
+//   buffer. A dict or a tuple that holds only objects the collector does
+//   not track (NumPy arrays, bytes, numbers, strings) is not tracked either
+//   (CPython leaves it out of the collector's lists): the visitor looks
+//   inside such a referent too, so that a dict of arrays is searched;
 // - for the instances that hold a few attribute dicts: where each object
 //   keeps its dict, read, where the walk made a pass of gc.get_referrers.
 //
@@ -27,7 +30,13 @@ struct Layout {
   uint64_t tuple_items;  // a tuple's first item
   uint64_t traverse;     // tp_traverse in a type object
   uint64_t mro;          // tp_mro in a type object
+  uint64_t dict_type;    // the type objects dict and tuple
+  uint64_t tuple_type;
+  int64_t gc_next;       // the collector's link before an object: 0 while it is not tracked
 };
+
+// Untracked dicts and tuples inside one another, looked into at most.
+constexpr int kMaxInside = 4;
 
 using Visit = int (*)(void* object, void* arg);
 using Traverse = int (*)(void* self, Visit visit, void* arg);
@@ -46,7 +55,8 @@ struct Scan {
   uint64_t* out;
   int64_t capacity;  // pairs
   int64_t count;     // pairs written
-  uint64_t container;
+  uintptr_t container;  // the object whose referents are visited
+  int inside;           // untracked containers the visit is in
   // Each type met, and which wanted type it is or derives from (-1: none):
   // a few hundred types among millions of referents.
   static constexpr uint32_t kSlots = 1024;
@@ -93,7 +103,19 @@ struct Scan {
 int visit(void* object, void* arg) {
   Scan& scan = *static_cast<Scan*>(arg);
   const uintptr_t child = reinterpret_cast<uintptr_t>(object);
-  const int32_t m = scan.wanted(word_at(child, scan.layout->type));
+  const uintptr_t type = word_at(child, scan.layout->type);
+  if ((type == scan.layout->dict_type || type == scan.layout->tuple_type) && scan.inside < kMaxInside &&
+      word_at(child - static_cast<uint64_t>(-scan.layout->gc_next), 0) == 0) {
+    // Not tracked: no pass over the tracked objects reaches what it holds.
+    const uintptr_t outer = scan.container;
+    scan.container = child;
+    ++scan.inside;
+    const int stopped = reinterpret_cast<Traverse>(word_at(type, scan.layout->traverse))(object, visit, arg);
+    --scan.inside;
+    scan.container = outer;
+    return stopped;
+  }
+  const int32_t m = scan.wanted(type);
   if (m < 0) return 0;
   if (scan.min_sizes[m] >= 0 && static_cast<int64_t>(word_at(child, scan.layout->size)) < scan.min_sizes[m]) {
     return 0;
@@ -108,16 +130,18 @@ int visit(void* object, void* arg) {
 }  // namespace
 
 // Scans objects[begin, end) (object pointers, as a list's items) and writes
-// (index, referent) pairs into out (2 words each, at most `capacity` pairs)
-// for each referent whose type is types[i] or derives from it and, where
-// min_sizes[i] >= 0, whose ob_size is at least that. Returns the pairs
+// (container, referent) pairs of object pointers into out (2 words each, at
+// most `capacity` pairs) for each referent whose type is types[i] or
+// derives from it and, where min_sizes[i] >= 0, whose ob_size is at least
+// that. The container is the object scanned, or the untracked dict or tuple
+// among its referents (or theirs) that holds the referent. Returns the pairs
 // written and sets *next to the first object not scanned: `end`, or the
 // object whose pairs did not fit (none of its pairs are written; where it
 // is `begin`, the caller looks at that object another way).
 MEMLEDGER_EXPORT int64_t memledger_py_referents(const uint64_t* layout, void* const* objects, int64_t begin,
                                                 int64_t end, const uintptr_t* types, const int64_t* min_sizes,
                                                 int32_t ntypes, uint64_t* out, int64_t capacity, int64_t* next) {
-  static_assert(sizeof(Layout) == 5 * sizeof(uint64_t));
+  static_assert(sizeof(Layout) == 8 * sizeof(uint64_t));
   Scan scan;
   scan.layout = reinterpret_cast<const Layout*>(layout);
   scan.types = types;
@@ -126,6 +150,7 @@ MEMLEDGER_EXPORT int64_t memledger_py_referents(const uint64_t* layout, void* co
   scan.out = out;
   scan.capacity = capacity;
   scan.count = 0;
+  scan.inside = 0;
   std::memset(scan.seen, 0, sizeof scan.seen);
   scan.seen_count = 0;
   int64_t i = begin;
@@ -134,7 +159,7 @@ MEMLEDGER_EXPORT int64_t memledger_py_referents(const uint64_t* layout, void* co
     const auto traverse = reinterpret_cast<Traverse>(word_at(word_at(object, scan.layout->type), scan.layout->traverse));
     if (traverse == nullptr) continue;
     const int64_t before = scan.count;
-    scan.container = static_cast<uint64_t>(i);
+    scan.container = object;
     if (traverse(objects[i], visit, &scan) != 0) {
       scan.count = before;
       break;

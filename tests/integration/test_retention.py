@@ -74,6 +74,13 @@ BOTH_SEARCHES = textwrap.dedent("""
     tensors = [torch.zeros(20000 + i) for i in range(12)]
     holder = Holder()
     holder.arrays = [numpy.ones(10000 + i) for i in range(5)]
+    # Containers the collector does not track: a dict of arrays, a dict of
+    # bytes, tuples of arrays in a list (a collection stops tracking them).
+    cache = {"a%d" % i: numpy.full(9000 + i, 1.0) for i in range(3)}
+    blobs = {"blob": b"w" * 80000}
+    batches = [(numpy.zeros(12000 + i), numpy.zeros(13000 + i)) for i in range(2)]
+    _retention.gc.collect()
+    print("UNTRACKED", json.dumps([_retention.gc.is_tracked(o) for o in (cache, blobs, batches[0])]))
     objects = _retention.gc.get_objects()
     in_c = None not in (_retention._ReferentScan.make(objects, (bytes,)), _retention._HolderScan.make(objects))
     del objects
@@ -96,6 +103,26 @@ BOTH_SEARCHES = textwrap.dedent("""
 
     for name, capacity, python in (("c", 1 << 14, False), ("overflow", 4, False), ("python", 1 << 14, True)):
         print("WALK", name, json.dumps(walk(capacity, python)))
+""")
+
+
+# A cache of NumPy arrays that grows by one a step: a dict that the
+# collector does not track (it holds only strings and arrays).
+NUMPY_CACHE = textwrap.dedent("""
+    import numpy
+
+    cache = {}
+
+
+    def step(i):
+        x = numpy.random.rand(64, 1024)
+        cache["batch%d" % i] = x * 2
+        return float(x.sum())
+
+
+    for i in range(40):
+        step(i)
+    print("DONE")
 """)
 
 
@@ -300,15 +327,42 @@ class Retention(clients.ClientTestCase):
                               env=mltest.clean_env(), timeout=240)
         self.assertExit(proc, 0)
         self.assertIn("C_SEARCH true", proc.stdout)
+        self.assertIn("UNTRACKED [false, false, false]", proc.stdout)
         walks = {m.group(1): json.loads(m.group(2)) for m in re.finditer(r"^WALK (\w+) (.*)$", proc.stdout, re.M)}
         self.assertEqual(sorted(walks), ["c", "overflow", "python"])
         whats = sorted(o[2].split(" ")[0] for o in walks["python"])
         # Every large owner, once each; not the small bytes, nor a subclass
         # of bytes (bytes are recognised by their exact type), nor the view
         # (it owns no buffer: its base does, which no tracked object holds).
-        self.assertEqual(whats, [*["Tensor"] * 14, "bytearray", "bytes", *["ndarray"] * 6], walks["python"])
+        self.assertEqual(whats, [*["Tensor"] * 14, "bytearray", "bytes", "bytes", *["ndarray"] * 13],
+                         walks["python"])
+        # Those in untracked containers, by the container's name.
+        roots = {(o[3], json.dumps(o[5])) for o in walks["python"] if o[2].startswith(("ndarray (float64[9", "bytes (8"))}
+        self.assertEqual(roots, {("a0", '[{"what": "dict (3 items)", "name": "cache", "root": "global in __main__ (both_searches.py)"}]'),
+                                 ("a1", '[{"what": "dict (3 items)", "name": "cache", "root": "global in __main__ (both_searches.py)"}]'),
+                                 ("a2", '[{"what": "dict (3 items)", "name": "cache", "root": "global in __main__ (both_searches.py)"}]'),
+                                 ("blob", '[{"what": "dict (1 items)", "name": "blobs", "root": "global in __main__ (both_searches.py)"}]')},
+                         walks["python"])
+        pairs = [o for o in walks["python"] if o[2].startswith(("ndarray (float64[12", "ndarray (float64[13"))]
+        self.assertEqual(sorted(json.dumps(o[5]) for o in pairs),
+                         ['[{"what": "tuple (2 items)", "name": "[%d]"}, {"what": "list (2 items)", "name": "batches", '
+                          '"root": "global in __main__ (both_searches.py)"}]' % i for i in (0, 0, 1, 1)], pairs)
         self.assertEqual(walks["c"], walks["python"])
         self.assertEqual(walks["overflow"], walks["python"])
+
+    def test_a_dict_of_numpy_arrays(self):
+        clients.skip_unless(self, "torch")  # its interpreter has NumPy
+        script = os.path.join(self.tmpdir(), "numpy_cache.py")
+        with open(script, "w") as f:
+            f.write(NUMPY_CACHE)
+        run_dir = os.path.join(self.tmpdir(), "run")
+        proc = self.memledger("run", "-q", "-o", run_dir, "--", clients.PYTHON_TORCH, script,
+                              env=mltest.clean_env(), timeout=240)
+        self.assertExit(proc, 0)
+        with open(os.path.join(run_dir, "report.txt")) as f:
+            text = f.read()
+        self.assertIn("     kept by: dict `cache` (40 items), global in __main__ (numpy_cache.py)\n"
+                      "         ← ndarray (float64[64, 1024])  (40 objects, 20.0 MiB)\n", text)
 
     def test_keras_callback_keeps_logits(self):
         # Eager tensors and variables give their buffer's address through

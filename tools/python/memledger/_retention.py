@@ -6,10 +6,11 @@ owners are found among the objects the garbage collector tracks and what
 they refer to: torch tensors and storages (their storage's data pointer),
 NumPy arrays that own their data, JAX arrays, TensorFlow's eager tensors
 and resource variables (the buffer's address through DLPack, which shares
-it on every device), bytes and bytearrays. From each, the chain of
-referrers is followed up to a named root: a module
-global, a local variable of a running function, or an attribute of a named
-object. The result goes to retention.PID.json in the run folder, where the
+it on every device), bytes and bytearrays; also inside the dicts and tuples
+the collector does not track (those that hold only untracked objects, such
+as arrays). From each, the chain of referrers is followed up to a named
+root: a module global, a local variable of a running function, or an
+attribute of a named object. The result goes to retention.PID.json in the run folder, where the
 report matches each owner's address with the live blocks of its growth
 suspects and prints the chain under the suspect:
 
@@ -282,11 +283,29 @@ def _sorted_addresses(objects, chunk=1 << 16):
     return array.array("Q", heapq.merge(*runs))
 
 
+def _typed_referents(container, candidates, inside=0):
+    """(holder, referent) for each referent of container that is an
+    instance of `candidates`, and for those of the untracked dicts and
+    tuples among its referents (CPython stops tracking a dict or a tuple
+    that holds only untracked objects: NumPy arrays, bytes, numbers, strings),
+    whose holder is that dict or tuple."""
+    for child in gc.get_referents(container):
+        t = type(child)
+        if t is dict or t is tuple:
+            if inside < _MAX_INSIDE and not gc.is_tracked(child):
+                yield from _typed_referents(child, candidates, inside + 1)
+        elif isinstance(child, candidates):
+            yield container, child
+
+
+_MAX_INSIDE = 4  # untracked dicts and tuples inside one another, looked into
+
 # Offsets in objects and type objects (CPython's object.h), each checked by
 # _type_layout against this interpreter before use: an object's type and
-# size, a tuple's items; a type's tp_basicsize, tp_flags, tp_traverse,
+# size, a tuple's items, the collector's link before an object (0 while it
+# is not tracked); a type's tp_basicsize, tp_flags, tp_traverse,
 # tp_weaklistoffset, tp_base, tp_dictoffset and tp_mro.
-_OB_TYPE, _OB_SIZE, _TUPLE_ITEMS = 8, 16, 24
+_OB_TYPE, _OB_SIZE, _TUPLE_ITEMS, _GC_NEXT = 8, 16, 24, -16
 _TP_BASICSIZE, _TP_FLAGS, _TP_TRAVERSE, _TP_WEAKLISTOFFSET = 32, 168, 184, 208
 _TP_BASE, _TP_DICTOFFSET, _TP_MRO = 256, 288, 344
 
@@ -296,9 +315,9 @@ _checked = {}  # the layouts found for this interpreter, once each
 
 def _type_layout():
     """The layout memledger_py_referents reads (its Layout: ob_type,
-    ob_size, a tuple's items, tp_traverse, tp_mro), when this interpreter's
-    objects and types match it, checked field by field around tp_traverse
-    on a few types; else None."""
+    ob_size, a tuple's items, tp_traverse, tp_mro, dict and tuple, the
+    collector's link), when this interpreter's objects and types match it,
+    checked field by field around tp_traverse on a few types; else None."""
     if "type" not in _checked:
         _checked["type"] = _check_type_layout()
     return _checked["type"]
@@ -334,9 +353,17 @@ def _check_type_layout():
         if (word(id(pair) + _OB_SIZE) != 2 or word(id(pair) + _TUPLE_ITEMS + 8) != id(Probe)
                 or word(id(data) + _OB_SIZE) != 10 or word(id(bytearray(12)) + _OB_SIZE) != 12):
             return None
+        # Tracked and untracked dicts and tuples, as the collector says.
+        untracked = ({}, {"a": 1.5})
+        tracked = ({"a": []}, tuple([[]]), [])
+        if any(gc.is_tracked(o) for o in untracked) or not all(gc.is_tracked(o) for o in tracked):
+            return None
+        if any(word(id(o) + _GC_NEXT) != 0 for o in untracked) or any(word(id(o) + _GC_NEXT) == 0 for o in tracked):
+            return None
     except Exception:
         return None
-    return (ctypes.c_uint64 * 5)(_OB_TYPE, _OB_SIZE, _TUPLE_ITEMS, _TP_TRAVERSE, _TP_MRO)
+    return (ctypes.c_uint64 * 8)(_OB_TYPE, _OB_SIZE, _TUPLE_ITEMS, _TP_TRAVERSE, _TP_MRO, id(dict), id(tuple),
+                                 _GC_NEXT & 0xFFFFFFFFFFFFFFFF)
 
 
 class _ReferentScan:
@@ -376,13 +403,17 @@ class _ReferentScan:
         return cls(fn, layout, items, candidates)
 
     def run(self, begin, end):
-        """(index, referent) pairs of objects[begin, end) and the first
-        object not scanned: `end`, or one whose pairs did not fit, which is
-        `begin` only when that object alone has more than CAPACITY."""
+        """(holder, referent) pairs of objects[begin, end) (as
+        _typed_referents, except that bytes and bytearrays come only from 64
+        KiB on), and the first object not scanned: `end`, or one whose pairs
+        did not fit, which is `begin` only when that object alone has more
+        than CAPACITY."""
         count = self.fn(self.layout, self.items, begin, end, self.types, self.min_sizes, len(self.types),
                         self.out, self.CAPACITY, ctypes.byref(self.next))
         out = self.out
-        pairs = [(out[2 * k], ctypes.cast(out[2 * k + 1], ctypes.py_object).value) for k in range(count)]
+        to_object = ctypes.py_object
+        pairs = [(ctypes.cast(out[2 * k], to_object).value, ctypes.cast(out[2 * k + 1], to_object).value)
+                 for k in range(count)]
         return pairs, self.next.value
 
 
@@ -590,17 +621,16 @@ class _Walk:
                 break
             if scan is not None:
                 pairs, after = scan.run(start, min(len(objects), start + 65536))
-                for index, child in pairs:
-                    container = objects[index]
-                    if id(container) not in own:
-                        take(container, child)
+                for holder, child in pairs:
+                    # A holder is the object scanned, or an untracked dict
+                    # or tuple it holds (never the walk's own).
+                    if id(holder) not in own:
+                        take(holder, child)
                 del pairs
                 if after == start:  # more pairs than a call returns, in one object
-                    container = objects[start]
-                    if id(container) not in own:
-                        for child in gc.get_referents(container):
-                            if isinstance(child, candidates):
-                                take(container, child)
+                    if id(objects[start]) not in own:
+                        for holder, child in _typed_referents(objects[start], candidates):
+                            take(holder, child)
                     after = start + 1
                 start = after
                 continue
@@ -614,14 +644,19 @@ class _Walk:
                 t = type(child)
                 maybe = kinds.get(t)
                 if maybe is None:
-                    maybe = kinds[t] = issubclass(t, candidates)
-                if maybe and (id(child) in found or record(child)):
-                    hit = True
+                    maybe = kinds[t] = 2 if t is dict or t is tuple else int(issubclass(t, candidates))
+                if maybe == 1:
+                    if id(child) in found or record(child):
+                        hit = True
+                elif maybe == 2 and not hit and not gc.is_tracked(child):
+                    for _, inner in _typed_referents(child, candidates, 1):
+                        if id(inner) in found or record(inner):
+                            hit = True
+                            break
             if hit:
                 for container in batch:
-                    for child in gc.get_referents(container):
-                        if id(child) in found:
-                            take(container, child)
+                    for holder, child in _typed_referents(container, candidates):
+                        take(holder, child)
             del batch
             start += 1024
         # What only a running function's local holds.
