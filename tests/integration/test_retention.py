@@ -52,6 +52,7 @@ MANY_OBJECTS = textwrap.dedent("""
 # searches in Python and the collector alone. Prints each run's owners and
 # paths.
 BOTH_SEARCHES = textwrap.dedent("""
+    import abc
     import json
     import numpy
     import torch
@@ -85,6 +86,26 @@ BOTH_SEARCHES = textwrap.dedent("""
     in_c = None not in (_retention._ReferentScan.make(objects, (bytes,)), _retention._HolderScan.make(objects))
     del objects
     print("C_SEARCH", json.dumps(in_c))
+
+
+    # The search in C compares types' method resolution orders: a class
+    # registered with an abstract base class (as JAX once registered its
+    # arrays with jax.Array) is not in it.
+    class Buffer(abc.ABC):
+        pass
+
+
+    class Registered:
+        pass
+
+
+    Buffer.register(Registered)
+    held = [Registered()]
+    objects = _retention.gc.get_objects()
+    scan = _retention._ReferentScan.make(objects, (Buffer,))
+    pairs, after = scan.run(0, len(objects))
+    print("REGISTERED", json.dumps([after == len(objects), any(child is held[0] for _, child in pairs)]))
+    del objects, scan, pairs
 
 
     def walk(capacity, python):
@@ -328,6 +349,7 @@ class Retention(clients.ClientTestCase):
         self.assertExit(proc, 0)
         self.assertIn("C_SEARCH true", proc.stdout)
         self.assertIn("UNTRACKED [false, false, false]", proc.stdout)
+        self.assertIn("REGISTERED [true, true]", proc.stdout)
         walks = {m.group(1): json.loads(m.group(2)) for m in re.finditer(r"^WALK (\w+) (.*)$", proc.stdout, re.M)}
         self.assertEqual(sorted(walks), ["c", "overflow", "python"])
         whats = sorted(o[2].split(" ")[0] for o in walks["python"])

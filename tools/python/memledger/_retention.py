@@ -22,6 +22,7 @@ and never runs a finalizer or a property. It stops after a budget of about
 a second, and the file says what it skipped.
 """
 
+import abc
 import array
 import bisect
 import ctypes
@@ -32,6 +33,11 @@ import os
 import sys
 import time
 import types
+
+try:
+    import _abc  # the registries of abstract base classes (_with_registered)
+except ImportError:
+    _abc = None
 
 MIN_BYTES = 64 * 1024  # smaller owners are not followed
 MAX_OWNERS = 4096      # the largest ones, when there are more
@@ -366,6 +372,31 @@ def _check_type_layout():
                                  _GC_NEXT & 0xFFFFFFFFFFFFFFFF)
 
 
+def _with_registered(candidates):
+    """The candidate types and, for an abstract base class among them, the
+    classes registered with it (and theirs, and their subclasses), which its
+    method resolution order does not name: the C search compares that
+    order, where isinstance() asks the class. None where the registry cannot
+    be read."""
+    out = list(candidates)
+    pending = [t for t in candidates if isinstance(t, abc.ABCMeta)]
+    seen = set(pending)
+    while pending:
+        cls = pending.pop()
+        try:
+            registered = [ref() for ref in _abc._get_dump(cls)[0]] if isinstance(cls, abc.ABCMeta) else []
+            subclasses = type.__subclasses__(cls)
+        except Exception:
+            return None
+        for sub in registered + subclasses:
+            if isinstance(sub, type) and sub not in seen:
+                seen.add(sub)
+                pending.append(sub)
+                if not any(base in out for base in sub.__mro__):
+                    out.append(sub)
+    return tuple(out)
+
+
 class _ReferentScan:
     """The objects' referents of the types that may own a large buffer,
     found by memledger_py_referents (interposer/python_referents.cpp) in
@@ -395,6 +426,9 @@ class _ReferentScan:
         layout = _type_layout()
         items = _list_items(objects) if layout is not None else None
         if items is None:
+            return None
+        candidates = _with_registered(candidates)
+        if candidates is None:
             return None
         fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                        ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64,
