@@ -105,11 +105,14 @@ class Clients(clients.ClientTestCase):
     def test_jax_growing_array_cache(self):
         # The kept block is XLA's copy in most steps and the converted host
         # array in the others (jax_client.py): two stacks under the planted
-        # line, judged and shown as one row.
+        # line, judged and shown as one row. At a marker, more may be alive
+        # under that line (XLA copies on its own threads): 0.99 to 1.10
+        # times the planted bytes in 26 runs, two busy loops beside 10 of
+        # them, and 1.175 once, with the whole test suite on two cores.
         run = self.client("jax", "cache", "step")
         top = self.assertTopSuspectIsTheLeak(run, low=0.85)
         self.assertNamesPlantedLine(top, run)
-        self.assertLessEqual(top["bytes_per_step_exact"], 1.15 * run.leak_bytes)
+        self.assertLessEqual(top["bytes_per_step_exact"], 1.25 * run.leak_bytes)
 
     def test_jax_outputs_kept(self):
         run = self.client("jax", "outputs", "step")
