@@ -316,7 +316,25 @@ _TP_BASICSIZE, _TP_FLAGS, _TP_TRAVERSE, _TP_WEAKLISTOFFSET = 32, 168, 184, 208
 _TP_BASE, _TP_DICTOFFSET, _TP_MRO = 256, 288, 344
 
 
-_checked = {}  # the layouts found for this interpreter, once each
+_checked = {}  # the layouts found for this interpreter, and the C functions, once each
+
+
+def _library_function(name, argtypes):
+    """The preload library's function `name`, called with the GIL held
+    (ctypes.PyDLL, where memledger's _c_function takes ctypes.CDLL, which
+    lets the GIL go: the searches read the interpreter's objects), returning
+    an int64; None where the library is not loaded. Looked up once a
+    process."""
+    key = "function " + name
+    if key not in _checked:
+        try:
+            fn = getattr(ctypes.PyDLL(None), name)
+            fn.argtypes = argtypes
+            fn.restype = ctypes.c_int64
+        except (OSError, AttributeError):
+            fn = None
+        _checked[key] = fn
+    return _checked[key]
 
 
 def _type_layout():
@@ -419,21 +437,16 @@ class _ReferentScan:
 
     @classmethod
     def make(cls, objects, candidates):
-        try:
-            fn = ctypes.PyDLL(None).memledger_py_referents  # PyDLL: the GIL stays held
-        except (OSError, AttributeError):
-            return None
-        layout = _type_layout()
+        fn = _library_function("memledger_py_referents", [
+            ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
+            ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)])
+        layout = _type_layout() if fn is not None else None
         items = _list_items(objects) if layout is not None else None
         if items is None:
             return None
         candidates = _with_registered(candidates)
         if candidates is None:
             return None
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                       ctypes.c_void_p, ctypes.c_int32, ctypes.c_void_p, ctypes.c_int64,
-                       ctypes.POINTER(ctypes.c_int64)]
-        fn.restype = ctypes.c_int64
         return cls(fn, layout, items, candidates)
 
     def run(self, begin, end):
@@ -478,8 +491,12 @@ def _check_dict_layout():
     class Failure(Exception):
         pass
 
+    fn = _library_function("memledger_py_dict_holders", [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64,
+        ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)])
+    if fn is None:
+        return None
     try:
-        fn = ctypes.PyDLL(None).memledger_py_dict_holders
         probe, failure, module = Probe(), Failure(), types.ModuleType("probe")
         probe.a = failure.a = module.a = 1
         holders = [probe, Probe(), failure, module]  # the second keeps its dict unmade
@@ -507,9 +524,6 @@ class _HolderScan:
         self.items = items if items is not None else _list_items(objects)
         self.out = (ctypes.c_uint64 * (2 * self.CAPACITY))()
         self.next = ctypes.c_int64()
-        fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                       ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_int64)]
-        fn.restype = ctypes.c_int64
 
     @classmethod
     def make(cls, objects):
