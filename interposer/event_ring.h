@@ -12,6 +12,7 @@
 #include <type_traits>
 
 #include "python_frames.h"
+#include "stack_spill.h"
 #include "stack_table.h"
 #include "unwinder.h"
 
@@ -99,6 +100,8 @@ struct ThreadRing {
   // own, set where it drains kBusyRingEvents or more at once.
   uint64_t busy_until_ns;
   Event events[kCapacity];
+  // Stacks with Python frames that the thread left to the writer to intern.
+  StackSpill spill;
 };
 
 }  // namespace memledger::interposer

@@ -26,6 +26,7 @@
 #include "mapped_ledger.h"
 #include "memledger.h"
 #include "next_allocator.h"
+#include "owned_use.h"
 #include "python_frames.h"
 #include "sampled_set.h"
 #include "signals.h"
@@ -226,6 +227,8 @@ void Recorder::start() {
     sample_below_ = config_.sample_interval;
   }
 
+  const char* writer_stacks = getenv("MEMLEDGER_WRITER_STACKS");
+  writer_stacks_ = writer_stacks == nullptr || strcmp(writer_stacks, "0") != 0;
   unw_set_caching_policy(unw_local_addr_space, UNW_CACHE_PER_THREAD);
   if (!unwinder_configure(getenv("MEMLEDGER_UNWINDER"))) {
     message("MEMLEDGER_UNWINDER is not one of fast, libunwind, check: using fast");
@@ -462,7 +465,7 @@ void Recorder::leave_loader_section() {
   g_loader[tls_loader_shard - 1].inside.fetch_sub(1, std::memory_order_release);
 }
 
-uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void* hook_frame) {
+uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void* hook_frame, StackSpill* spill) {
   if (config_.stack_depth == 0) return 0;  // stacks off (benchmarks, or by choice)
   // Python frames first (innermost first), then the native frames.
   uintptr_t words[PythonFrames::kMaxFrames + StackTable::kMaxNativeDepth + 16];
@@ -499,6 +502,14 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
     key = walk_key(serial, static_cast<uint32_t>(n), static_cast<uint64_t>(skip_extra) << 37);
   }
   if (first > 0) memmove(words + python, words + python + first, depth * sizeof(uintptr_t));
+  if (spill != nullptr && python > 0) {
+    if (const uint32_t marker = spill->put(words, python + depth, python)) {
+      if (made != nullptr) *made = 0;
+      // Half full: the writer, if in its long wait, comes now.
+      if (spill->used() > StackSpill::kWords / 2) trace_writer().nudge();
+      return marker;
+    }
+  }
   const uint32_t id = stacks_.intern(words, python + depth, python, own != nullptr ? &own->path_cache : nullptr);
   // Always replaced, also by a stack it cannot describe. A slot's word is
   // written at every stack made from its walk, so it holds the serial of
@@ -619,10 +630,16 @@ __attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintp
     weight = static_cast<uint64_t>(std::llround(static_cast<double>(size) / p));
   }
   if (sampled) remember_sampled(addr);
-  const uint32_t stack = capture_stack(0, true, hook_frame);
-  push_in_place(t, 0, [&](Event& e) {
-    fill_host_event(e, EventType::kAlloc, sampled ? format::kAllocSampled : 0, addr, size, weight, stack);
-  });
+  // Full mode: a stack with Python frames may be left to the writer to
+  // intern (stack_spill.h), from the thread's own ring.
+  StackSpill* spill = writer_stacks_ && !sampled && t.status == 1 && t.ring != nullptr ? &t.ring->spill : nullptr;
+  {
+    OwnedUse<StackSpill> use(spill);
+    const uint32_t stack = capture_stack(0, true, hook_frame, spill);
+    push_in_place(t, 0, [&](Event& e) {
+      fill_host_event(e, EventType::kAlloc, sampled ? format::kAllocSampled : 0, addr, size, weight, stack);
+    });
+  }
   if (sampled) {
     // The exact totals beside each recorded allocation: the report corrects
     // its estimate at step ends that no marker carries (automatic steps).
@@ -861,6 +878,7 @@ void Recorder::after_fork_child() {
   // The parent's pending events belong to the parent's trace.
   for (ThreadRing* ring = rings(); ring != nullptr; ring = ring->next) {
     ring->tail.store(ring->head.load(std::memory_order_relaxed), std::memory_order_relaxed);
+    if (ring == t.ring) ring->spill.drop_pending();
     ring->dropped.store(0, std::memory_order_relaxed);
     ring->host_live.store(ring == keeper ? origin.host_live : 0, std::memory_order_relaxed);
     ring->host_allocs.store(0, std::memory_order_relaxed);
@@ -873,6 +891,7 @@ void Recorder::after_fork_child() {
       // beyond them go when the ring is taken: acquire_ring).
       ring->path_cache.clear();
       ring->code_cache.clear();
+      ring->spill.reset_to_start();
       for (volatile uint64_t& made : ring->walk_stacks) made = 0;
       ring->unwind_memo.busy = 0;
       ring->state.store(static_cast<int>(RingState::kFree), std::memory_order_relaxed);

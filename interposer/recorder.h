@@ -177,7 +177,12 @@ class Recorder {
   // memledger.
   // `hook_frame`: the frame of the hook that calls (its frame pointer), where
   // the walk starts instead of at this function's own frame.
-  uint32_t capture_stack(size_t skip_extra = 0, bool with_python = true, const void* hook_frame = nullptr);
+  // `spill`: the calling thread's (StackSpill::busy set by the caller), for
+  // a stack with Python frames to be left to the writer: then the returned
+  // id is the stack's StackSpill::kMarker, for the next event this thread
+  // pushes, which the caller pushes before it clears `busy`.
+  uint32_t capture_stack(size_t skip_extra = 0, bool with_python = true, const void* hook_frame = nullptr,
+                         StackSpill* spill = nullptr);
   uint32_t intern_string(const char* text);
   // The exact host counters of all threads into `e` (kStep, kHostTotals):
   // addr = live bytes, weight = allocations << 32 | frees (mod 2^32 each).
@@ -242,6 +247,9 @@ class Recorder {
   // Sampled mode: allocations below this size go through the countdown
   // (the sample interval; 0 in the other modes).
   uint64_t sample_below_ = 0;
+  // Full mode: stacks with Python frames may be left to the writer to
+  // intern (stack_spill.h); MEMLEDGER_WRITER_STACKS=0 keeps them here.
+  bool writer_stacks_ = true;
   // Sampled mode: counts of the sampled live addresses by filter slot, so
   // that a free of an address never sampled is told apart at once.
   std::atomic<uint8_t>* sampled_filter_ = nullptr;

@@ -35,6 +35,7 @@ inline void release_runs(RingRun* runs, size_t count) {
       // No producer: its thread has gone, and the next takes it only once free.
       r.ring->head.store(0, std::memory_order_relaxed);
       r.ring->tail.store(0, std::memory_order_relaxed);
+      r.ring->spill.reset_to_start();
       int expected = static_cast<int>(RingState::kRetired);
       r.ring->state.compare_exchange_strong(expected, static_cast<int>(RingState::kFree));
       r.retire = false;
@@ -50,8 +51,9 @@ struct MergeHead {
   uint32_t run;
 };
 
-// Calls `write(first, n)` with every event of the runs in sequence order, n
-// events lying one after another in a ring at a time, and returns how many
+// Calls `write(ring, first, n)` with every event of the runs in sequence
+// order, n events lying one after another in `ring` at a time (in the
+// order they lie there), and returns how many
 // in all. The next event is the least of the runs' next ones (a heap of them
 // in `heads`, room for `count`); a run goes on while its events come before
 // every other run's next one, so one busy thread's run is written in long
@@ -86,7 +88,7 @@ size_t merge_runs(RingRun* runs, size_t count, MergeHead* heads, Write&& write, 
         stop = r.pos + 1;
         while (stop != until && r.ring->events[stop & ThreadRing::kMask].seq < next_seq) ++stop;
       }
-      write(&r.ring->events[slot], static_cast<size_t>(stop - r.pos));
+      write(r.ring, &r.ring->events[slot], static_cast<size_t>(stop - r.pos));
       written += stop - r.pos;
       r.pos = stop;
       if (written - released_at >= release_every) {

@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <string>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -442,6 +443,9 @@ struct TraceWriter::State {
   ZSTD_CCtx* zstd = nullptr;
   // The paths of the stack written last: the next one reads only its own nodes.
   StackTable::ReadCache stack_paths{};
+  // The path cache of the stacks the writer interns for the program's
+  // threads (stack_spill.h), mapped when the first comes; nullptr before.
+  StackTable::PathCache* spill_paths = nullptr;
   Encoder enc{buffer};
   uint64_t start_mono_ns = 0;
   uint64_t next_modules_ns = 0;  // when to ask the module thread for a read again
@@ -823,9 +827,13 @@ void TraceWriter::reset_after_fork() {
   if (state_ != nullptr) {
     state_->pressure.close();
     ZSTD_CCtx* zstd = state_->zstd;
+    StackTable::PathCache* spill_paths = state_->spill_paths;
     state_->~State();
     state_ = new (state_) State();
     state_->zstd = zstd;
+    // The parent's writer may have been interning with it.
+    if (spill_paths != nullptr) spill_paths->clear();
+    state_->spill_paths = spill_paths;
   }
   // The parent's module thread does not exist here either; the child's
   // trace records every object again.
@@ -1013,6 +1021,14 @@ void TraceWriter::scan_modules_at_start() {
   if (scan_modules_here(false, 0)) write_found_modules(*state_);
 }
 
+uint32_t TraceWriter::intern_spilled(State& st, const uintptr_t* words, uint32_t depth, uint32_t python) {
+  if (st.spill_paths == nullptr) {
+    void* mem = mmap(nullptr, sizeof(StackTable::PathCache), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (mem != MAP_FAILED) st.spill_paths = static_cast<StackTable::PathCache*>(mem);  // zero pages: empty
+  }
+  return recorder().stacks().intern(words, depth, python, st.spill_paths);
+}
+
 size_t TraceWriter::cycle(bool final) {
   if (!trace_.is_open() || state_ == nullptr) return 0;
   State& st = *state_;
@@ -1124,6 +1140,25 @@ size_t TraceWriter::cycle(bool final) {
     enc.stack_record(id, depth);
     st.stack_written[id / 64] |= uint64_t{1} << (id % 64);
   };
+  // The stack that `e`'s thread left to be interned here (stack_spill.h):
+  // interned, its id put in the event, and written from the words in hand
+  // (the table gives back the same words, up to its depth).
+  auto write_spilled = [&](ThreadRing& ring, Event& e) {
+    uintptr_t words[StackSpill::kMaxDepth];
+    uint32_t python = 0;
+    const uint32_t depth = ring.spill.take(e.stack, words, &python);
+    e.stack = depth != 0 ? intern_spilled(st, words, depth, python) : 0;
+    const uint32_t id = e.stack;
+    if (stack_in_trace(st.stack_written.data(), st.stack_written.size(), id)) return;
+    if (id / 64 >= st.stack_written.size()) {
+      const uint32_t count = stacks.count();
+      st.stack_written.resize((id > count ? id : count) / 64 + 1, 0);
+    }
+    const uint32_t kept = depth < StackTable::kMaxDepth ? depth : StackTable::kMaxDepth;
+    memcpy(enc.next_stack(), words, kept * sizeof(uintptr_t));
+    enc.stack_record(id, kept);
+    st.stack_written[id / 64] |= uint64_t{1} << (id % 64);
+  };
 
   // 5. Strings (step labels).
   {
@@ -1141,9 +1176,9 @@ size_t TraceWriter::cycle(bool final) {
   st.heads.resize(st.runs.size());
   const bool deposit = fast_bit_deposit();
   const size_t drained = merge_runs(st.runs.data(), st.runs.size(), st.heads.data(),
-                                    [&](const Event* events, size_t n) {
-    const Event* const last = events + n;
-    for (const Event* next = events; next != last;) {
+                                    [&](ThreadRing* ring, Event* events, size_t n) {
+    Event* const last = events + n;
+    for (Event* next = events; next != last;) {
       // Host allocations and frees, a batch at a time, while their stacks
       // are written already.
       const size_t batch = std::min<size_t>(static_cast<size_t>(last - next), kHostBatch);
@@ -1158,14 +1193,18 @@ size_t TraceWriter::cycle(bool final) {
                   : encode_host_records<false>(next, next + batch, st.start_mono_ns, enc.deltas(), out, in_trace);
       enc.end(out);
       if (stop != next) {
-        next = stop;
+        next = events + (stop - events);
         continue;
       }
-      const Event& e = *next++;
+      Event& e = *next++;
       const uint64_t ts = e.ts >= st.start_mono_ns ? e.ts - st.start_mono_ns : 0;
       switch (e.type) {
         case EventType::kAlloc: {
-          write_stack(e.stack);
+          if (StackSpill::is_marker(e.stack)) {
+            write_spilled(*ring, e);
+          } else {
+            write_stack(e.stack);
+          }
           if (plain_host_alloc(e)) {
             uint8_t* p = enc.begin(kMaxHostRecord);
             encode_host_records(&e, &e + 1, st.start_mono_ns, enc.deltas(), p, [](uint32_t) { return true; });

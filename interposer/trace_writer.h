@@ -132,6 +132,9 @@ class TraceWriter {
   bool wait_modules_scan(uint32_t ticket, int timeout_ms);
   // Writes a record of each loaded object found and not written yet.
   void write_found_modules(State& st);
+  // Interns a stack that a thread left to the writer (stack_spill.h), by
+  // way of the writer's own path cache; returns its id, 0 when the table is full.
+  static uint32_t intern_spilled(State& st, const uintptr_t* words, uint32_t depth, uint32_t python);
   // Writes one frame of `raw_len` payload bytes (compressed when that is
   // smaller). On a failed write, cuts the file back to its last whole frame.
   bool write_frame(const uint8_t* raw, size_t raw_len, int* err);

@@ -8,9 +8,12 @@ and multiprocessing, shutdown with busy daemon threads, frame memory that
 cannot be read, and the single note for an interpreter memledger does not
 read."""
 
+import bisect
+import collections
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -302,6 +305,81 @@ MADE_AGAIN = textwrap.dedent('''
 ''')
 
 
+# Many distinct stacks from three threads: calls nested to depths from 0 to
+# 60 through four functions, each allocating at a line of its own, with
+# sizes that tell the allocations apart.
+MANY_STACKS = textwrap.dedent('''
+    import sys, threading
+
+    kept = []
+
+
+    def a(n, size):
+        return b(n - 1, size) if n > 0 else kept.append(bytearray(size))
+
+
+    def b(n, size):
+        return c(n - 1, size + 1) if n > 0 else kept.append(bytearray(size + 3000))
+
+
+    def c(n, size):
+        return a(n - 1, size + 2) if n % 3 else d(n - 1, size)
+
+
+    def d(n, size):
+        if n <= 0:
+            kept.append(bytearray(size + 5000))
+            return
+        return a(n - 1, size + 3)
+
+
+    def work(seed):
+        for round in range(20):
+            for depth in range(60):
+                a(depth, 100 + 17 * seed + depth)
+            del kept[:]
+
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in (1, 2)]
+    for t in threads:
+        t.start()
+    work(0)
+    for t in threads:
+        t.join()
+    print("done")
+''')
+
+
+def allocation_stacks(trace):
+    """The (bytes, frames) of each allocation of a trace, frames named by
+    module and offset (or by Python code id and offset), as a multiset."""
+    dump = subprocess.run([mltest.MEMLEDGER, "dump", trace], capture_output=True, text=True, check=True).stdout
+
+    def fields(line):
+        return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+
+    modules = sorted((int(f["base"], 16), f["path"]) for f in
+                     (fields(line) for line in dump.splitlines() if line.startswith("module ")))
+    bases = [base for base, _ in modules]
+
+    def name(word):
+        if not word.startswith("0x"):
+            return word
+        address = int(word, 16)
+        i = bisect.bisect_right(bases, address) - 1
+        return "%s+%x" % (modules[i][1], address - bases[i]) if i >= 0 and bases[i] else word
+
+    stacks, allocations = {}, collections.Counter()
+    for line in dump.splitlines():
+        if line.startswith("stack "):
+            parts = line.split()
+            stacks[parts[1]] = tuple(name(w) for w in parts[3:])
+        elif line.startswith("alloc "):
+            f = fields(line)
+            allocations[(f["bytes"], stacks.get("id=" + f["stack"], ("unknown", f["stack"])))] += 1
+    return allocations
+
+
 class PythonStacks(mltest.TestCase):
     STEPS = 12
 
@@ -317,9 +395,11 @@ class PythonStacks(mltest.TestCase):
         cls.table_fault = os.path.join(cls.tmp, "table_fault.py")
         cls.blocked_fault = os.path.join(cls.tmp, "blocked_fault.py")
         cls.made_again = os.path.join(cls.tmp, "made_again.py")
+        cls.many_stacks = os.path.join(cls.tmp, "many_stacks.py")
         for path, text in ((cls.leaks, LEAKS), (cls.processes, PROCESSES), (cls.shutdown, SHUTDOWN),
                            (cls.device, DEVICE), (cls.fault, FAULT), (cls.table_fault, TABLE_FAULT),
-                           (cls.blocked_fault, BLOCKED_FAULT), (cls.made_again, MADE_AGAIN)):
+                           (cls.blocked_fault, BLOCKED_FAULT), (cls.made_again, MADE_AGAIN),
+                           (cls.many_stacks, MANY_STACKS)):
             with open(path, "w") as f:
                 f.write(text)
 
@@ -401,6 +481,34 @@ class PythonStacks(mltest.TestCase):
         # its native stack only.
         python, version = self.interpreters[0]
         self.check_leaks(python, version, "full", attribute=False)
+
+    def test_stacks_interned_by_the_writer(self):
+        # In full mode the threads leave stacks with Python frames to the
+        # writer thread to intern (MEMLEDGER_WRITER_STACKS=0: they intern
+        # them themselves). Each allocation must get the same stack either
+        # way: the same (bytes, stack) pairs, up to the few allocations
+        # that the interpreter makes differently from run to run.
+        setarch = ["setarch", "-R"] if shutil.which("setarch") else []
+        seen = {}
+        for value in ("0", "1"):
+            run_dir = os.path.join(self.tmpdir(), "run")
+            env = dict(mltest.clean_env(), MEMLEDGER_WRITER_STACKS=value, PYTHONHASHSEED="0")
+            proc = self.run_cmd(setarch + [mltest.MEMLEDGER, "run", "-q", "--no-report", "--no-retention", "--host",
+                                           "full", "-o", run_dir, "--", "/usr/bin/python3", self.many_stacks], env=env)
+            self.assertExit(proc, 0)
+            self.assertEqual(proc.stdout, "done\n")
+            trace = glob.glob(os.path.join(run_dir, "trace.*.mlt"))
+            self.assertEqual(len(trace), 1)
+            seen[value] = allocation_stacks(trace[0])
+        mine, writers = seen["0"], seen["1"]
+        total = sum(writers.values())
+        # 3 threads x 20 rounds x 60 depths of the program's own, and the interpreter's.
+        self.assertGreater(total, 3600)
+        planted = [(size, stack) for size, stack in writers if stack and stack[0].startswith("py:")]
+        self.assertGreater(len(planted), 1000, "distinct stacks with Python frames")
+        self.assertFalse([k for k in writers if k[1][:1] == ("unknown",)], "every stack is in the trace")
+        differ = sum((mine - writers).values()) + sum((writers - mine).values())
+        self.assertLess(differ, total // 100, "allocations whose stack differs: %d of %d" % (differ, total))
 
     def test_text_report_and_dump(self):
         run_dir = self.check_leaks("/usr/bin/python3", "3.11", "full")

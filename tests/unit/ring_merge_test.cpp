@@ -62,7 +62,7 @@ TEST_CASE("the rings' runs come out in the order of their numbers", "[merge]") {
     std::vector<uint64_t> order;
     std::vector<MergeHead> heads(runs.size());
     size_t stretches = 0;
-    const size_t n = merge_runs(runs.data(), runs.size(), heads.data(), [&](const Event* events, size_t count) {
+    const size_t n = merge_runs(runs.data(), runs.size(), heads.data(), [&](ThreadRing*, const Event* events, size_t count) {
       REQUIRE(count > 0);
       REQUIRE(count <= 256);
       ++stretches;
@@ -102,7 +102,7 @@ TEST_CASE("a ring gets back what was written while the merge goes on, never more
   std::vector<MergeHead> heads(runs.size());
   merge_runs(
       runs.data(), runs.size(), heads.data(),
-      [&](const Event*, size_t) {
+      [&](ThreadRing*, const Event*, size_t) {
         // An event is handed back only once written: the ones being written
         // are at their run's position, and no tail has passed that.
         for (size_t i = 0; i < rings.size(); ++i) {
@@ -129,7 +129,7 @@ TEST_CASE("a retired ring is free once its last run is written", "[merge]") {
   bool retired_free_early = false;
   bool taken = false;
   MergeHead heads[3];
-  merge_runs(runs.data(), runs.size(), heads, [&](const Event* events, size_t count) {
+  merge_runs(runs.data(), runs.size(), heads, [&](ThreadRing*, const Event* events, size_t count) {
     for (size_t k = 0; k < count; ++k) order.push_back(events[k].seq);
     if (retired->state.load() == static_cast<int>(RingState::kFree) && order.size() < 4) retired_free_early = true;
     // A new thread takes the freed ring while the merge goes on, and starts
@@ -158,10 +158,10 @@ TEST_CASE("a retired ring is free once its last run is written", "[merge]") {
 
 TEST_CASE("no runs, or only empty ones, write nothing", "[merge]") {
   CHECK(merge_runs(static_cast<RingRun*>(nullptr), 0, static_cast<MergeHead*>(nullptr),
-                   [](const Event*, size_t) { FAIL("an event"); }) == 0);
+                   [](ThreadRing*, const Event*, size_t) { FAIL("an event"); }) == 0);
   auto ring = ring_with(5, {});
   RingRun run{ring.get(), 5, 5, false};
   MergeHead head;
-  CHECK(merge_runs(&run, 1, &head, [](const Event*, size_t) { FAIL("an event"); }) == 0);
+  CHECK(merge_runs(&run, 1, &head, [](ThreadRing*, const Event*, size_t) { FAIL("an event"); }) == 0);
   CHECK(ring->tail.load() == 5);
 }
