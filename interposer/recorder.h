@@ -240,6 +240,9 @@ class Recorder {
   // is the estimate).
   void record_host_alloc(ThreadState& t, uintptr_t addr, size_t size, bool by_chance, const void* hook_frame);
   void record_host_free(ThreadState& t, uintptr_t addr);
+  // Puts a stack into the thread's full buffer once the writer makes room;
+  // 0 when it makes none.
+  static uint32_t spill_when_room(StackSpill& spill, const uintptr_t* words, uint32_t depth, uint32_t python);
   void remember_sampled(uintptr_t addr);
   bool forget_sampled(uintptr_t addr);
 

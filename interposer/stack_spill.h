@@ -15,8 +15,9 @@
 // the buffer's size). The writer reads them in the order of its ring's
 // events, which is the order they were put here: a stack whose event was
 // never pushed (dropped when its ring stayed full) is passed over.
-// When there is no room, the thread interns the stack itself: a thread is
-// never held up by this buffer.
+// When there is no room, the thread waits while the writer makes some
+// (Recorder::spill_when_room), and interns the stack itself when it makes
+// none.
 #pragma once
 
 #include <atomic>
@@ -43,6 +44,9 @@ struct StackSpill {
   // meanwhile interns its stack itself (OwnedUse), so that stacks lie here
   // in the order of their events.
   volatile uint32_t busy = 0;
+  // The producer waited for room and the consumer made none
+  // (Recorder::spill_when_room): it does not wait again until it finds room.
+  uint32_t stalled = 0;
   uint64_t words[kWords];
 
   static bool is_marker(uint32_t stack) { return (stack & kMarker) != 0; }
@@ -54,6 +58,7 @@ struct StackSpill {
     const uint64_t at = head.load(std::memory_order_relaxed);
     const uint64_t need = uint64_t{depth} + 1;
     if (at + need - tail.load(std::memory_order_acquire) > kWords) return 0;
+    stalled = 0;
     words[at & kMask] = kHeaderTag | uint64_t{python} << 16 | depth;
     copy_in(at + 1, frames, depth);
     // The event that names it is published after this (the ring's head,
@@ -96,6 +101,7 @@ struct StackSpill {
     head.store(0, std::memory_order_relaxed);
     tail.store(0, std::memory_order_relaxed);
     busy = 0;
+    stalled = 0;
   }
 
  private:
