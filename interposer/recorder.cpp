@@ -26,7 +26,6 @@
 #include "mapped_ledger.h"
 #include "memledger.h"
 #include "next_allocator.h"
-#include "owned_use.h"
 #include "python_frames.h"
 #include "sampled_set.h"
 #include "signals.h"
@@ -465,7 +464,7 @@ void Recorder::leave_loader_section() {
   g_loader[tls_loader_shard - 1].inside.fetch_sub(1, std::memory_order_release);
 }
 
-uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void* hook_frame, StackSpill* spill) {
+uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void* hook_frame, bool may_spill) {
   if (config_.stack_depth == 0) return 0;  // stacks off (benchmarks, or by choice)
   // Python frames first (innermost first), then the native frames.
   uintptr_t words[PythonFrames::kMaxFrames + StackTable::kMaxNativeDepth + 16];
@@ -505,13 +504,9 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
   // Only a thread's own Python frames: a thread that never ran Python
   // (attributed frames: a thread pool's worker) keeps its buffer's pages
   // untouched.
-  if (spill != nullptr && python > 0 && (words[0] & format::kPythonAttributedBit) == 0) {
-    uint32_t marker = spill->put(words, python + depth, python);
-    if (marker == 0) marker = spill_when_room(*spill, words, python + depth, python);
-    if (marker != 0) {
+  if (python > 0 && may_spill && own != nullptr) {
+    if (const uint32_t marker = spill(*own, words, python + depth, python)) {
       if (made != nullptr) *made = 0;
-      // Half full: the writer, if in its long wait, comes now.
-      if (spill->used() > StackSpill::kWords / 2) trace_writer().nudge();
       return marker;
     }
   }
@@ -524,6 +519,30 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
   // their low 28 bits tell the walks apart.
   if (made != nullptr) *made = key != 0 && id != 0 && id < (1u << 24) ? key | static_cast<uint64_t>(id) << 40 : 0;
   return id;
+}
+
+__attribute__((noinline)) uint32_t Recorder::spill(ThreadRing& own, const uintptr_t* words, uint32_t depth,
+                                                    uint32_t python) {
+  // Only a thread's own Python frames: a thread that never ran Python
+  // (attributed frames: a thread pool's worker) keeps its buffer's pages
+  // untouched.
+  StackSpill& spill = own.spill;
+  if (!writer_stacks_ || (words[0] & format::kPythonAttributedBit) != 0 || spill.busy != 0) return 0;
+  // Busy until the caller pushed the event (a signal handler that
+  // allocates meanwhile interns its own stack): stacks lie in the buffer
+  // in the order of their events.
+  spill.busy = 1;
+  std::atomic_signal_fence(std::memory_order_seq_cst);
+  uint32_t marker = spill.put(words, depth, python);
+  if (marker == 0) marker = spill_when_room(spill, words, depth, python);
+  if (marker == 0) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    spill.busy = 0;
+    return 0;
+  }
+  // Half full: the writer, if in its long wait, comes now.
+  if (spill.used() > StackSpill::kWords / 2) trace_writer().nudge();
+  return marker;
 }
 
 // The thread's buffer of stacks is full: the writer is behind, interning
@@ -664,14 +683,14 @@ __attribute__((noinline)) void Recorder::record_host_alloc(ThreadState& t, uintp
   }
   if (sampled) remember_sampled(addr);
   // Full mode: a stack with Python frames may be left to the writer to
-  // intern (stack_spill.h), from the thread's own ring.
-  StackSpill* spill = writer_stacks_ && !sampled && t.status == 1 && t.ring != nullptr ? &t.ring->spill : nullptr;
-  {
-    OwnedUse<StackSpill> use(spill);
-    const uint32_t stack = capture_stack(0, true, hook_frame, spill);
-    push_in_place(t, 0, [&](Event& e) {
-      fill_host_event(e, EventType::kAlloc, sampled ? format::kAllocSampled : 0, addr, size, weight, stack);
-    });
+  // intern (stack_spill.h).
+  const uint32_t stack = capture_stack(0, true, hook_frame, !sampled);
+  push_in_place(t, 0, [&](Event& e) {
+    fill_host_event(e, EventType::kAlloc, sampled ? format::kAllocSampled : 0, addr, size, weight, stack);
+  });
+  if (StackSpill::is_marker(stack)) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+    t.ring->spill.busy = 0;
   }
   if (sampled) {
     // The exact totals beside each recorded allocation: the report corrects

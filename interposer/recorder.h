@@ -177,12 +177,12 @@ class Recorder {
   // memledger.
   // `hook_frame`: the frame of the hook that calls (its frame pointer), where
   // the walk starts instead of at this function's own frame.
-  // `spill`: the calling thread's (StackSpill::busy set by the caller), for
-  // a stack with Python frames to be left to the writer: then the returned
-  // id is the stack's StackSpill::kMarker, for the next event this thread
-  // pushes, which the caller pushes before it clears `busy`.
+  // `may_spill`: a stack with the thread's own Python frames may be left to
+  // the writer (stack_spill.h); then the returned id is a
+  // StackSpill::kMarker, the thread's ring's spill is busy, and the caller
+  // pushes the event next, then clears StackSpill::busy.
   uint32_t capture_stack(size_t skip_extra = 0, bool with_python = true, const void* hook_frame = nullptr,
-                         StackSpill* spill = nullptr);
+                         bool may_spill = false);
   uint32_t intern_string(const char* text);
   // The exact host counters of all threads into `e` (kStep, kHostTotals):
   // addr = live bytes, weight = allocations << 32 | frees (mod 2^32 each).
@@ -240,6 +240,9 @@ class Recorder {
   // is the estimate).
   void record_host_alloc(ThreadState& t, uintptr_t addr, size_t size, bool by_chance, const void* hook_frame);
   void record_host_free(ThreadState& t, uintptr_t addr);
+  // Leaves a stack of `words` to the writer to intern (capture_stack's
+  // `may_spill`); returns its marker, or 0 when the thread interns it.
+  uint32_t spill(ThreadRing& own, const uintptr_t* words, uint32_t depth, uint32_t python);
   // Puts a stack into the thread's full buffer once the writer makes room;
   // 0 when it makes none.
   static uint32_t spill_when_room(StackSpill& spill, const uintptr_t* words, uint32_t depth, uint32_t python);
