@@ -55,9 +55,15 @@ struct StackSpill {
   // returns the stack's marker, or 0 when there is no room.
   uint32_t put(const uintptr_t* frames, uint32_t depth, uint32_t python) {
     if (depth == 0 || depth > kMaxDepth || python > depth) return 0;
-    const uint64_t at = head.load(std::memory_order_relaxed);
+    uint64_t at = head.load(std::memory_order_relaxed);
+    const uint64_t read = tail.load(std::memory_order_acquire);
+    // Read to the end while past its first eighth: the next stack goes to
+    // the buffer's first word, so that a thread the writer keeps up with
+    // touches the first pages only (positions go on rising: this is the
+    // next lap's start).
+    if (at == read && (at & kMask) > kWords / 8) at = (at | kMask) + 1;
     const uint64_t need = uint64_t{depth} + 1;
-    if (at + need - tail.load(std::memory_order_acquire) > kWords) return 0;
+    if (at + need - read > kWords) return 0;
     stalled = 0;
     words[at & kMask] = kHeaderTag | uint64_t{python} << 16 | depth;
     copy_in(at + 1, frames, depth);

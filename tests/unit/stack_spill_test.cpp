@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -114,4 +115,30 @@ TEST_CASE("a marker that names no stack gives none", "[spill]") {
   spill->put(words.data(), 10, 0);
   spill->reset_to_start();
   CHECK(spill->put(words.data(), 10, 0) == StackSpill::kMarker);
+}
+
+TEST_CASE("a buffer read to its end starts again at its first word", "[spill]") {
+  auto spill = std::make_unique<StackSpill>();
+  const auto words = stack_of(1, 99);
+  uintptr_t out[StackSpill::kMaxDepth];
+  uint32_t python = 0;
+  // Read as they come: the writer keeps up.
+  uint64_t furthest = 0;
+  for (int i = 0; i < 5000; ++i) {
+    const uint32_t m = spill->put(words.data(), 99, 0);
+    REQUIRE(m != 0);
+    furthest = std::max<uint64_t>(furthest, m & StackSpill::kMask);
+    REQUIRE(spill->take(m, out, &python) == 99);
+  }
+  CHECK(furthest <= StackSpill::kWords / 8 + 100);
+  CHECK(spill->head.load() > 3 * StackSpill::kWords);
+  // Not while a stack waits to be read.
+  while ((spill->head.load() & StackSpill::kMask) <= StackSpill::kWords / 8) {
+    REQUIRE(spill->take(spill->put(words.data(), 99, 0), out, &python) == 99);
+  }
+  const uint32_t waiting = spill->put(words.data(), 99, 0);
+  const uint32_t next = spill->put(words.data(), 99, 0);
+  CHECK((next & StackSpill::kMask) == (waiting & StackSpill::kMask) + 100);
+  CHECK(spill->take(waiting, out, &python) == 99);
+  CHECK(spill->take(next, out, &python) == 99);
 }
