@@ -528,18 +528,39 @@ __attribute__((noinline)) uint32_t Recorder::spill(ThreadRing& own, const uintpt
   // untouched.
   StackSpill& spill = own.spill;
   if (!writer_stacks_ || (words[0] & format::kPythonAttributedBit) != 0 || spill.busy != 0) return 0;
+  // One of the thread's recent stacks (as intern() would find it first).
+  if (const uint32_t id = stacks_.recent(words, depth, python, &own.path_cache)) return id;
   // Busy until the caller pushed the event (a signal handler that
   // allocates meanwhile interns its own stack): stacks lie in the buffer
   // in the order of their events.
   spill.busy = 1;
   std::atomic_signal_fence(std::memory_order_seq_cst);
-  uint32_t marker = spill.put(words, depth, python);
-  if (marker == 0) marker = spill_when_room(spill, words, depth, python);
+  // A stack spilled lately that the writer has interned since: its id is
+  // read back, and the stack joins the thread's recent ones. A loop meets
+  // its stacks again and again; only the first time costs the writer.
+  const uint64_t hash = StackTable::words_hash(words, depth, python);
+  StackSpill::Seen& seen = spill.seen[hash >> 56 & (StackSpill::kSeen - 1)];
+  bool waiting = false;
+  if (seen.hash == hash) {
+    if (const uint32_t id = spill.known(seen.at, words, depth, python, &waiting)) {
+      std::atomic_signal_fence(std::memory_order_seq_cst);
+      spill.busy = 0;
+      stacks_.remember(words, depth, python, id, &own.path_cache);
+      return id;
+    }
+  }
+  uint64_t at = 0;
+  uint32_t marker = spill.put(words, depth, python, &at);
+  if (marker == 0) marker = spill_when_room(spill, words, depth, python, &at);
   if (marker == 0) {
     std::atomic_signal_fence(std::memory_order_seq_cst);
     spill.busy = 0;
     return 0;
   }
+  // A stack met again before the writer came to its first copy: it is
+  // spilled again, and the first copy, which the writer reaches sooner,
+  // stays the one to read its id from.
+  if (!waiting) seen = {hash, at};
   // Half full: the writer, if in its long wait, comes now.
   if (spill.used() > StackSpill::kWords / 2) trace_writer().nudge();
   return marker;
@@ -552,7 +573,8 @@ __attribute__((noinline)) uint32_t Recorder::spill(ThreadRing& own, const uintpt
 // (on `import torch`, 7 MiB more of the stack table's indexes, most of it
 // made twice). A writer that makes no room for a millisecond is not waited
 // for again until the buffer is found with room.
-uint32_t Recorder::spill_when_room(StackSpill& spill, const uintptr_t* words, uint32_t depth, uint32_t python) {
+uint32_t Recorder::spill_when_room(StackSpill& spill, const uintptr_t* words, uint32_t depth, uint32_t python,
+                                   uint64_t* at) {
   if (spill.stalled || !trace_writer().draining()) return 0;
   trace_writer().wake();
   uint64_t tail = spill.tail.load(std::memory_order_acquire);
@@ -560,7 +582,7 @@ uint32_t Recorder::spill_when_room(StackSpill& spill, const uintptr_t* words, ui
   for (;;) {
     timespec pause = {0, 20'000};
     nanosleep(&pause, nullptr);
-    if (const uint32_t marker = spill.put(words, depth, python)) return marker;
+    if (const uint32_t marker = spill.put(words, depth, python, at)) return marker;
     const uint64_t now_tail = spill.tail.load(std::memory_order_acquire);
     const uint64_t now = coarse_ns();
     if (now_tail != tail) {

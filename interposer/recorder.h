@@ -241,11 +241,13 @@ class Recorder {
   void record_host_alloc(ThreadState& t, uintptr_t addr, size_t size, bool by_chance, const void* hook_frame);
   void record_host_free(ThreadState& t, uintptr_t addr);
   // Leaves a stack of `words` to the writer to intern (capture_stack's
-  // `may_spill`); returns its marker, or 0 when the thread interns it.
+  // `may_spill`); returns its marker, its id when the thread knows it
+  // already, or 0 when the thread interns it.
   uint32_t spill(ThreadRing& own, const uintptr_t* words, uint32_t depth, uint32_t python);
   // Puts a stack into the thread's full buffer once the writer makes room;
   // 0 when it makes none.
-  static uint32_t spill_when_room(StackSpill& spill, const uintptr_t* words, uint32_t depth, uint32_t python);
+  static uint32_t spill_when_room(StackSpill& spill, const uintptr_t* words, uint32_t depth, uint32_t python,
+                                  uint64_t* at);
   void remember_sampled(uintptr_t addr);
   bool forget_sampled(uintptr_t addr);
 

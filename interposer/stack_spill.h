@@ -27,33 +27,45 @@
 namespace memledger::interposer {
 
 struct StackSpill {
-  static constexpr uint32_t kWords = 1u << 17;  // 512 KiB, touched as used
+  static constexpr uint32_t kWords = 1u << 17;  // 1 MiB, touched as used
   static constexpr uint64_t kMask = kWords - 1;
   // An event's stack field that names a spilled stack: this bit, and the
   // low 31 bits of its position. Stack ids are below 2^24.
   static constexpr uint32_t kMarker = 1u << 31;
   // The most words a stack takes here (StackTable::intern caps it later).
   static constexpr uint32_t kMaxDepth = 512;
-  // The header's top half: a stack starts here (a check on the position).
-  static constexpr uint64_t kHeaderTag = uint64_t{0x5350494c} << 32;
+  // A stack's header word: its depth (bits 0..9), its Python frames
+  // (10..19), this tag (20..39: a stack starts here, a check on the
+  // position) and, once the writer interned it, its id (40..63).
+  static constexpr uint64_t kHeaderTag = uint64_t{0xa5c3f} << 20;
+  static constexpr uint64_t kTagMask = uint64_t{0xfffff} << 20;
 
   alignas(64) std::atomic<uint64_t> head{0};  // the next position the producer fills
   alignas(64) std::atomic<uint64_t> tail{0};  // the first position the consumer has not read
   // Set by the producer from the moment it spills a stack until its event
   // is pushed: a signal handler that allocates on the same thread
-  // meanwhile interns its stack itself (OwnedUse), so that stacks lie here
-  // in the order of their events.
+  // meanwhile interns its stack itself, so that stacks lie here in the
+  // order of their events.
   volatile uint32_t busy = 0;
   // The producer waited for room and the consumer made none
   // (Recorder::spill_when_room): it does not wait again until it finds room.
   uint32_t stalled = 0;
+  // The producer's stacks spilled lately, by a hash of their words: where
+  // each lies here, so that the next time the thread meets it, the id the
+  // writer gave it is read back (known()) instead of spilling it again.
+  struct Seen {
+    uint64_t hash;
+    uint64_t at;
+  };
+  static constexpr uint32_t kSeen = 256;
+  Seen seen[kSeen];
   uint64_t words[kWords];
 
   static bool is_marker(uint32_t stack) { return (stack & kMarker) != 0; }
 
   // Producer: copies `depth` words (`python` of them Python frames) and
-  // returns the stack's marker, or 0 when there is no room.
-  uint32_t put(const uintptr_t* frames, uint32_t depth, uint32_t python) {
+  // returns the stack's marker, or 0 when there is no room; `at`: its position.
+  uint32_t put(const uintptr_t* frames, uint32_t depth, uint32_t python, uint64_t* at_out = nullptr) {
     if (depth == 0 || depth > kMaxDepth || python > depth) return 0;
     uint64_t at = head.load(std::memory_order_relaxed);
     const uint64_t read = tail.load(std::memory_order_acquire);
@@ -65,36 +77,61 @@ struct StackSpill {
     const uint64_t need = uint64_t{depth} + 1;
     if (at + need - read > kWords) return 0;
     stalled = 0;
-    words[at & kMask] = kHeaderTag | uint64_t{python} << 16 | depth;
+    std::atomic_ref<uint64_t>(words[at & kMask]).store(kHeaderTag | uint64_t{python} << 10 | depth,
+                                                       std::memory_order_relaxed);
     copy_in(at + 1, frames, depth);
     // The event that names it is published after this (the ring's head,
     // with release): the writer that reads the event reads these words.
     head.store(at + need, std::memory_order_release);
+    if (at_out != nullptr) *at_out = at;
     return kMarker | static_cast<uint32_t>(at & (kMarker - 1));
   }
 
   // Words in use, as the producer sees them.
   uint64_t used() const { return head.load(std::memory_order_relaxed) - tail.load(std::memory_order_relaxed); }
 
+  // Producer: the id the writer gave the stack put at `at`, when that stack
+  // is still here (not written over since) and is `frames`; else 0, and
+  // `waiting` says whether it is there, not interned yet.
+  uint32_t known(uint64_t at, const uintptr_t* frames, uint32_t depth, uint32_t python, bool* waiting) const {
+    *waiting = false;
+    // Written over once the producer reached a lap past it.
+    if (head.load(std::memory_order_relaxed) > at + kWords - (depth + 1)) return 0;
+    const uint64_t header = std::atomic_ref<const uint64_t>(words[at & kMask]).load(std::memory_order_acquire);
+    if ((header & 0xfffff) != (uint64_t{python} << 10 | depth) || (header & kTagMask) != kHeaderTag ||
+        !same_words(at + 1, frames, depth)) {
+      return 0;
+    }
+    const auto id = static_cast<uint32_t>(header >> 40);
+    *waiting = id == 0 && at >= tail.load(std::memory_order_acquire);
+    return id;
+  }
+
   // Consumer: the stack `marker` names, into `out` (room for kMaxDepth);
-  // returns its depth and sets `python`, or 0 when the marker names no
-  // stack here. Hands back its words and every one before them.
-  uint32_t take(uint32_t marker, uintptr_t* out, uint32_t* python) {
+  // returns its depth and sets `python` and its position `at`, or 0 when
+  // the marker names no stack here. release() hands it back.
+  uint32_t take(uint32_t marker, uintptr_t* out, uint32_t* python, uint64_t* at_out) const {
     const uint64_t from = tail.load(std::memory_order_relaxed);
     const uint64_t end = head.load(std::memory_order_acquire);
     const uint64_t at = from + ((uint64_t{marker} - from) & (kMarker - 1));
     if (at >= end) return 0;
-    const uint64_t header = words[at & kMask];
-    const auto depth = static_cast<uint32_t>(header & 0xffff);
-    const auto py = static_cast<uint32_t>(header >> 16 & 0xffff);
-    if ((header & ~uint64_t{0xffffffff}) != kHeaderTag || depth == 0 || depth > kMaxDepth || py > depth ||
-        at + 1 + depth > end) {
+    const uint64_t header = std::atomic_ref<const uint64_t>(words[at & kMask]).load(std::memory_order_relaxed);
+    const auto depth = static_cast<uint32_t>(header & 0x3ff);
+    const auto py = static_cast<uint32_t>(header >> 10 & 0x3ff);
+    if ((header & kTagMask) != kHeaderTag || depth == 0 || depth > kMaxDepth || py > depth || at + 1 + depth > end) {
       return 0;
     }
     copy_out(at + 1, out, depth);
-    tail.store(at + 1 + depth, std::memory_order_release);
     *python = py;
+    *at_out = at;
     return depth;
+  }
+  // Consumer: the stack at `at` (take()) was given `id` (0: none), and its
+  // words, with every one before them, go back to the producer.
+  void release(uint64_t at, uint32_t depth, uint32_t id) {
+    std::atomic_ref<uint64_t> header(words[at & kMask]);
+    header.store(header.load(std::memory_order_relaxed) | uint64_t{id & 0xffffff} << 40, std::memory_order_release);
+    tail.store(at + 1 + depth, std::memory_order_release);
   }
 
   // A fork child's own thread: what is here belongs to the parent's
@@ -108,6 +145,7 @@ struct StackSpill {
     tail.store(0, std::memory_order_relaxed);
     busy = 0;
     stalled = 0;
+    memset(seen, 0, sizeof seen);
   }
 
  private:
@@ -122,6 +160,12 @@ struct StackSpill {
     const uint64_t first = n < kWords - slot ? n : kWords - slot;
     memcpy(to, &words[slot], first * sizeof(uint64_t));
     memcpy(to + first, &words[0], (n - first) * sizeof(uint64_t));
+  }
+  bool same_words(uint64_t at, const uintptr_t* frames, uint32_t n) const {
+    const uint64_t slot = at & kMask;
+    const uint64_t first = n < kWords - slot ? n : kWords - slot;
+    return memcmp(&words[slot], frames, first * sizeof(uint64_t)) == 0 &&
+           memcmp(&words[0], frames + first, (n - first) * sizeof(uint64_t)) == 0;
   }
 };
 

@@ -145,11 +145,18 @@ constexpr uint32_t kStale = 64;
 // so that a probe always ends at an empty slot.
 inline uint32_t index_room(uint32_t capacity) { return capacity / 4 * 3; }
 
-// The PathCache::recent slot of a stack: a hash of all its words, four
-// words at a time, in four independent chains: a chain through every
-// word in turn waited on each step (a stack's words are some 70 on
-// `import torch`, and most of its stacks are new ones, looked up here once).
+// The PathCache::recent slot of a stack.
 uint32_t recent_slot(const uintptr_t* frames, uint32_t depth, uint32_t python) {
+  return static_cast<uint32_t>(StackTable::words_hash(frames, depth, python) >> (64 - StackTable::PathCache::kRecentBits));
+}
+
+}  // namespace
+
+// All of a stack's words, four at a time, in four independent chains: a
+// chain through every word in turn waited on each step (a stack's words
+// are some 70 on `import torch`, and most of its stacks are new ones,
+// looked up once).
+uint64_t StackTable::words_hash(const uintptr_t* frames, uint32_t depth, uint32_t python) {
   const auto mix = [](uint64_t h, uint64_t word) { return (h << 7 | h >> 57) ^ word; };
   uint64_t h0 = uint64_t{depth} << 8 | python, h1 = 0, h2 = 0, h3 = 0;
   uint32_t i = 0;
@@ -161,10 +168,31 @@ uint32_t recent_slot(const uintptr_t* frames, uint32_t depth, uint32_t python) {
   }
   for (; i < depth; ++i) h0 = mix(h0, frames[i]);
   const uint64_t h = h0 ^ (h1 << 17 | h1 >> 47) ^ (h2 << 31 | h2 >> 33) ^ (h3 << 47 | h3 >> 17);
-  return static_cast<uint32_t>((h * 0x9e3779b97f4a7c15ull) >> (64 - StackTable::PathCache::kRecentBits));
+  return h * 0x9e3779b97f4a7c15ull;
 }
 
-}  // namespace
+uint32_t StackTable::recent(const uintptr_t* frames, uint32_t depth, uint32_t python, PathCache* cache) const {
+  if (cache == nullptr || depth == 0 || depth > kRecentDepth || python > depth) return 0;
+  OwnedUse use(cache);
+  if (cache == nullptr) return 0;
+  const PathCache::Recent& r = cache->recent[recent_slot(frames, depth, python)];
+  if (r.id != 0 && r.depth == depth && r.python == python && memcmp(r.words, frames, depth * sizeof(uintptr_t)) == 0) {
+    return r.id;
+  }
+  return 0;
+}
+
+void StackTable::remember(const uintptr_t* frames, uint32_t depth, uint32_t python, uint32_t id,
+                          PathCache* cache) const {
+  if (cache == nullptr || id == 0 || depth == 0 || depth > kRecentDepth || python > depth) return;
+  OwnedUse use(cache);
+  if (cache == nullptr) return;
+  PathCache::Recent& r = cache->recent[recent_slot(frames, depth, python)];
+  r.id = id;
+  r.depth = static_cast<uint16_t>(depth);
+  r.python = static_cast<uint16_t>(python);
+  memcpy(r.words, frames, depth * sizeof(uintptr_t));
+}
 
 // The parent's entry, claimed when it has none; nullptr when the entries
 // near its place are all taken (it goes without an index).

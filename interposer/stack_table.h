@@ -113,6 +113,13 @@ class StackTable {
   // new; 0 when the table is full or not initialised. `cache`: the calling
   // thread's, or nullptr.
   uint32_t intern(const uintptr_t* frames, uint32_t depth, uint32_t python = 0, PathCache* cache = nullptr);
+  // A hash of a stack's words (intern()'s arguments).
+  static uint64_t words_hash(const uintptr_t* frames, uint32_t depth, uint32_t python);
+  // The id of stack `frames` when it is among the thread's recent stacks
+  // (PathCache::recent), else 0; remember() puts one there, by an id known
+  // otherwise (a stack the writer interned for the thread: stack_spill.h).
+  uint32_t recent(const uintptr_t* frames, uint32_t depth, uint32_t python, PathCache* cache) const;
+  void remember(const uintptr_t* frames, uint32_t depth, uint32_t python, uint32_t id, PathCache* cache) const;
   // Number of ids handed out so far: ids are below count() + 1. Not every
   // id below is a stack (a node may only lie on other stacks' paths).
   uint32_t count() const { return next_id_.load(std::memory_order_acquire) - 1; }

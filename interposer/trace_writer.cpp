@@ -1146,8 +1146,11 @@ size_t TraceWriter::cycle(bool final) {
   auto write_spilled = [&](ThreadRing& ring, Event& e) {
     uintptr_t words[StackSpill::kMaxDepth];
     uint32_t python = 0;
-    const uint32_t depth = ring.spill.take(e.stack, words, &python);
+    uint64_t at = 0;
+    const uint32_t depth = ring.spill.take(e.stack, words, &python, &at);
     e.stack = depth != 0 ? intern_spilled(st, words, depth, python) : 0;
+    // The id goes back to the thread with the words (StackSpill::known).
+    if (depth != 0) ring.spill.release(at, depth, e.stack);
     const uint32_t id = e.stack;
     if (stack_in_trace(st.stack_written.data(), st.stack_written.size(), id)) return;
     if (id / 64 >= st.stack_written.size()) {
