@@ -501,9 +501,7 @@ uint32_t Recorder::capture_stack(size_t skip_extra, bool with_python, const void
     key = walk_key(serial, static_cast<uint32_t>(n), static_cast<uint64_t>(skip_extra) << 37);
   }
   if (first > 0) memmove(words + python, words + python + first, depth * sizeof(uintptr_t));
-  // Only a thread's own Python frames: a thread that never ran Python
-  // (attributed frames: a thread pool's worker) keeps its buffer's pages
-  // untouched.
+  // A stack with Python frames, in full mode: left to the writer to intern.
   if (python > 0 && may_spill && own != nullptr) {
     if (const uint32_t marker = spill(*own, words, python + depth, python)) {
       if (made != nullptr) *made = 0;
