@@ -20,7 +20,9 @@ namespace {
 // Rings as the producers leave them: events numbered `seqs` written from
 // slot `first` on (past the end of the ring, they wrap), the tail at `first`.
 std::unique_ptr<ThreadRing> ring_with(uint64_t first, const std::vector<uint64_t>& seqs) {
-  auto ring = std::make_unique<ThreadRing>();
+  // Default-initialised, as the recorder maps them: the slots and the
+  // stack buffer stay untouched until written.
+  std::unique_ptr<ThreadRing> ring(new ThreadRing);
   for (size_t i = 0; i < seqs.size(); ++i) {
     Event& e = ring->events[(first + i) & ThreadRing::kMask];
     e = Event{};
