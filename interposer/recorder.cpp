@@ -527,7 +527,8 @@ __attribute__((noinline)) uint32_t Recorder::spill(ThreadRing& own, const uintpt
   StackSpill& spill = own.spill;
   if (!writer_stacks_ || (words[0] & format::kPythonAttributedBit) != 0 || spill.busy != 0) return 0;
   // One of the thread's recent stacks (as intern() would find it first).
-  if (const uint32_t id = stacks_.recent(words, depth, python, &own.path_cache)) return id;
+  const uint64_t hash = StackTable::words_hash(words, depth, python);
+  if (const uint32_t id = stacks_.recent(words, depth, python, hash, &own.path_cache)) return id;
   // Busy until the caller pushed the event (a signal handler that
   // allocates meanwhile interns its own stack): stacks lie in the buffer
   // in the order of their events.
@@ -536,14 +537,13 @@ __attribute__((noinline)) uint32_t Recorder::spill(ThreadRing& own, const uintpt
   // A stack spilled lately that the writer has interned since: its id is
   // read back, and the stack joins the thread's recent ones. A loop meets
   // its stacks again and again; only the first time costs the writer.
-  const uint64_t hash = StackTable::words_hash(words, depth, python);
   StackSpill::Seen& seen = spill.seen[hash >> 56 & (StackSpill::kSeen - 1)];
   bool waiting = false;
   if (seen.hash == hash) {
     if (const uint32_t id = spill.known(seen.at, words, depth, python, &waiting)) {
       std::atomic_signal_fence(std::memory_order_seq_cst);
       spill.busy = 0;
-      stacks_.remember(words, depth, python, id, &own.path_cache);
+      stacks_.remember(words, depth, python, hash, id, &own.path_cache);
       return id;
     }
   }

@@ -62,6 +62,11 @@ struct StackSpill {
   uint64_t words[kWords];
 
   static bool is_marker(uint32_t stack) { return (stack & kMarker) != 0; }
+  // A header's bits below the id.
+  static constexpr uint64_t header_of(uint32_t depth, uint32_t python) {
+    return kHeaderTag | uint64_t{python} << 10 | depth;
+  }
+  static constexpr uint64_t kIdShift = 40;
 
   // Producer: copies `depth` words (`python` of them Python frames) and
   // returns the stack's marker, or 0 when there is no room; `at`: its position.
@@ -77,8 +82,7 @@ struct StackSpill {
     const uint64_t need = uint64_t{depth} + 1;
     if (at + need - read > kWords) return 0;
     stalled = 0;
-    std::atomic_ref<uint64_t>(words[at & kMask]).store(kHeaderTag | uint64_t{python} << 10 | depth,
-                                                       std::memory_order_relaxed);
+    std::atomic_ref<uint64_t>(words[at & kMask]).store(header_of(depth, python), std::memory_order_relaxed);
     copy_in(at + 1, frames, depth);
     // The event that names it is published after this (the ring's head,
     // with release): the writer that reads the event reads these words.
@@ -98,11 +102,9 @@ struct StackSpill {
     // Written over once the producer reached a lap past it.
     if (head.load(std::memory_order_relaxed) > at + kWords - (depth + 1)) return 0;
     const uint64_t header = std::atomic_ref<const uint64_t>(words[at & kMask]).load(std::memory_order_acquire);
-    if ((header & 0xfffff) != (uint64_t{python} << 10 | depth) || (header & kTagMask) != kHeaderTag ||
-        !same_words(at + 1, frames, depth)) {
-      return 0;
-    }
-    const auto id = static_cast<uint32_t>(header >> 40);
+    const uint64_t id_bits = ~uint64_t{0} << kIdShift;
+    if ((header & ~id_bits) != header_of(depth, python) || !same_words(at + 1, frames, depth)) return 0;
+    const auto id = static_cast<uint32_t>(header >> kIdShift);
     *waiting = id == 0 && at >= tail.load(std::memory_order_acquire);
     return id;
   }
@@ -130,7 +132,8 @@ struct StackSpill {
   // words, with every one before them, go back to the producer.
   void release(uint64_t at, uint32_t depth, uint32_t id) {
     std::atomic_ref<uint64_t> header(words[at & kMask]);
-    header.store(header.load(std::memory_order_relaxed) | uint64_t{id & 0xffffff} << 40, std::memory_order_release);
+    header.store(header.load(std::memory_order_relaxed) | uint64_t{id & 0xffffff} << kIdShift,
+                 std::memory_order_release);
     tail.store(at + 1 + depth, std::memory_order_release);
   }
 

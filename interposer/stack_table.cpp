@@ -145,9 +145,9 @@ constexpr uint32_t kStale = 64;
 // so that a probe always ends at an empty slot.
 inline uint32_t index_room(uint32_t capacity) { return capacity / 4 * 3; }
 
-// The PathCache::recent slot of a stack.
-uint32_t recent_slot(const uintptr_t* frames, uint32_t depth, uint32_t python) {
-  return static_cast<uint32_t>(StackTable::words_hash(frames, depth, python) >> (64 - StackTable::PathCache::kRecentBits));
+// The PathCache::recent slot of a stack, by its words_hash().
+inline uint32_t recent_slot(uint64_t hash) {
+  return static_cast<uint32_t>(hash >> (64 - StackTable::PathCache::kRecentBits));
 }
 
 }  // namespace
@@ -171,27 +171,18 @@ uint64_t StackTable::words_hash(const uintptr_t* frames, uint32_t depth, uint32_
   return h * 0x9e3779b97f4a7c15ull;
 }
 
-uint32_t StackTable::recent(const uintptr_t* frames, uint32_t depth, uint32_t python, PathCache* cache) const {
+uint32_t StackTable::recent(const uintptr_t* frames, uint32_t depth, uint32_t python, uint64_t hash,
+                            PathCache* cache) const {
   if (cache == nullptr || depth == 0 || depth > kRecentDepth || python > depth) return 0;
   OwnedUse use(cache);
-  if (cache == nullptr) return 0;
-  const PathCache::Recent& r = cache->recent[recent_slot(frames, depth, python)];
-  if (r.id != 0 && r.depth == depth && r.python == python && memcmp(r.words, frames, depth * sizeof(uintptr_t)) == 0) {
-    return r.id;
-  }
-  return 0;
+  return cache != nullptr ? cache->recent[recent_slot(hash)].id_of(frames, depth, python) : 0;
 }
 
-void StackTable::remember(const uintptr_t* frames, uint32_t depth, uint32_t python, uint32_t id,
+void StackTable::remember(const uintptr_t* frames, uint32_t depth, uint32_t python, uint64_t hash, uint32_t id,
                           PathCache* cache) const {
   if (cache == nullptr || id == 0 || depth == 0 || depth > kRecentDepth || python > depth) return;
   OwnedUse use(cache);
-  if (cache == nullptr) return;
-  PathCache::Recent& r = cache->recent[recent_slot(frames, depth, python)];
-  r.id = id;
-  r.depth = static_cast<uint16_t>(depth);
-  r.python = static_cast<uint16_t>(python);
-  memcpy(r.words, frames, depth * sizeof(uintptr_t));
+  if (cache != nullptr) cache->recent[recent_slot(hash)].set(frames, depth, python, id);
 }
 
 // The parent's entry, claimed when it has none; nullptr when the entries
@@ -406,19 +397,11 @@ uint32_t StackTable::intern(const uintptr_t* frames, uint32_t depth, uint32_t py
   const uint32_t native = depth - python;
   PathCache::Recent* recent = nullptr;
   if (cache != nullptr && depth <= kRecentDepth) {
-    recent = &cache->recent[recent_slot(frames, depth, python)];
-    if (recent->id != 0 && recent->depth == depth && recent->python == python &&
-        memcmp(recent->words, frames, depth * sizeof(uintptr_t)) == 0) {
-      return recent->id;
-    }
+    recent = &cache->recent[recent_slot(words_hash(frames, depth, python))];
+    if (const uint32_t id = recent->id_of(frames, depth, python)) return id;
   }
   const uint32_t id = intern_parts(frames, python, native, cache);
-  if (recent != nullptr && id != 0) {
-    recent->id = id;
-    recent->depth = static_cast<uint16_t>(depth);
-    recent->python = static_cast<uint16_t>(python);
-    memcpy(recent->words, frames, depth * sizeof(uintptr_t));
-  }
+  if (recent != nullptr && id != 0) recent->set(frames, depth, python, id);
   return id;
 }
 

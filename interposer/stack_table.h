@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "trace_format.h"
 
@@ -94,6 +95,16 @@ class StackTable {
       uint16_t depth;   // words
       uint16_t python;  // of them, Python frames
       uintptr_t words[kRecentDepth];
+      // This slot's id when it holds the stack `frames`, else 0.
+      uint32_t id_of(const uintptr_t* frames, uint32_t n, uint32_t py) const {
+        return id != 0 && depth == n && python == py && memcmp(words, frames, n * sizeof(uintptr_t)) == 0 ? id : 0;
+      }
+      void set(const uintptr_t* frames, uint32_t n, uint32_t py, uint32_t stack) {
+        id = stack;
+        depth = static_cast<uint16_t>(n);
+        python = static_cast<uint16_t>(py);
+        memcpy(words, frames, n * sizeof(uintptr_t));
+      }
     };
     // 256 slots: a loop over many call sites at many depths (bench/storm
     // --depth) keeps finding its stacks here. About 126 KiB a thread, in
@@ -113,13 +124,16 @@ class StackTable {
   // new; 0 when the table is full or not initialised. `cache`: the calling
   // thread's, or nullptr.
   uint32_t intern(const uintptr_t* frames, uint32_t depth, uint32_t python = 0, PathCache* cache = nullptr);
-  // A hash of a stack's words (intern()'s arguments).
+  // A hash of a stack's words (intern()'s arguments): it picks the
+  // stack's PathCache::recent slot.
   static uint64_t words_hash(const uintptr_t* frames, uint32_t depth, uint32_t python);
-  // The id of stack `frames` when it is among the thread's recent stacks
-  // (PathCache::recent), else 0; remember() puts one there, by an id known
-  // otherwise (a stack the writer interned for the thread: stack_spill.h).
-  uint32_t recent(const uintptr_t* frames, uint32_t depth, uint32_t python, PathCache* cache) const;
-  void remember(const uintptr_t* frames, uint32_t depth, uint32_t python, uint32_t id, PathCache* cache) const;
+  // The id of stack `frames` (of `hash`, words_hash()) when it is among the
+  // thread's recent stacks (PathCache::recent), else 0; remember() puts one
+  // there, by an id known otherwise (a stack the writer interned for the
+  // thread: stack_spill.h).
+  uint32_t recent(const uintptr_t* frames, uint32_t depth, uint32_t python, uint64_t hash, PathCache* cache) const;
+  void remember(const uintptr_t* frames, uint32_t depth, uint32_t python, uint64_t hash, uint32_t id,
+                PathCache* cache) const;
   // Number of ids handed out so far: ids are below count() + 1. Not every
   // id below is a stack (a node may only lie on other stacks' paths).
   uint32_t count() const { return next_id_.load(std::memory_order_acquire) - 1; }

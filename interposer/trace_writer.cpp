@@ -1126,23 +1126,29 @@ size_t TraceWriter::cycle(bool final) {
   }
   while (st.code_low <= code_count && st.code_written[st.code_low]) ++st.code_low;
 
-  // Stacks are written as events first refer to them (step 6).
+  // Stacks are written as events first refer to them (step 6): read from
+  // the table, or from `words` where the caller has them in hand (the
+  // table gives back the same words, up to its depth).
   StackTable& stacks = rec.stacks();
-  auto write_stack = [&](uint32_t id) {
+  auto write_stack = [&](uint32_t id, const uintptr_t* words = nullptr, uint32_t depth = 0) {
     if (stack_in_trace(st.stack_written.data(), st.stack_written.size(), id)) return;
     if (id / 64 >= st.stack_written.size()) {
       const uint32_t count = stacks.count();
       st.stack_written.resize((id > count ? id : count) / 64 + 1, 0);
     }
     uintptr_t* const frames = enc.next_stack();
-    const uint32_t depth = stacks.get(id, frames, &st.stack_paths);
+    if (words != nullptr) {
+      depth = depth < StackTable::kMaxDepth ? depth : StackTable::kMaxDepth;
+      memcpy(frames, words, depth * sizeof(uintptr_t));
+    } else {
+      depth = stacks.get(id, frames, &st.stack_paths);
+    }
     if (depth == 0) return;
     enc.stack_record(id, depth);
     st.stack_written[id / 64] |= uint64_t{1} << (id % 64);
   };
   // The stack that `e`'s thread left to be interned here (stack_spill.h):
-  // interned, its id put in the event, and written from the words in hand
-  // (the table gives back the same words, up to its depth).
+  // interned, its id put in the event, and written from the words in hand.
   auto write_spilled = [&](ThreadRing& ring, Event& e) {
     uintptr_t words[StackSpill::kMaxDepth];
     uint32_t python = 0;
@@ -1151,16 +1157,7 @@ size_t TraceWriter::cycle(bool final) {
     e.stack = depth != 0 ? intern_spilled(st, words, depth, python) : 0;
     // The id goes back to the thread with the words (StackSpill::known).
     if (depth != 0) ring.spill.release(at, depth, e.stack);
-    const uint32_t id = e.stack;
-    if (stack_in_trace(st.stack_written.data(), st.stack_written.size(), id)) return;
-    if (id / 64 >= st.stack_written.size()) {
-      const uint32_t count = stacks.count();
-      st.stack_written.resize((id > count ? id : count) / 64 + 1, 0);
-    }
-    const uint32_t kept = depth < StackTable::kMaxDepth ? depth : StackTable::kMaxDepth;
-    memcpy(enc.next_stack(), words, kept * sizeof(uintptr_t));
-    enc.stack_record(id, kept);
-    st.stack_written[id / 64] |= uint64_t{1} << (id % 64);
+    write_stack(e.stack, words, depth);
   };
 
   // 5. Strings (step labels).
