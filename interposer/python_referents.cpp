@@ -16,6 +16,7 @@
 // and nothing here calls into the interpreter. The caller has checked the
 // interpreter's object and type layout and passes the offsets it checked.
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -208,17 +209,7 @@ MEMLEDGER_EXPORT int64_t memledger_py_dict_holders(const uint64_t* layout, void*
       const auto offset = static_cast<int64_t>(word_at(type, l.dict_offset));
       if (offset > 0) dict = word_at(object, static_cast<uint64_t>(offset));
     }
-    if (dict == 0) continue;
-    int64_t lo = 0, hi = ndicts;
-    while (lo < hi) {
-      const int64_t mid = (lo + hi) / 2;
-      if (dicts[mid] < dict) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
-      }
-    }
-    if (lo == ndicts || dicts[lo] != dict) continue;
+    if (dict == 0 || !std::binary_search(dicts, dicts + ndicts, dict)) continue;
     if (count == capacity) break;
     out[2 * count] = static_cast<uint64_t>(i);
     out[2 * count + 1] = dict;
