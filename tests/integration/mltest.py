@@ -8,6 +8,8 @@ tree:
     python3 tests/integration/test_cli.py -v
 """
 
+import bisect
+import collections
 import json
 import os
 import pathlib
@@ -192,6 +194,36 @@ def split_frames(data):
         pos = frame.end
     assert pos == len(data), "trailing bytes after the last frame"
     return header_end, frames
+
+
+def allocation_stacks(trace):
+    """The (bytes, frames) of each allocation of a trace, frames named by
+    module and offset (or by Python code id and offset), as a multiset."""
+    dump = subprocess.run([MEMLEDGER, "dump", trace], capture_output=True, text=True, check=True).stdout
+
+    def fields(line):
+        return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
+
+    modules = sorted((int(f["base"], 16), f["path"]) for f in
+                     (fields(line) for line in dump.splitlines() if line.startswith("module ")))
+    bases = [base for base, _ in modules]
+
+    def name(word):
+        if not word.startswith("0x"):
+            return word
+        address = int(word, 16)
+        i = bisect.bisect_right(bases, address) - 1
+        return "%s+%x" % (modules[i][1], address - bases[i]) if i >= 0 and bases[i] else word
+
+    stacks, allocations = {}, collections.Counter()
+    for line in dump.splitlines():
+        if line.startswith("stack "):
+            parts = line.split()
+            stacks[parts[1]] = tuple(name(w) for w in parts[3:])
+        elif line.startswith("alloc "):
+            f = fields(line)
+            allocations[(f["bytes"], stacks.get("id=" + f["stack"], ("unknown", f["stack"])))] += 1
+    return allocations
 
 
 # --- Test case base -------------------------------------------------------------

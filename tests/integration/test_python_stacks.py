@@ -8,8 +8,6 @@ and multiprocessing, shutdown with busy daemon threads, frame memory that
 cannot be read, and the single note for an interpreter memledger does not
 read."""
 
-import bisect
-import collections
 import glob
 import os
 import re
@@ -350,36 +348,6 @@ MANY_STACKS = textwrap.dedent('''
 ''')
 
 
-def allocation_stacks(trace):
-    """The (bytes, frames) of each allocation of a trace, frames named by
-    module and offset (or by Python code id and offset), as a multiset."""
-    dump = subprocess.run([mltest.MEMLEDGER, "dump", trace], capture_output=True, text=True, check=True).stdout
-
-    def fields(line):
-        return dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
-
-    modules = sorted((int(f["base"], 16), f["path"]) for f in
-                     (fields(line) for line in dump.splitlines() if line.startswith("module ")))
-    bases = [base for base, _ in modules]
-
-    def name(word):
-        if not word.startswith("0x"):
-            return word
-        address = int(word, 16)
-        i = bisect.bisect_right(bases, address) - 1
-        return "%s+%x" % (modules[i][1], address - bases[i]) if i >= 0 and bases[i] else word
-
-    stacks, allocations = {}, collections.Counter()
-    for line in dump.splitlines():
-        if line.startswith("stack "):
-            parts = line.split()
-            stacks[parts[1]] = tuple(name(w) for w in parts[3:])
-        elif line.startswith("alloc "):
-            f = fields(line)
-            allocations[(f["bytes"], stacks.get("id=" + f["stack"], ("unknown", f["stack"])))] += 1
-    return allocations
-
-
 class PythonStacks(mltest.TestCase):
     STEPS = 12
 
@@ -499,7 +467,7 @@ class PythonStacks(mltest.TestCase):
             self.assertEqual(proc.stdout, "done\n")
             trace = glob.glob(os.path.join(run_dir, "trace.*.mlt"))
             self.assertEqual(len(trace), 1)
-            seen[value] = allocation_stacks(trace[0])
+            seen[value] = mltest.allocation_stacks(trace[0])
         mine, writers = seen["0"], seen["1"]
         total = sum(writers.values())
         # 3 threads x 20 rounds x 60 depths of the program's own, and the interpreter's.

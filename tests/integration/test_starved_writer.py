@@ -107,6 +107,74 @@ class StarvedWriter(mltest.TestCase):
                 self.assertEqual(starved, 1)
                 self.check_recorded(run_dir, proc.returncode, "exit %s" % proc.returncode)
 
+    def test_python_stacks_while_the_writer_is_starved(self):
+        # In full mode a thread leaves its new stacks with Python frames to
+        # the writer (interposer/stack_spill.h). With the writer starved, the
+        # thread's buffer of them fills: the thread waits for room, gives up
+        # once the writer makes none for a millisecond, and interns the
+        # stacks itself. The program must end as fast as the ring's own
+        # waits allow, every allocation with its stack: the same (bytes,
+        # stack) pairs as a run where the thread interns every stack.
+        if len(self.cpus) < 2:
+            self.skipTest("needs two CPUs")
+        program = os.path.join(self.tmpdir(), "stacks.py")
+        with open(program, "w") as f:
+            f.write(NEW_STACKS)
+        seen = {}
+        for value in ("0", "1"):
+            run_dir = os.path.join(self.tmpdir(), "run")
+            env = mltest.clean_env(LD_PRELOAD=mltest.LIBRARY, MEMLEDGER_DIR=run_dir, MEMLEDGER_HOST="full",
+                                   MEMLEDGER_WRITER_STACKS=value, PYTHONHASHSEED="0")
+            proc = subprocess.Popen(["/usr/bin/python3", program], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True, env=env,
+                                    preexec_fn=lambda: os.sched_setaffinity(0, set(self.cpus[1:])))
+            try:
+                self.assertEqual(proc.stdout.readline(), "READY\n")
+                if value == "1":
+                    self.assertEqual(self.starve_writer(proc.pid), 1)
+                out, _ = proc.communicate("go\n", timeout=mltest.TIMEOUT)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            self.assertEqual((proc.returncode, out), (0, "done 3000\n"))
+            trace = [f for f in os.listdir(run_dir) if f.startswith("trace.")]
+            self.assertEqual(len(trace), 1)
+            seen[value] = mltest.allocation_stacks(os.path.join(run_dir, trace[0]))
+        mine, writers = seen["0"], seen["1"]
+        total = sum(writers.values())
+        planted = sum(n for (size, stack), n in writers.items() if stack and stack[0].startswith("py:")
+                      and 1000 <= int(size) < 1100)
+        self.assertGreaterEqual(planted, 3000)
+        differ = sum((mine - writers).values()) + sum((writers - mine).values())
+        self.assertLess(differ, total // 100, "allocations whose stack differs: %d of %d" % (differ, total))
+
+
+# 3,000 stacks with Python frames, each new (50 lines at 60 depths), of about
+# 70 words: three times what a thread's buffer holds. The program waits for
+# a line on stdin before them, while the test starves the writer.
+NEW_STACKS = """
+import sys
+kept = []
+exec("def leaf(k):\\n" + "\\n".join("    if k == %d: kept.append(bytearray(%d))" % (k, 1000 + k)
+                                      for k in range(50)), globals())
+
+
+def down(n, k):
+    return down(n - 1, k) if n else leaf(k)
+
+
+print("READY", flush=True)
+sys.stdin.readline()
+made = 0
+for depth in range(0, 120, 2):
+    for k in range(50):
+        down(depth, k)
+        made += 1
+    del kept[:]
+print("done", made, flush=True)
+"""
+
 
 if __name__ == "__main__":
     mltest.main()
