@@ -69,9 +69,16 @@ enum class RingState : int {
 
 struct ThreadRing {
   static constexpr uint32_t kCapacity = 1u << 15;
-  static constexpr uint64_t kMask = kCapacity - 1;
+  // The slots a ring uses where its thread's events are few: sampled mode
+  // records about one allocation in a few hundred. Slots are touched in
+  // turn, so a ring of kCapacity comes to hold 1.8 MB of each thread's
+  // memory however rarely it is written; 4 Ki slots take 224 KiB.
+  static constexpr uint32_t kSampledCapacity = 1u << 12;
 
   alignas(64) std::atomic<uint64_t> head{0};  // next slot the producer fills
+  // The slots in use less one, a power of two less one (kCapacity or
+  // kSampledCapacity): set before the ring is published, then read only.
+  uint64_t mask = kCapacity - 1;
   alignas(64) std::atomic<uint64_t> tail{0};  // next slot the consumer reads
   alignas(64) std::atomic<int> state{0};
   std::atomic<pid_t> tid{0};
@@ -99,6 +106,10 @@ struct ThreadRing {
   // allocating without pause (Recorder::allocating_threads): the writer's
   // own, set where it drains kBusyRingEvents or more at once.
   uint64_t busy_until_ns;
+  uint64_t capacity() const { return mask + 1; }
+  Event& slot(uint64_t pos) { return events[pos & mask]; }
+  const Event& slot(uint64_t pos) const { return events[pos & mask]; }
+
   Event events[kCapacity];
   // Stacks with Python frames that the thread left to the writer to intern.
   StackSpill spill;

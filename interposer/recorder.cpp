@@ -94,13 +94,16 @@ void ring_key_destructor(void* value) {
   if (ring != nullptr) ring->state.store(static_cast<int>(RingState::kRetired), std::memory_order_release);
 }
 
-ThreadRing* map_ring() {
+// `capacity`: the slots it uses (ThreadRing::mask).
+ThreadRing* map_ring(uint32_t capacity) {
   void* mem = mmap(nullptr, sizeof(ThreadRing), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mem == MAP_FAILED) return nullptr;
   // Default-initialised, not value-initialised: the events stay untouched
   // (mmap gives zero pages) instead of zeroing 1.8 MB page by page in every
   // process and thread, which made up most of a short process's start-up.
-  return new (mem) ThreadRing;
+  auto* ring = new (mem) ThreadRing;
+  ring->mask = capacity - 1;
+  return ring;
 }
 
 uintptr_t g_self_anchor;
@@ -207,7 +210,8 @@ void Recorder::start() {
   self_end_ = self.second;
 
   pthread_key_create(&g_ring_key, ring_key_destructor);
-  shared_ring_ = map_ring();
+  // The shared ring takes the events of every thread without a ring of its own.
+  shared_ring_ = map_ring(ThreadRing::kCapacity);
   if (shared_ring_ == nullptr || !stacks_.init() || !python_frames().init()) {
     disable("cannot map memory for the recorder; tracing is off");
     return;
@@ -318,7 +322,8 @@ ThreadRing* Recorder::acquire_ring(ThreadState& t) {
     // ms) would each map a ring while the rings of those that ended wait
     // to be drained: the writer is woken to free them for the next ones.
     if (retired) trace_writer().nudge();
-    ThreadRing* ring = map_ring();
+    ThreadRing* ring =
+        map_ring(config_.host_mode == HostMode::kFull ? ThreadRing::kCapacity : ThreadRing::kSampledCapacity);
     if (ring == nullptr) return nullptr;
     ring->state.store(static_cast<int>(RingState::kOwned), std::memory_order_relaxed);
     ThreadRing* head = rings_.load(std::memory_order_acquire);
@@ -366,8 +371,8 @@ constexpr uint64_t kMaxLagNs = 20'000'000;
 constexpr uint64_t kMaxHoldNs = 50'000'000;  // per check: a stalled writer costs little
 
 bool behind(const ThreadRing* ring, uint64_t head, uint64_t tail, uint64_t now) {
-  if (head - tail >= soft_capacity(recorder().allocating_threads())) return true;
-  const Event& oldest = ring->events[tail & ThreadRing::kMask];
+  if (head - tail >= std::min(soft_capacity(recorder().allocating_threads()), ring->capacity() / 2)) return true;
+  const Event& oldest = ring->slot(tail);
   // CUPTI records carry the time CUPTI gave them: only the tracer's own clock counts.
   return oldest.type < EventType::kCuptiStatus && oldest.ts <= now && now - oldest.ts >= kMaxLagNs;
 }
@@ -406,10 +411,10 @@ uint64_t Recorder::push_in_place(ThreadState& t, uint64_t seq, Fill&& fill) {
   }
   uint64_t head = ring->head.load(std::memory_order_relaxed);
   const uint64_t tail = ring->tail.load(std::memory_order_acquire);
-  if (head - tail >= ThreadRing::kCapacity) {
+  if (head - tail >= ring->capacity()) {
     // Full: give the writer up to ~10 ms to catch up, then count a drop.
     trace_writer().wake();
-    if (!wait_until([&] { return head - ring->tail.load(std::memory_order_acquire) < ThreadRing::kCapacity; },
+    if (!wait_until([&] { return head - ring->tail.load(std::memory_order_acquire) < ring->capacity(); },
                     2000, 5000)) {
       ring->dropped.fetch_add(1, std::memory_order_relaxed);
       if (shared) g_shared_lock.unlock();
@@ -422,7 +427,7 @@ uint64_t Recorder::push_in_place(ThreadState& t, uint64_t seq, Fill&& fill) {
   // A free recorded after its real call took its number before that call
   // (see on_device_free); everything else is numbered here.
   if (seq == 0) seq = next_seq();
-  Event& slot = ring->events[head & ThreadRing::kMask];
+  Event& slot = ring->slot(head);
   fill(slot);
   slot.seq = seq;
   // Allocation times need no more than millisecond precision (the order is

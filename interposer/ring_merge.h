@@ -21,7 +21,7 @@ struct RingRun {
   bool retire;  // its thread exited and this run is its last: the ring is free once it is written
 };
 
-inline const Event& run_event(const RingRun& r) { return r.ring->events[r.pos & ThreadRing::kMask]; }
+inline const Event& run_event(const RingRun& r) { return r.ring->slot(r.pos); }
 
 // Hands what was written of each run back to its ring's producer. A retired
 // ring written to its end is free for a new thread, which starts at its
@@ -80,13 +80,13 @@ size_t merge_runs(RingRun* runs, size_t count, MergeHead* heads, Write&& write, 
     const uint64_t next_seq = live > 1 ? heads[0].seq : UINT64_MAX;
     do {
       // The stretch from here that comes first, up to the ring's last slot.
-      const uint64_t slot = r.pos & ThreadRing::kMask;
+      const uint64_t slot = r.pos & r.ring->mask;
       const uint64_t until =
-          std::min<uint64_t>({r.end, r.pos + (ThreadRing::kCapacity - slot), r.pos + longest});
+          std::min<uint64_t>({r.end, r.pos + (r.ring->capacity() - slot), r.pos + longest});
       uint64_t stop = until;
       if (live > 1) {
         stop = r.pos + 1;
-        while (stop != until && r.ring->events[stop & ThreadRing::kMask].seq < next_seq) ++stop;
+        while (stop != until && r.ring->slot(stop).seq < next_seq) ++stop;
       }
       write(r.ring, &r.ring->events[slot], static_cast<size_t>(stop - r.pos));
       written += stop - r.pos;

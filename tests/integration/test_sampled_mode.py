@@ -167,5 +167,28 @@ class SampledSetSize(mltest.TestCase):
                         % (short / 2**20, long / 2**20))
 
 
+class SampledRings(mltest.TestCase):
+    """Each thread's ring in sampled mode has 4 Ki slots (224 KiB), where full
+    mode's has 32 Ki (1.8 MiB): slots are touched in turn, so however rarely
+    a thread recorded, its ring came to hold 1.8 MiB of memory. bench/storm
+    with 8 threads sampled every 256 bytes on average: 38.3 MiB peak RSS
+    before, 25.2 MiB now, 19.4 MiB untraced."""
+
+    def peak_rss(self, traced):
+        storm = [str(mltest.BUILD_DIR / "bench" / "storm"), "--threads", "8", "--steps", "10"]
+        if traced:
+            proc = self.traced(os.path.join(self.tmpdir(), "storm"), storm,
+                               options=("--host", "sampled", "--sample-interval", "256", "--no-report"))
+        else:
+            proc = self.run_cmd(storm)
+        self.assertExit(proc, 0)
+        return int(re.search(r"maxrss_kib=(\d+)", proc.stdout).group(1)) << 10
+
+    def test_threads_rings_stay_small(self):
+        untraced, traced = self.peak_rss(False), self.peak_rss(True)
+        self.assertLess(traced - untraced, 12 << 20, "peak RSS %.1f MiB untraced, %.1f MiB sampled"
+                        % (untraced / 2**20, traced / 2**20))
+
+
 if __name__ == "__main__":
     mltest.main()

@@ -18,13 +18,16 @@ using memledger::interposer::ThreadRing;
 namespace {
 
 // Rings as the producers leave them: events numbered `seqs` written from
-// slot `first` on (past the end of the ring, they wrap), the tail at `first`.
-std::unique_ptr<ThreadRing> ring_with(uint64_t first, const std::vector<uint64_t>& seqs) {
+// slot `first` on (past the end of the ring's `capacity` slots, they wrap),
+// the tail at `first`.
+std::unique_ptr<ThreadRing> ring_with(uint64_t first, const std::vector<uint64_t>& seqs,
+                                      uint32_t capacity = ThreadRing::kCapacity) {
   // Default-initialised, as the recorder maps them: the slots and the
   // stack buffer stay untouched until written.
   std::unique_ptr<ThreadRing> ring(new ThreadRing);
+  ring->mask = capacity - 1;
   for (size_t i = 0; i < seqs.size(); ++i) {
-    Event& e = ring->events[(first + i) & ThreadRing::kMask];
+    Event& e = ring->slot(first + i);
     e = Event{};
     e.seq = seqs[i];
     e.addr = seqs[i] * 16;
@@ -56,9 +59,13 @@ TEST_CASE("the rings' runs come out in the order of their numbers", "[merge]") {
     std::vector<std::unique_ptr<ThreadRing>> rings;
     std::vector<RingRun> runs;
     for (size_t i = 0; i < dealt.size(); ++i) {
-      // Some runs wrap past the end of their ring.
-      const uint64_t first = i % 2 == 0 ? ThreadRing::kCapacity * 3 - 700 * (i + 1) : 100 * i;
-      rings.push_back(ring_with(first, dealt[i]));
+      // Some runs wrap past the end of their ring, some of them in rings
+      // of sampled mode's size.
+      const uint32_t capacity = i % 4 == 2 && dealt[i].size() < ThreadRing::kSampledCapacity
+                                    ? ThreadRing::kSampledCapacity
+                                    : ThreadRing::kCapacity;
+      const uint64_t first = i % 2 == 0 ? capacity * 3 - 700 * (i + 1) % capacity : 100 * i;
+      rings.push_back(ring_with(first, dealt[i], capacity));
       runs.push_back({rings.back().get(), first, first + dealt[i].size(), false});
     }
     std::vector<uint64_t> order;
