@@ -355,6 +355,8 @@ namespace {
 // One or two threads allocating share 24 Ki events between them, which
 // three threads had: one thread held back at 8 Ki spent a fifth of its
 // time waiting (bench/storm, full mode), at 24 Ki a twentieth.
+// A ring of sampled mode (ThreadRing::kSampledCapacity) holds its thread
+// back at half its slots instead.
 constexpr uint64_t kSoftCapacity = 8192;
 constexpr uint64_t kSharedBacklog = 3 * kSoftCapacity;
 // A quarter of that wakes a writer in a long wait: it drains while the
