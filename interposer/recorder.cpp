@@ -322,8 +322,10 @@ ThreadRing* Recorder::acquire_ring(ThreadState& t) {
     // ms) would each map a ring while the rings of those that ended wait
     // to be drained: the writer is woken to free them for the next ones.
     if (retired) trace_writer().nudge();
-    ThreadRing* ring =
-        map_ring(config_.host_mode == HostMode::kFull ? ThreadRing::kCapacity : ThreadRing::kSampledCapacity);
+    // Sampled mode at its usual intervals records few events; one that
+    // samples every few KiB records nearly as many as full mode.
+    const bool few_events = config_.host_mode != HostMode::kFull && config_.sample_interval >= (64u << 10);
+    ThreadRing* ring = map_ring(few_events ? ThreadRing::kSampledCapacity : ThreadRing::kCapacity);
     if (ring == nullptr) return nullptr;
     ring->state.store(static_cast<int>(RingState::kOwned), std::memory_order_relaxed);
     ThreadRing* head = rings_.load(std::memory_order_acquire);
