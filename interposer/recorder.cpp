@@ -358,9 +358,11 @@ namespace {
 // three threads had: one thread held back at 8 Ki spent a fifth of its
 // time waiting (bench/storm, full mode), at 24 Ki a twentieth.
 // A ring of sampled mode (ThreadRing::kSampledCapacity) holds its thread
-// back at half its slots instead.
+// back at three quarters of its slots instead.
 constexpr uint64_t kSoftCapacity = 8192;
 constexpr uint64_t kSharedBacklog = 3 * kSoftCapacity;
+// A full-size ring holds every soft capacity (behind()).
+static_assert(kSharedBacklog <= ThreadRing::kCapacity - ThreadRing::kCapacity / 4);
 // A quarter of that wakes a writer in a long wait: it drains while the
 // program goes on, where it otherwise often began only once the program
 // was held back, and the two took turns.
@@ -375,7 +377,11 @@ constexpr uint64_t kMaxLagNs = 20'000'000;
 constexpr uint64_t kMaxHoldNs = 50'000'000;  // per check: a stalled writer costs little
 
 bool behind(const ThreadRing* ring, uint64_t head, uint64_t tail, uint64_t now) {
-  if (head - tail >= std::min(soft_capacity(recorder().allocating_threads()), ring->capacity() / 2)) return true;
+  // Three quarters of a ring of kCapacity is the largest soft capacity
+  // (kSharedBacklog): only a smaller ring (sampled mode's) is held back
+  // sooner for its size.
+  const uint64_t room = ring->capacity() - ring->capacity() / 4;
+  if (head - tail >= std::min(soft_capacity(recorder().allocating_threads()), room)) return true;
   const Event& oldest = ring->slot(tail);
   // CUPTI records carry the time CUPTI gave them: only the tracer's own clock counts.
   return oldest.type < EventType::kCuptiStatus && oldest.ts <= now && now - oldest.ts >= kMaxLagNs;
