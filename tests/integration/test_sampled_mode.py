@@ -176,20 +176,27 @@ class SampledRings(mltest.TestCase):
     every 64 KiB on average: 37.5 MiB peak RSS with rings of 32 Ki slots,
     25.4 MiB with rings of 4 Ki, about 20 MiB untraced."""
 
-    def peak_rss(self, traced):
+    def peak_rss(self, interval=None):
+        """The storm's peak RSS, traced in sampled mode at `interval` bytes (None: untraced)."""
         storm = [str(mltest.BUILD_DIR / "bench" / "storm"), "--threads", "8", "--steps", "100"]
-        if traced:
+        if interval is not None:
             proc = self.traced(os.path.join(self.tmpdir(), "storm"), storm,
-                               options=("--host", "sampled", "--sample-interval", "65536", "--no-report"))
+                               options=("--host", "sampled", "--sample-interval", str(interval), "--no-report"))
         else:
             proc = self.run_cmd(storm)
         self.assertExit(proc, 0)
         return int(re.search(r"maxrss_kib=(\d+)", proc.stdout).group(1)) << 10
 
     def test_threads_rings_stay_small(self):
-        untraced, traced = self.peak_rss(False), self.peak_rss(True)
+        untraced, traced = self.peak_rss(), self.peak_rss(65536)
         self.assertLess(traced - untraced, 12 << 20, "peak RSS %.1f MiB untraced, %.1f MiB sampled"
                         % (untraced / 2**20, traced / 2**20))
+
+    def test_small_intervals_keep_full_rings(self):
+        # Eight rings of 32 Ki slots, each touched whole: some 12 MiB more.
+        small, full = self.peak_rss(65536), self.peak_rss(65535)
+        self.assertGreater(full - small, 6 << 20, "peak RSS %.1f MiB at 65536 bytes, %.1f MiB at 65535"
+                           % (small / 2**20, full / 2**20))
 
 
 if __name__ == "__main__":
