@@ -147,6 +147,28 @@ NUMPY_CACHE = textwrap.dedent("""
 """)
 
 
+# Each step keeps two rows of a batch: views, whose base (the whole batch)
+# only the view holds.
+NUMPY_VIEWS = textwrap.dedent("""
+    import numpy
+
+    history = []
+    kept = numpy.zeros((64, 1024))
+
+
+    def step(i):
+        batch = numpy.random.rand(64, 1024)
+        history.append(batch[:2])
+        return float((batch * 2).sum())
+
+
+    for i in range(40):
+        step(i)
+    also = kept[1:]  # a view of an array a global holds: the array is named
+    print("DONE")
+""")
+
+
 def leak_line(mode, script=SCRIPT):
     """The client's line marked `# LEAK_SITE(mode)`."""
     with open(script) as f:
@@ -354,10 +376,13 @@ class Retention(clients.ClientTestCase):
         self.assertEqual(sorted(walks), ["c", "overflow", "python"])
         whats = sorted(o[2].split(" ")[0] for o in walks["python"])
         # Every large owner, once each; not the small bytes, nor a subclass
-        # of bytes (bytes are recognised by their exact type), nor the view
-        # (it owns no buffer: its base does, which no tracked object holds).
-        self.assertEqual(whats, [*["Tensor"] * 14, "bytearray", "bytes", "bytes", *["ndarray"] * 13],
+        # of bytes (bytes are recognised by their exact type). The view
+        # stands for its base, which only the view holds.
+        self.assertEqual(whats, [*["Tensor"] * 14, "bytearray", "bytes", "bytes", *["ndarray"] * 14],
                          walks["python"])
+        views = [o for o in walks["python"] if o[2].startswith("ndarray view")]
+        self.assertEqual([(o[1], o[2], o[3]) for o in views],
+                         [(240000, "ndarray view (float64[29990]) of ndarray (float64[30000])", "view")], views)
         # Those in untracked containers, by the container's name.
         roots = {(o[3], json.dumps(o[5])) for o in walks["python"] if o[2].startswith(("ndarray (float64[9", "bytes (8"))}
         self.assertEqual(roots, {("a0", '[{"what": "dict (3 items)", "name": "cache", "root": "global in __main__ (both_searches.py)"}]'),
@@ -385,6 +410,27 @@ class Retention(clients.ClientTestCase):
             text = f.read()
         self.assertIn("     kept by: dict `cache` (40 items), global in __main__ (numpy_cache.py)\n"
                       "         ← ndarray (float64[64, 1024])  (40 objects, 20.0 MiB)\n", text)
+
+    def test_views_keep_their_base(self):
+        clients.skip_unless(self, "torch")  # its interpreter has NumPy
+        script = os.path.join(self.tmpdir(), "numpy_views.py")
+        with open(script, "w") as f:
+            f.write(NUMPY_VIEWS)
+        run_dir = os.path.join(self.tmpdir(), "run")
+        proc = self.memledger("run", "-q", "-o", run_dir, "--", clients.PYTHON_TORCH, script,
+                              env=mltest.clean_env(), timeout=240)
+        self.assertExit(proc, 0)
+        with open(os.path.join(run_dir, "report.txt")) as f:
+            text = f.read()
+        self.assertIn("     kept by: list `history` (40 items), global in __main__ (numpy_views.py)\n"
+                      "         ← ndarray view (float64[2, 1024]) of ndarray (float64[64, 1024])"
+                      "  (40 objects, 20.0 MiB)\n", text)
+        retention = [f for f in os.listdir(run_dir) if f.startswith("retention.")]
+        with open(os.path.join(run_dir, retention[0])) as f:
+            owners = json.load(f)["owners"]
+        # The array a global holds is its own owner, not the view of it.
+        kept = [o for o in owners if o["bytes"] == 64 * 1024 * 8 and o["name"] in ("kept", "also")]
+        self.assertEqual([(o["what"], o["name"]) for o in kept], [("ndarray (float64[64, 1024])", "kept")], owners)
 
     def test_keras_callback_keeps_logits(self):
         # Eager tensors and variables give their buffer's address through

@@ -4,7 +4,8 @@ At exit (and on memledger.snapshot(), and at SIGTERM when SIGTERM has its
 default action: memledger._autoload), the traced program's large memory
 owners are found among the objects the garbage collector tracks and what
 they refer to: torch tensors and storages (their storage's data pointer),
-NumPy arrays that own their data, JAX arrays, TensorFlow's eager tensors
+NumPy arrays that own their data and views that keep such a buffer (or a
+tensor's) alive, JAX arrays, TensorFlow's eager tensors
 and resource variables (the buffer's address through DLPack, which shares
 it on every device), bytes and bytearrays; also inside the dicts and tuples
 the collector does not track (those that hold only untracked objects, such
@@ -99,7 +100,9 @@ class _Owners:
         if self.tensor is not None and isinstance(obj, self.tensor):
             return self._tensor(obj)
         if self.ndarray is not None and isinstance(obj, self.ndarray):
-            if obj.base is not None or not obj.flags.owndata or obj.nbytes < MIN_BYTES:
+            if obj.base is not None:
+                return self._view(obj)
+            if not obj.flags.owndata or obj.nbytes < MIN_BYTES:
                 return None
             return (obj.__array_interface__["data"][0], obj.nbytes, "host",
                     "ndarray (%s%s)" % (obj.dtype, list(obj.shape)))
@@ -123,6 +126,29 @@ class _Owners:
                 return None
             return self._tf(obj, obj.read_value_no_copy(), "tf.Variable `%s`" % obj.name)
         return None
+
+    def _view(self, view):
+        """A NumPy view keeps the buffer of its base alive, however small
+        the view: `history.append(batch[:1])` keeps every batch. The base
+        (an array that owns its data, bytes, a tensor whose numpy() this
+        is) is held by the view alone, which no pass over the collector's
+        objects reaches (NumPy's arrays are not tracked): the view is the
+        owner, with the base's buffer."""
+        base = view.base
+        for _ in range(8):  # NumPy makes a view of a view refer to the first base
+            if not isinstance(base, self.ndarray) or base.base is None:
+                break
+            base = base.base
+        if isinstance(base, self.ndarray):
+            if not base.flags.owndata or base.nbytes < MIN_BYTES:
+                return None
+            owned = (base.__array_interface__["data"][0], base.nbytes, "host",
+                     "ndarray (%s%s)" % (base.dtype, list(base.shape)))
+        else:
+            owned = self.of(base)
+            if owned is None:
+                return None
+        return owned[:3] + ("ndarray view (%s%s) of %s" % (view.dtype, list(view.shape), owned[3]),)
 
     def _tf(self, obj, tensor, what):
         """A TensorFlow buffer's address: DLPack hands it out without a copy
@@ -781,8 +807,9 @@ def find(budget_s=BUDGET_S):
         walk = _Walk(start + budget_s)
         found, parents = walk.owners()
         # The largest owners first; those past MAX_OWNERS are not followed.
-        order = sorted(found, key=lambda k: -found[k][2])
-        # Views share their base's storage: one owner per buffer.
+        # Views share their base's storage: one owner per buffer, the base
+        # itself where the walk found it too (a NumPy view after it).
+        order = sorted(found, key=lambda k: (-found[k][2], found[k][4].startswith("ndarray view ")))
         addresses = set()
         walk.own.add(id(addresses))
         unique = []
