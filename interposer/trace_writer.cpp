@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <string>
+#include <string_view>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -625,6 +626,28 @@ bool TraceWriter::open(const Config& config, const ForkOrigin& origin, char* err
     }
   }
 
+  {
+    // Whether a Python interpreter started here can load memledger's Python
+    // helpers: `memledger run` puts the folder of their start-up hook
+    // (.../memledger/_boot, its sitecustomize) first on PYTHONPATH. The
+    // report says when a Python process went without them.
+    const char* hooks = getenv("MEMLEDGER_PYTHON_HOOKS");
+    const char* boot = "missing";
+    if (hooks != nullptr && strcmp(hooks, "0") == 0) {
+      boot = "off";
+    } else if (const char* path = getenv("PYTHONPATH")) {
+      constexpr std::string_view kBoot = "/memledger/_boot";
+      std::string_view rest = path;
+      while (!rest.empty()) {
+        const size_t colon = rest.find(':');
+        std::string_view entry = rest.substr(0, colon);
+        while (entry.size() > 1 && entry.back() == '/') entry.remove_suffix(1);
+        if (entry.ends_with(kBoot)) boot = "on_path";
+        rest = colon == std::string_view::npos ? std::string_view() : rest.substr(colon + 1);
+      }
+    }
+    add("python_boot", boot, strlen(boot));
+  }
   // The program's allocator and where its held bytes come from.
   const AllocatorInfo& allocator = allocator_info();
   add("allocator", allocator.name, strlen(allocator.name));

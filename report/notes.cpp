@@ -1,11 +1,43 @@
 #include "notes.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include "analysis.h"
 
 namespace memledger::report {
 namespace {
+
+// The info key memledger's Python helpers record as they start
+// (tools/python/memledger/_autoload.py, HELPERS_KEY).
+constexpr std::string_view kPythonHelpersKey = "python.helpers";
+
+// Why a Python process went without memledger's Python helpers, or empty:
+// they started, were turned off, or the trace cannot say (a forked child,
+// whose interpreter is its parent's; a trace from before the header said
+// where the helpers' start-up hook was).
+std::string python_helpers_missing(const Trace& trace) {
+  if (trace.python_status == 0 || !trace.header_value("parent_trace").empty()) return {};
+  const std::string boot = trace.header_value("python_boot");
+  if (boot != "on_path" && boot != "missing") return {};
+  for (const TraceInfo& info : trace.info) {
+    auto key = trace.strings.find(info.key);
+    if (key != trace.strings.end() && key->second == kPythonHelpersKey) return {};
+  }
+  const std::string without =
+      "; without them the report has no retention paths (which object keeps a suspect's memory), no steps from "
+      "DataLoader batches, and no exit status of the children the program waited for";
+  if (boot == "missing") {
+    return "memledger's Python helpers did not run in this process: PYTHONPATH did not hold the folder of their "
+           "start-up hook, which memledger run puts first on it (a PYTHONPATH set anew in a script or a launcher "
+           "drops it: add to it, PYTHONPATH=src:$PYTHONPATH)" +
+           without;
+  }
+  return "memledger's Python helpers did not start in this process, though the folder of their start-up hook was "
+         "on PYTHONPATH: Python ran with -I, -E or -S (which leave out PYTHONPATH or the site module), or the "
+         "helpers failed to import" +
+         without;
+}
 
 // What the event stream lost or could not place.
 void integrity_notes(const NotesInput& in, std::vector<std::string>& notes) {
@@ -27,6 +59,7 @@ void integrity_notes(const NotesInput& in, std::vector<std::string>& notes) {
   }
   if (!trace.tracer_error.empty()) notes.push_back("the tracer stopped itself: " + trace.tracer_error);
   if (!trace.python_note.empty()) notes.push_back(trace.python_note);
+  if (std::string why = python_helpers_missing(trace); !why.empty()) notes.push_back(std::move(why));
 }
 
 // CUPTI beside the hooks: where they disagree, or why CUPTI is missing.

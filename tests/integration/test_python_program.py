@@ -79,6 +79,9 @@ class PythonProgram(mltest.TestCase):
             self.assertEqual(p["stats"]["dropped"], 0, p["command"])
             self.assertEqual(p["stats"]["frames_damaged"], 0, p["command"])
             self.assertEqual(p["host_mode"], host)
+            # The helpers started in the interpreters started here; a forked
+            # child has its parent's.
+            self.assertEqual([n for n in p["notes"] if "Python helpers" in n], [], p["command"])
         if host == "full":
             # Every free matches an allocation of the same process.
             self.assertEqual(r["stats"]["unknown_frees"], 0)
@@ -89,6 +92,36 @@ class PythonProgram(mltest.TestCase):
 
     def test_full_mode(self):
         self.check_mode("full")
+
+    def test_python_without_the_helpers_is_told(self):
+        # A script that sets PYTHONPATH anew, python -I, and the helpers
+        # turned off: the program runs unchanged; the report says what the
+        # first two went without, and nothing of the third.
+        script = os.path.join(self.tmpdir(), "small.py")
+        with open(script, "w") as f:
+            f.write("kept = [bytearray(1000) for _ in range(100)]\nprint('DONE')\n")
+        cases = {
+            "replaced": (["env", "PYTHONPATH=" + self.tmpdir(), sys.executable, script], "did not hold the folder"),
+            "isolated": ([sys.executable, "-I", script], "Python ran with -I, -E or -S"),
+            "off": (["env", "MEMLEDGER_PYTHON_HOOKS=0", sys.executable, script], None),
+            "with them": ([sys.executable, script], None),
+        }
+        for name, (command, said) in cases.items():
+            with self.subTest(name):
+                run_dir = os.path.join(self.tmpdir(), name.replace(" ", "_"))
+                proc = self.traced(run_dir, command)
+                self.assertExit(proc, 0)
+                self.assertEqual(proc.stdout, "DONE\n")
+                r = self.load_report(run_dir)
+                python = [p for p in r["processes"] if p["command"].startswith(sys.executable)]
+                self.assertEqual(len(python), 1, [p["command"] for p in r["processes"]])
+                notes = [n for n in python[0]["notes"] if "Python helpers" in n]
+                if said is None:
+                    self.assertEqual(notes, [])
+                else:
+                    self.assertEqual(len(notes), 1, python[0]["notes"])
+                    self.assertIn(said, notes[0])
+                    self.assertIn("no retention paths", notes[0])
 
     def test_raw_preload(self):
         run_dir = os.path.join(self.tmpdir(), "raw")

@@ -32,6 +32,9 @@ import sys
 import memledger
 
 _loader_step = None
+# The info key the report looks for in a Python process's trace
+# (report/notes.cpp, kPythonHelpersKey).
+HELPERS_KEY = "python.helpers"
 
 
 def _mark(iterator):
@@ -272,6 +275,9 @@ def _install():
     _loader_step = memledger._c_function("memledger_loader_step", [ctypes.c_char_p], None)
     if _loader_step is None or not memledger.active():
         return
+    # The report says when a Python process went without these helpers
+    # (a replaced PYTHONPATH, python -I, -E or -S).
+    memledger._note(HELPERS_KEY, "started")
     atexit.register(_retention_at_exit)
     atexit.register(_note_program_end)  # atexit runs the last registered first
     if os.environ.get("MEMLEDGER_RETENTION", "1") != "0":
