@@ -1,6 +1,7 @@
 #include "notes.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <string_view>
 
 #include "analysis.h"
@@ -27,6 +28,13 @@ std::string python_helpers_missing(const Trace& trace) {
   const std::string without =
       "; without them the report has no retention paths (which object keeps a suspect's memory), no steps from "
       "DataLoader batches, and no exit status of the children the program waited for";
+  // The version the interpreter's record gives ("3.8.18"), where it is one
+  // before those the helpers start on (tools/python/memledger/_boot).
+  int major = 0, minor = 0;
+  if (sscanf(trace.python_version.c_str(), "%d.%d", &major, &minor) == 2 && (major < 3 || (major == 3 && minor < 9))) {
+    return "memledger's Python helpers start on Python 3.9 and later, and this process ran Python " +
+           trace.python_version + without;
+  }
   if (boot == "missing") {
     return "memledger's Python helpers did not run in this process: PYTHONPATH did not hold the folder of their "
            "start-up hook, which memledger run puts first on it (a PYTHONPATH set anew in a script or a launcher "

@@ -1,6 +1,7 @@
 """A Python program with threads, subprocess and os.fork runs unchanged under
 memledger (same output, exit 0) and each of its processes gets a trace."""
 
+import glob
 import os
 import sys
 import textwrap
@@ -122,6 +123,36 @@ class PythonProgram(mltest.TestCase):
                     self.assertEqual(len(notes), 1, python[0]["notes"])
                     self.assertIn(said, notes[0])
                     self.assertIn("no retention paths", notes[0])
+
+    def test_older_pythons_run_unchanged(self):
+        # The start-up hook runs in every traced Python, Python 2 included:
+        # the program imports as it would, the sitecustomize it hides still
+        # runs, nothing is printed; the helpers stay out of an interpreter
+        # before 3.9, and the report says so.
+        pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+        old = sorted(glob.glob(os.path.join(pyenv, "versions", "2.7.*", "bin", "python2.7")) +
+                     glob.glob(os.path.join(pyenv, "versions", "3.[5-8].*", "bin", "python3.[5-8]")))
+        if not old:
+            self.skipTest("no CPython older than 3.9 installed (pyenv)")
+        other = os.path.join(self.tmpdir(), "other")
+        os.mkdir(other)
+        with open(os.path.join(other, "sitecustomize.py"), "w") as f:
+            f.write("import sys\nsys.stdout.write('their sitecustomize\\n')\n")
+        command = ["-c", "import json, collections; print(json.dumps({'ok': 1}))"]
+        for python in old:
+            with self.subTest(python):
+                direct = self.run_cmd([python] + command, env=mltest.clean_env(PYTHONPATH=other))
+                self.assertExit(direct, 0)
+                self.assertEqual(direct.stdout, 'their sitecustomize\n{"ok": 1}\n')
+                run_dir = os.path.join(self.tmpdir(), os.path.basename(os.path.dirname(os.path.dirname(python))))
+                proc = self.traced(run_dir, [python] + command, env=mltest.clean_env(PYTHONPATH=other))
+                self.assertExit(proc, 0)
+                self.assertEqual(proc.stdout, direct.stdout)
+                self.assertEqual(proc.stderr, direct.stderr)
+                r = self.load_report(run_dir)
+                notes = [n for n in r["notes"] if "Python helpers" in n]
+                self.assertEqual(len(notes), 1, r["notes"])
+                self.assertRegex(notes[0], r"start on Python 3\.9 and later, and this process ran Python [23]\.\d+\.\d+")
 
     def test_raw_preload(self):
         run_dir = os.path.join(self.tmpdir(), "raw")
