@@ -397,31 +397,26 @@ class Retention(clients.ClientTestCase):
         self.assertEqual(walks["c"], walks["python"])
         self.assertEqual(walks["overflow"], walks["python"])
 
-    def test_a_dict_of_numpy_arrays(self):
+    def run_numpy(self, name, source):
+        """Runs a NumPy script under memledger run; its run folder and text report."""
         clients.skip_unless(self, "torch")  # its interpreter has NumPy
-        script = os.path.join(self.tmpdir(), "numpy_cache.py")
+        script = os.path.join(self.tmpdir(), name)
         with open(script, "w") as f:
-            f.write(NUMPY_CACHE)
+            f.write(source)
         run_dir = os.path.join(self.tmpdir(), "run")
         proc = self.memledger("run", "-q", "-o", run_dir, "--", clients.PYTHON_TORCH, script,
                               env=mltest.clean_env(), timeout=240)
         self.assertExit(proc, 0)
         with open(os.path.join(run_dir, "report.txt")) as f:
-            text = f.read()
+            return run_dir, f.read()
+
+    def test_a_dict_of_numpy_arrays(self):
+        _, text = self.run_numpy("numpy_cache.py", NUMPY_CACHE)
         self.assertIn("     kept by: dict `cache` (40 items), global in __main__ (numpy_cache.py)\n"
                       "         ← ndarray (float64[64, 1024])  (40 objects, 20.0 MiB)\n", text)
 
     def test_views_keep_their_base(self):
-        clients.skip_unless(self, "torch")  # its interpreter has NumPy
-        script = os.path.join(self.tmpdir(), "numpy_views.py")
-        with open(script, "w") as f:
-            f.write(NUMPY_VIEWS)
-        run_dir = os.path.join(self.tmpdir(), "run")
-        proc = self.memledger("run", "-q", "-o", run_dir, "--", clients.PYTHON_TORCH, script,
-                              env=mltest.clean_env(), timeout=240)
-        self.assertExit(proc, 0)
-        with open(os.path.join(run_dir, "report.txt")) as f:
-            text = f.read()
+        run_dir, text = self.run_numpy("numpy_views.py", NUMPY_VIEWS)
         self.assertIn("     kept by: list `history` (40 items), global in __main__ (numpy_views.py)\n"
                       "         ← ndarray view (float64[2, 1024]) of ndarray (float64[64, 1024])"
                       "  (40 objects, 20.0 MiB)\n", text)
