@@ -91,7 +91,8 @@ static_assert(sizeof(FrameHeader) == 24);
 //   and both fields are 0 meaning unknown), host_untraced=1 (the program's
 //   malloc bypasses memledger: the host heap is not traced), python_boot
 //   (on_path: PYTHONPATH holds the start-up folder of memledger's Python
-//   helpers; missing: it does not; off: MEMLEDGER_PYTHON_HOOKS=0), cgroup (version
+//   helpers; missing: it does not; not_installed: memledger run found no
+//   helpers next to it; off: MEMLEDGER_PYTHON_HOOKS=0), cgroup (version
 //   7: the memory cgroup directory whose limit, usage and OOM kills the
 //   samples read, e.g. /sys/fs/cgroup/job or /sys/fs/cgroup/memory/job;
 //   absent when none is readable).

@@ -632,9 +632,12 @@ bool TraceWriter::open(const Config& config, const ForkOrigin& origin, char* err
     // (.../memledger/_boot, its sitecustomize) first on PYTHONPATH. The
     // report says when a Python process went without them.
     const char* hooks = getenv("MEMLEDGER_PYTHON_HOOKS");
+    const char* installed = getenv("MEMLEDGER_PYTHON_BOOT");  // "none": memledger run found no helpers
     const char* boot = "missing";
     if (hooks != nullptr && strcmp(hooks, "0") == 0) {
       boot = "off";
+    } else if (installed != nullptr && strcmp(installed, "none") == 0) {
+      boot = "not_installed";
     } else if (const char* path = getenv("PYTHONPATH")) {
       constexpr std::string_view kBoot = "/memledger/_boot";
       std::string_view rest = path;

@@ -20,7 +20,7 @@ constexpr std::string_view kPythonHelpersKey = "python.helpers";
 std::string python_helpers_missing(const Trace& trace) {
   if (trace.python_status == 0 || !trace.header_value("parent_trace").empty()) return {};
   const std::string boot = trace.header_value("python_boot");
-  if (boot != "on_path" && boot != "missing") return {};
+  if (boot != "on_path" && boot != "missing" && boot != "not_installed") return {};
   for (const TraceInfo& info : trace.info) {
     auto key = trace.strings.find(info.key);
     if (key != trace.strings.end() && key->second == kPythonHelpersKey) return {};
@@ -34,6 +34,11 @@ std::string python_helpers_missing(const Trace& trace) {
   if (sscanf(trace.python_version.c_str(), "%d.%d", &major, &minor) == 2 && (major < 3 || (major == 3 && minor < 9))) {
     return "memledger's Python helpers start on Python 3.9 and later, and this process ran Python " +
            trace.python_version + without;
+  }
+  if (boot == "not_installed") {
+    return "memledger's Python helpers did not run in this process: memledger run found no memledger Python "
+           "package beside it (python/ in its build folder, share/memledger/python where it is installed)" +
+           without;
   }
   if (boot == "missing") {
     return "memledger's Python helpers did not run in this process: PYTHONPATH did not hold the folder of their "

@@ -726,7 +726,14 @@ int cmd_run(int argc, char** argv) {
     // and the start-up hook loads its helpers in every Python process.
     std::string path;
     if (traced) {
-      if (const std::optional<std::string> boot = find_python_boot_dir(python_dir)) path = *boot;
+      if (const std::optional<std::string> boot = find_python_boot_dir(python_dir)) {
+        path = *boot;
+        unsetenv("MEMLEDGER_PYTHON_BOOT");
+      } else {
+        // Said in the trace's header (python_boot), and by the report of a
+        // Python process.
+        setenv("MEMLEDGER_PYTHON_BOOT", "none", 1);
+      }
     }
     if (python_dir) path += (path.empty() ? "" : ":") + *python_dir;
     if (!path.empty()) {

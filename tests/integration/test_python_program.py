@@ -3,6 +3,7 @@ memledger (same output, exit 0) and each of its processes gets a trace."""
 
 import glob
 import os
+import shutil
 import sys
 import textwrap
 
@@ -107,10 +108,20 @@ class PythonProgram(mltest.TestCase):
             "off": (["env", "MEMLEDGER_PYTHON_HOOKS=0", sys.executable, script], None),
             "with them": ([sys.executable, script], None),
         }
+        # memledger and its library alone, without the Python package beside them.
+        bare = os.path.join(self.tmpdir(), "bare")
+        for part, source in (("bin", mltest.MEMLEDGER), ("lib", mltest.LIBRARY)):
+            os.makedirs(os.path.join(bare, part))
+            shutil.copy(source, os.path.join(bare, part))
+        cases["not installed"] = ([sys.executable, script], "found no memledger Python package beside it")
         for name, (command, said) in cases.items():
             with self.subTest(name):
                 run_dir = os.path.join(self.tmpdir(), name.replace(" ", "_"))
-                proc = self.traced(run_dir, command)
+                if name == "not installed":
+                    proc = self.run_cmd([os.path.join(bare, "bin", "memledger"), "run", "-q", "-o", run_dir, "--"] +
+                                        command, env=mltest.clean_env())
+                else:
+                    proc = self.traced(run_dir, command)
                 self.assertExit(proc, 0)
                 self.assertEqual(proc.stdout, "DONE\n")
                 r = self.load_report(run_dir)
