@@ -7,8 +7,10 @@
 #include <cstring>
 
 #include "recorder.h"
+#include "trace_writer.h"
 
 using memledger::interposer::recorder;
+using memledger::interposer::trace_writer;
 
 #define MEMLEDGER_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -23,6 +25,8 @@ MEMLEDGER_EXPORT void memledger_loader_step(const char* label) {
 MEMLEDGER_EXPORT void memledger_note(const char* key, const char* value) { recorder().on_info(key, value); }
 
 MEMLEDGER_EXPORT int memledger_active(void) { return recorder().active() ? 1 : 0; }
+
+MEMLEDGER_EXPORT int memledger_own_threads(void) { return trace_writer().own_threads(); }
 
 MEMLEDGER_EXPORT void memledger_flush(void) { recorder().flush_and_wait(2000); }
 

@@ -31,6 +31,10 @@ void memledger_note(const char *key, const char *value);
 int memledger_defer_sigterm(int deadline_ms);
 /* 1 when this process is being traced, else 0. */
 int memledger_active(void);
+/* The threads memledger runs in this process now (its writer and the thread
+ * that reads the list of loaded objects): the Python module leaves them out
+ * where CPython counts the program's threads at os.fork(). */
+int memledger_own_threads(void);
 /* Writes everything recorded so far to the trace (waits up to 2 s). */
 void memledger_flush(void);
 /* The run folder the traces go to, or NULL when not traced. */

@@ -102,6 +102,13 @@ class TraceWriter {
            trace_.is_open();
   }
 
+  // memledger's own threads in this process now: the writer and the module
+  // thread, each while it runs.
+  int own_threads() const {
+    return (running_.load(std::memory_order_acquire) ? 1 : 0) +
+           (modules_running_.load(std::memory_order_acquire) ? 1 : 0);
+  }
+
   struct State;    // everything only the writer thread touches
   struct Modules;  // the loaded objects found, and the thread that reads them
 

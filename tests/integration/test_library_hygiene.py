@@ -59,7 +59,8 @@ class ExportedSymbols(mltest.TestCase):
         header = (INTERPOSER / "memledger.h").read_text()
         abi = set(re.findall(r"\b(memledger_\w+)\s*\(", header))
         self.assertEqual(abi, {"memledger_step", "memledger_loader_step", "memledger_defer_sigterm", "memledger_active",
-                               "memledger_flush", "memledger_run_dir", "memledger_live", "memledger_note"})
+                               "memledger_own_threads", "memledger_flush", "memledger_run_dir", "memledger_live",
+                               "memledger_note"})
         for name in abi:
             self.assertEqual(self.dynamic.get(name), "T", name)
 

@@ -3,6 +3,7 @@ memledger (same output, exit 0) and each of its processes gets a trace."""
 
 import glob
 import os
+import re
 import shutil
 import sys
 import textwrap
@@ -164,6 +165,50 @@ class PythonProgram(mltest.TestCase):
                 notes = [n for n in r["notes"] if "Python helpers" in n]
                 self.assertEqual(len(notes), 1, r["notes"])
                 self.assertRegex(notes[0], r"start on Python 3\.9 and later, and this process ran Python [23]\.\d+\.\d+")
+
+    def test_fork_warns_as_untraced(self):
+        # CPython 3.12 on warns at os.fork() in a process of more than one
+        # thread: memledger's own threads must not make a single-threaded
+        # program warn, and a program with a thread of its own warns as it
+        # would untraced, from its own line.
+        pyenv = os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv"))
+        pythons = sorted(glob.glob(os.path.join(pyenv, "versions", "3.1[2-9].*", "bin", "python3.1[2-9]")))
+        if sys.version_info >= (3, 12):
+            pythons.insert(0, sys.executable)
+        if not pythons:
+            self.skipTest("no CPython 3.12 or later installed (pyenv)")
+        script = os.path.join(self.tmpdir(), "forks.py")
+        with open(script, "w") as f:
+            f.write(textwrap.dedent("""
+                import os, sys, threading, warnings
+                if sys.argv[2] == "always":  # a filter of the program's before memledger's
+                    warnings.simplefilter("always")
+                ev = threading.Event()
+                if sys.argv[1] == "thread":
+                    threading.Thread(target=ev.wait).start()
+                pid = os.fork()
+                if pid == 0:
+                    os._exit(0)
+                os.waitpid(pid, 0)
+                ev.set()
+                print("forked")
+            """))
+        cases = [(threads, filters, flags) for threads in ("alone", "thread") for filters in ("as set", "always")
+                 for flags in ([], ["-X", "dev"], ["-W", "error"])]
+        for python in pythons:
+            for threads, filters, flags in cases:
+                with self.subTest(python=python, threads=threads, filters=filters, flags=flags):
+                    command = [python] + flags + [script, threads, filters]
+                    direct = self.run_cmd(command, env=mltest.clean_env())
+                    run_dir = os.path.join(self.tmpdir(), "fork-%s-%s-%d" % (threads, filters[:2], len(flags)))
+                    proc = self.traced(run_dir, command, options=("--no-report",), env=mltest.clean_env())
+                    self.assertExit(proc, 0)
+                    self.assertEqual(proc.stdout, direct.stdout)
+                    pids = re.compile(r"pid=\d+")
+                    self.assertEqual(pids.sub("pid=N", proc.stderr), pids.sub("pid=N", direct.stderr))
+                    warned = "is multi-threaded, use of fork()" in direct.stderr
+                    self.assertEqual(warned, threads == "thread" and (filters == "always" or flags != ["-W", "error"]),
+                                     direct.stderr)
 
     def test_raw_preload(self):
         run_dir = os.path.join(self.tmpdir(), "raw")

@@ -22,6 +22,8 @@ start-up by the sitecustomize that `memledger run` puts first on PYTHONPATH
   off.
 - at SIGTERM, when SIGTERM has its default action: the same, then the
   process ends by SIGTERM as it would have (see _install_sigterm).
+- on CPython 3.12 and later, leaves memledger's own threads out of the
+  count behind os.fork()'s warning about threads (see _hook_fork).
 
 Nothing is imported for it: the hooks wait for the program's own imports."""
 
@@ -268,6 +270,70 @@ def _install_sigterm(defer):
     signal.getsignal = getsignal
 
 
+# CPython's warning at os.fork() and os.forkpty() in a process of more than
+# one thread (3.12 on; Modules/posixmodule.c, warn_about_fork_with_threads).
+_FORK_WARNING = "This process (pid=%d) is multi-threaded, use of %s() may lead to deadlocks in the child."
+
+
+def _program_threads(own_threads):
+    """The process's threads as CPython counts them at a fork (the 20th
+    field of /proc/self/stat, else the threads the threading module knows),
+    less memledger's own."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return int(fields[17]) - own_threads()
+    except (OSError, IndexError, ValueError):
+        threading = sys.modules.get("threading")
+        return len(threading._active) + len(threading._limbo) if threading is not None else 1
+
+
+def _hook_fork(own_threads):
+    """CPython 3.12 and later warn at os.fork() in a process of more than one
+    thread (a DeprecationWarning, shown from __main__ by default), counting
+    the process's threads, memledger's writer and module thread among them:
+    every fork of a traced program would warn. CPython's warning names the
+    frame below, this module's, and a filter of this module's, kept first
+    among the filters, drops it; where the program's own threads are more
+    than one, it is given again from the program's frame, as CPython gives
+    it untraced. The filter is put back first only where the program put
+    another before it: each change of the filters makes warnings already
+    shown once show again."""
+    import functools
+    import re
+    import warnings
+
+    message = re.escape(_FORK_WARNING.split("(pid=")[0])
+    module = re.escape(__name__) + r"\Z"
+    first = []
+
+    def drop_ours():
+        if not first or not warnings.filters or warnings.filters[0] is not first[0]:
+            warnings.filterwarnings("ignore", message=message, category=DeprecationWarning, module=module)
+            first[:] = warnings.filters[:1]
+
+    drop_ours()
+
+    def wrap(real, name):
+        @functools.wraps(real)
+        def fork(*args, **kwargs):
+            drop_ours()
+            out = real(*args, **kwargs)
+            pid = out[0] if isinstance(out, tuple) else out
+            if pid != 0 and _program_threads(own_threads) > 1:
+                try:
+                    warnings.warn(_FORK_WARNING % (os.getpid(), name), DeprecationWarning, stacklevel=2)
+                except Warning:  # made an error: CPython drops it too, the fork has happened
+                    pass
+            return out
+        return fork
+
+    for name in ("fork", "forkpty"):
+        real = getattr(os, name, None)
+        if real is not None:
+            setattr(os, name, wrap(real, name))
+
+
 def _install():
     global _loader_step
     import ctypes
@@ -278,6 +344,9 @@ def _install():
     # The report says when a Python process went without these helpers
     # (a replaced PYTHONPATH, python -I, -E or -S).
     memledger._note(HELPERS_KEY, "started")
+    own_threads = memledger._c_function("memledger_own_threads", [], ctypes.c_int)
+    if own_threads is not None and sys.version_info >= (3, 12):
+        _hook_fork(own_threads)
     atexit.register(_retention_at_exit)
     atexit.register(_note_program_end)  # atexit runs the last registered first
     if os.environ.get("MEMLEDGER_RETENTION", "1") != "0":
