@@ -13,12 +13,20 @@ namespace {
 // (tools/python/memledger/_autoload.py, HELPERS_KEY).
 constexpr std::string_view kPythonHelpersKey = "python.helpers";
 
+// A process that a signal ended within this time of its start, without an
+// exit or an exec of its own, may have ended before its interpreter reached
+// the helpers (a pool's worker terminated as it started).
+constexpr uint64_t kHelpersStartNs = 2'000'000'000;
+
 // Why a Python process went without memledger's Python helpers, or empty:
 // they started, were turned off, or the trace cannot say (a forked child,
-// whose interpreter is its parent's; a trace from before the header said
-// where the helpers' start-up hook was).
+// whose interpreter is its parent's; a process cut short during its
+// start-up; a trace from before the header said where the helpers'
+// start-up hook was).
 std::string python_helpers_missing(const Trace& trace) {
   if (trace.python_status == 0 || !trace.header_value("parent_trace").empty()) return {};
+  // The trace's times run from its start.
+  if (!trace.has_exit && trace.execs.empty() && trace.last_ts < kHelpersStartNs) return {};
   const std::string boot = trace.header_value("python_boot");
   if (boot != "on_path" && boot != "missing" && boot != "not_installed") return {};
   for (const TraceInfo& info : trace.info) {

@@ -108,6 +108,12 @@ class PythonProgram(mltest.TestCase):
             "isolated": ([sys.executable, "-I", script], "Python ran with -I, -E or -S"),
             "off": (["env", "MEMLEDGER_PYTHON_HOOKS=0", sys.executable, script], None),
             "with them": ([sys.executable, script], None),
+            # Killed at once: it may have ended before any interpreter
+            # reached the helpers, and is not judged; after 2 s it is.
+            "killed at once": ([sys.executable, "-I", "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                               None),
+            "killed later": ([sys.executable, "-I", "-c", "import os, signal, time; time.sleep(2.5); "
+                              "os.kill(os.getpid(), signal.SIGKILL)"], "Python ran with -I, -E or -S"),
         }
         # memledger and its library alone, without the Python package beside them.
         bare = os.path.join(self.tmpdir(), "bare")
@@ -123,8 +129,9 @@ class PythonProgram(mltest.TestCase):
                                         command, env=mltest.clean_env())
                 else:
                     proc = self.traced(run_dir, command)
-                self.assertExit(proc, 0)
-                self.assertEqual(proc.stdout, "DONE\n")
+                killed = name.startswith("killed")
+                self.assertExit(proc, 128 + 9 if killed else 0)
+                self.assertEqual(proc.stdout, "" if killed else "DONE\n")
                 r = self.load_report(run_dir)
                 python = [p for p in r["processes"] if p["command"].startswith(sys.executable)]
                 self.assertEqual(len(python), 1, [p["command"] for p in r["processes"]])
