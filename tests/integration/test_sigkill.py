@@ -103,5 +103,6 @@ class KilledMidRun(mltest.TestCase):
         self.assertTrue(sites)
         self.assertTrue(all(s["stack"] for s in sites), [s for s in sites if not s["stack"]][:2])
 
+
 if __name__ == "__main__":
     mltest.main()

@@ -139,15 +139,11 @@ class _Owners:
             if not isinstance(base, self.ndarray) or base.base is None:
                 break
             base = base.base
-        if isinstance(base, self.ndarray):
-            if not base.flags.owndata or base.nbytes < MIN_BYTES:
-                return None
-            owned = (base.__array_interface__["data"][0], base.nbytes, "host",
-                     "ndarray (%s%s)" % (base.dtype, list(base.shape)))
-        else:
-            owned = self.of(base)
-            if owned is None:
-                return None
+        if isinstance(base, self.ndarray) and base.base is not None:
+            return None  # a chain longer than NumPy makes
+        owned = self.of(base)
+        if owned is None:
+            return None
         return owned[:3] + ("ndarray view (%s%s) of %s" % (view.dtype, list(view.shape), owned[3]),)
 
     def _tf(self, obj, tensor, what):
