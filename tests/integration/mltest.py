@@ -196,9 +196,16 @@ def split_frames(data):
     return header_end, frames
 
 
+PYTHON_CODE_LINE = re.compile(r"python_code id=(\d+) file=(.*) function=(.*) first_line=(-?\d+) ")
+
+
 def allocation_stacks(trace):
     """The (bytes, frames) of each allocation of a trace, frames named by
-    module and offset (or by Python code id and offset), as a multiset."""
+    module and offset, Python frames by their code's file, function and
+    first line and the offset ("py:FILE:FUNCTION:LINE+OFFSET"), as a
+    multiset. Code ids follow the order in which the interpreter's code
+    first allocated, which changes from run to run: a dict keyed by
+    addresses grows at another time."""
     dump = subprocess.run([MEMLEDGER, "dump", trace], capture_output=True, text=True, check=True).stdout
 
     def fields(line):
@@ -207,8 +214,14 @@ def allocation_stacks(trace):
     modules = sorted((int(f["base"], 16), f["path"]) for f in
                      (fields(line) for line in dump.splitlines() if line.startswith("module ")))
     bases = [base for base, _ in modules]
+    codes = dict((m.group(1), "%s:%s:%s" % m.group(2, 3, 4)) for m in
+                 (PYTHON_CODE_LINE.match(line) for line in dump.splitlines()) if m)
 
     def name(word):
+        kind, colon, rest = word.partition(":")
+        if colon and kind in ("py", "py-attributed"):
+            code, plus, offset = rest.partition("+")
+            return "%s:%s+%s" % (kind, codes.get(code, code), offset) if plus else word
         if not word.startswith("0x"):
             return word
         address = int(word, 16)
