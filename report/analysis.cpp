@@ -246,12 +246,8 @@ void find_python_role(const Trace& trace, ProcessReport& r) {
     }
   }
   // A role the Python module recorded itself (a tf.data service worker).
-  for (const TraceInfo& info : trace.info) {
-    auto key = trace.strings.find(info.key);
-    auto value = trace.strings.find(info.value);
-    if (key != trace.strings.end() && key->second == "python.role" && value != trace.strings.end()) {
-      r.python_role = value->second;
-    }
+  for (const auto& [key, value] : trace.info_strings()) {
+    if (key == "python.role") r.python_role = value;
   }
   if (r.python_role != "Jupyter kernel") r.kernel_id.clear();  // a worker forked by a kernel
   // multiprocessing starts a spawned or forkserver child as

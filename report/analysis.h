@@ -292,12 +292,12 @@ struct TotalGrowth {
 // The program's host allocator, as the trace header names it
 // (interposer/next_allocator.h).
 struct HostAllocator {
-  std::string name;         // glibc, jemalloc, tcmalloc, mimalloc, other; empty: not recorded (older trace)
-  std::string path;         // the object that defines its malloc
-  std::string reached;      // how the program reaches it
-  std::string held_source;  // the statistic held host bytes come from
-  bool traced = true;       // false: the program's malloc bypasses memledger
-  bool held_known = true;   // false: the allocator offers no statistics (held host bytes unknown, not 0)
+  std::string name = {};         // glibc, jemalloc, tcmalloc, mimalloc, other; empty: not recorded (older trace)
+  std::string path = {};         // the object that defines its malloc
+  std::string reached = {};      // how the program reaches it
+  std::string held_source = {};  // the statistic held host bytes come from
+  bool traced = true;            // false: the program's malloc bypasses memledger
+  bool held_known = true;        // false: the allocator offers no statistics (held host bytes unknown, not 0)
 };
 
 // What grew between two step ends, by site (growth_view.h).

@@ -11,11 +11,6 @@ namespace memledger::report {
 
 namespace {
 
-std::string string_of(const Trace& trace, uint32_t id) {
-  auto it = trace.strings.find(id);
-  return it == trace.strings.end() ? std::string() : it->second;
-}
-
 std::string base_name(const std::string& path) {
   const size_t slash = path.rfind('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
@@ -371,8 +366,8 @@ void name_framework_oom(const Environment& env, Verdict& v) {
 Environment read_environment(const Trace& trace) {
   Environment env;
   std::set<std::string> paths;
-  for (const TraceInfo& i : trace.info) {
-    const std::string key = string_of(trace, i.key), value = string_of(trace, i.value);
+  for (const auto& [key_text, value_text] : trace.info_strings()) {
+    const std::string key(key_text), value(value_text);
     if (key == "cuda.driver") {
       env.driver = value;
     } else if (key == "cuda.driver_release") {

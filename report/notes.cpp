@@ -29,9 +29,8 @@ std::string python_helpers_missing(const Trace& trace) {
   if (!trace.has_exit && trace.execs.empty() && trace.last_ts < kHelpersStartNs) return {};
   const std::string boot = trace.header_value("python_boot");
   if (boot != "on_path" && boot != "missing" && boot != "not_installed") return {};
-  for (const TraceInfo& info : trace.info) {
-    auto key = trace.strings.find(info.key);
-    if (key != trace.strings.end() && key->second == kPythonHelpersKey) return {};
+  for (const auto& [key, value] : trace.info_strings()) {
+    if (key == kPythonHelpersKey) return {};
   }
   const std::string without =
       "; without them the report has no retention paths (which object keeps a suspect's memory), no steps from "

@@ -670,12 +670,12 @@ RunReport load_run(const std::string& path, const AnalysisOptions& options, cons
     }
     run.processes.push_back(analyze_stream(traces[i], exit_info, process_options));
     std::vector<InheritedBlock>().swap(inherited[i]);
-    for (const TraceInfo& info : traces[i].info) {
-      auto key = traces[i].strings.find(info.key);
-      auto value = traces[i].strings.find(info.value);
-      if (key == traces[i].strings.end() || key->second != "child.status" || value == traces[i].strings.end()) continue;
+    for (const auto& [key, value] : traces[i].info_strings()) {
+      if (key != "child.status") continue;
       int pid = 0, status = 0;
-      if (std::sscanf(value->second.c_str(), "%d %d", &pid, &status) == 2) child_status[{traces[i].pid(), pid}] = status;
+      if (std::sscanf(std::string(value).c_str(), "%d %d", &pid, &status) == 2) {
+        child_status[{traces[i].pid(), pid}] = status;
+      }
     }
     // The process exited, but its trace has neither the exit nor the end:
     // tracing was lost before the end (the trace file became unwritable).

@@ -840,6 +840,17 @@ std::string Trace::header_value(const std::string& key, const std::string& fallb
   return it == header.end() ? fallback : it->second;
 }
 
+std::vector<std::pair<std::string_view, std::string_view>> Trace::info_strings() const {
+  std::vector<std::pair<std::string_view, std::string_view>> out;
+  out.reserve(info.size());
+  for (const TraceInfo& i : info) {
+    auto key = strings.find(i.key);
+    auto value = strings.find(i.value);
+    if (key != strings.end() && value != strings.end()) out.emplace_back(key->second, value->second);
+  }
+  return out;
+}
+
 std::string Trace::command_line() const {
   std::string cmd = header_value("command");
   std::replace(cmd.begin(), cmd.end(), '\x1f', ' ');

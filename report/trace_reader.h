@@ -9,6 +9,8 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "stack_store.h"
@@ -224,6 +226,9 @@ struct Trace {
   int pid() const;
   std::string header_value(const std::string& key, const std::string& fallback = "") const;
   std::string command_line() const;  // arguments joined by spaces
+  // The info records' keys and values as strings, in the order they were
+  // written; a record whose key or value names no string is left out.
+  std::vector<std::pair<std::string_view, std::string_view>> info_strings() const;
 };
 
 inline constexpr size_t kMaxCuptiRecords = size_t{4} << 20;
