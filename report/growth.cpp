@@ -182,9 +182,9 @@ std::optional<SteadyGrowth> steady_growth(const std::vector<double>& y, uint8_t 
   // A temporary caught live at some step ends and not at others (in
   // sampled mode, a sample of it weighs a whole interval) falls back to
   // where the window began, however its highs happen to line up: a
-  // DataLoader worker's sample tensor read 0, 2, 0, 1, 2, 0 ... 4, 4
-  // samples over 18 windows, monotone in 13 of 17 steps (its level ones
-  // counted) and rising in its last third.
+  // DataLoader worker's sample tensor read 0, 1, 0, 2, 2, 0, 1, 2 ... 4, 4
+  // samples over 20 windows: monotone in 13 of the 17 steps after the
+  // warm-up (its level ones counted) and rising in its last third.
   {
     const size_t third = std::max<size_t>(1, y.size() / 3);
     const double first_floor = *std::min_element(y.begin(), y.begin() + static_cast<long>(third));
